@@ -1,0 +1,1 @@
+//! admit (in progress)

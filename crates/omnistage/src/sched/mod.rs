@@ -1,0 +1,33 @@
+//! `sched`: scheduling policies and per-core scheduling trees as pure data structures.
+//!
+//! This layer owns *decisions*, never time or threads: every call that needs the time takes
+//! `now_ns` as an argument, and every cost is handed in after the fact (retrospective charging,
+//! Omni-Kernel's `resource_record`). That makes every policy testable under a simulated clock
+//! with exact expectations.
+//!
+//! Pieces:
+//! - [`Scheduler`]: the node-scheduler interface, after Omni-Kernel's Table III
+//!   (`add_client`, `update_client`, `remove_client`, `client_ready`, `client_suspended`,
+//!   `schedule`, `resource_record`, `client_statistics`).
+//! - Policies: [`Fifo`], [`RoundRobin`], [`StrictPriority`], [`FairQueue`] (SFQ by start tag,
+//!   WFQ by estimated finish tag; both can key clients by a [`SharedTag`] that all cores' trees
+//!   read, which is how shares hold for the whole machine), and [`Drr`].
+//! - [`Shaper`]: token and leaky buckets that wrap any node of a tree (non-work-conserving).
+//! - [`Tree`]: an arena of interior nodes (each with its own policy) and leaves (queues owned by
+//!   the caller), with readiness propagated up and costs charged up the path.
+//!
+//! Rules every policy keeps: an idle client banks no credit (its tag is clamped to the node's
+//! virtual time when it wakes); every dispatch is charged at least the tree's minimum cost; state
+//! that is touched per decision exists only for ready clients.
+
+mod policy;
+mod shaper;
+mod tree;
+
+pub use policy::{
+    AnyPolicy, ClientId, ClientParams, ClientStats, Drr, FairQueue, FairQueueMode, Fifo,
+    PolicyKind, RoundRobin, Scheduler, SharedTag, StrictPriority, DRR_QUANTUM_NS_PER_WEIGHT,
+    VT_SCALE, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN,
+};
+pub use shaper::{Shaper, ShaperKind, ShaperSpec};
+pub use tree::{NodeId, NodeStats, Tree, TreeError, MIN_COST_DEFAULT};

@@ -1,0 +1,972 @@
+//! Node policies: the scheduler interface and its implementations.
+//!
+//! A policy orders the *clients* of one tree node. A client is a dense slot index chosen by the
+//! caller ([`ClientId`]). The protocol is: `client_ready` when a client gets work, `schedule`
+//! to take the next client into service, then exactly one `resource_record` for that client
+//! saying what it cost and whether it still has work. Other clients may become ready while one
+//! is in service (a handler sends messages); the policy must accept that.
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Index of a client within one node (a slot, chosen by the caller; dense from 0).
+pub type ClientId = u32;
+
+/// Smallest weight a client may have.
+pub const WEIGHT_MIN: u32 = 1;
+/// Largest weight a client may have. Bounded so that `cost * VT_SCALE / weight` keeps precision.
+pub const WEIGHT_MAX: u32 = 10_000;
+/// Weight of a client that was given none.
+pub const WEIGHT_DEFAULT: u32 = 100;
+/// Virtual time advances by `cost * VT_SCALE / weight`. With costs in ns, a weight-1 client that
+/// is busy on every core of a 64-core machine advances 2^16 * 1e9 per second, so a `u64` tag
+/// wraps after ~3.3 days of such service; with weight >= 100 after ~330 days. (Tags of idle
+/// clients are clamped up on wake, so wrap time is set by the busiest client, not by uptime.)
+pub const VT_SCALE: u64 = 1 << 10;
+/// DRR quantum: weight * this many cost units are added per round.
+pub const DRR_QUANTUM_NS_PER_WEIGHT: u64 = 1_000;
+
+/// A client's normalized service (virtual time tag) that several per-core trees share.
+///
+/// The machine-wide share rule: one activity has one `SharedTag`; every core's fair-queue node
+/// that holds that activity keys it by this tag, and every core adds its charges to it. An
+/// activity that is served on core 1 therefore looks "ahead" on core 0, and core 0 prefers the
+/// activities that are behind. This water-fills: an activity confined to one core gets that
+/// core, an activity spread over all gets the rest. Tags only grow (`fetch_add`, `fetch_max`),
+/// which is what lets a heap keyed by stale snapshots still find the true minimum.
+#[derive(Debug, Default)]
+pub struct SharedTag(AtomicU64);
+
+impl SharedTag {
+    pub fn new(value: u64) -> Self {
+        SharedTag(AtomicU64::new(value))
+    }
+    pub fn load(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+    fn add(&self, delta: u64) -> u64 {
+        self.0.fetch_add(delta, Ordering::Relaxed) + delta
+    }
+    fn raise_to(&self, floor: u64) -> u64 {
+        self.0.fetch_max(floor, Ordering::Relaxed).max(floor)
+    }
+}
+
+/// What a node knows about one client.
+#[derive(Clone, Debug)]
+pub struct ClientParams {
+    /// Share weight, `WEIGHT_MIN..=WEIGHT_MAX`.
+    pub weight: u32,
+    /// Strict-priority level: 0 is served first.
+    pub priority: u8,
+    /// Machine-wide tag (fair-queue policies only); `None` keeps the tag local to this node.
+    pub shared: Option<Arc<SharedTag>>,
+}
+
+impl Default for ClientParams {
+    fn default() -> Self {
+        ClientParams {
+            weight: WEIGHT_DEFAULT,
+            priority: 0,
+            shared: None,
+        }
+    }
+}
+
+impl ClientParams {
+    pub fn weight(weight: u32) -> Self {
+        ClientParams {
+            weight,
+            ..Default::default()
+        }
+    }
+    pub fn priority(priority: u8) -> Self {
+        ClientParams {
+            priority,
+            ..Default::default()
+        }
+    }
+}
+
+/// Per-client statistics (Table III `client_statistics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Sum of the costs charged (after the minimum-cost rule).
+    pub charged: u64,
+    /// Number of `resource_record` calls.
+    pub dispatches: u64,
+}
+
+/// The node-scheduler interface (Omni-Kernel Table III, in Rust terms).
+pub trait Scheduler {
+    /// Registers a client. It starts idle.
+    fn add_client(&mut self, id: ClientId, params: &ClientParams);
+    /// Changes weight or priority; takes effect at the next decision.
+    fn update_client(&mut self, id: ClientId, params: &ClientParams);
+    /// Unregisters a client; it must not be in service. A ready client is withdrawn first.
+    fn remove_client(&mut self, id: ClientId);
+    /// The client has work. No-op if it is already ready or in service.
+    fn client_ready(&mut self, id: ClientId);
+    /// The client is withdrawn without being dispatched (Table III `client_suspended`): it
+    /// keeps its registration but is no longer ready. Must not be in service.
+    fn client_suspended(&mut self, id: ClientId);
+    /// Takes the next client into service (Table III `schedule`); `None` if none is ready.
+    fn schedule(&mut self) -> Option<ClientId>;
+    /// Charges the client in service (Table III `resource_record`) and says whether it still has
+    /// work; ends its service.
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool);
+    /// Statistics for one client.
+    fn client_statistics(&self, id: ClientId) -> ClientStats;
+    /// Number of ready clients, counting the one in service.
+    fn ready_count(&self) -> usize;
+}
+
+/// Per-client bookkeeping shared by the list-based policies.
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    registered: bool,
+    ready: bool,
+    in_service: bool,
+    stats: ClientStats,
+}
+
+fn slot_mut(slots: &mut Vec<Slot>, id: ClientId) -> &mut Slot {
+    let i = id as usize;
+    if slots.len() <= i {
+        slots.resize(i + 1, Slot::default());
+    }
+    &mut slots[i]
+}
+
+/// Clients in the order they became ready; the head is served until it has no more work.
+#[derive(Debug, Default)]
+pub struct Fifo {
+    slots: Vec<Slot>,
+    queue: VecDeque<ClientId>,
+    ready: usize,
+}
+
+impl Scheduler for Fifo {
+    fn add_client(&mut self, id: ClientId, _params: &ClientParams) {
+        let s = slot_mut(&mut self.slots, id);
+        assert!(!s.registered, "client {id} added twice");
+        *s = Slot {
+            registered: true,
+            ..Default::default()
+        };
+    }
+    fn update_client(&mut self, _id: ClientId, _params: &ClientParams) {}
+    fn remove_client(&mut self, id: ClientId) {
+        self.client_suspended(id);
+        self.slots[id as usize] = Slot::default();
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        debug_assert!(s.registered);
+        if s.ready {
+            return;
+        }
+        s.ready = true;
+        self.ready += 1;
+        self.queue.push_back(id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        assert!(!s.in_service, "cannot suspend a client in service");
+        if s.ready {
+            s.ready = false;
+            self.ready -= 1;
+            self.queue.retain(|&c| c != id);
+        }
+    }
+    fn schedule(&mut self) -> Option<ClientId> {
+        let id = self.queue.pop_front()?;
+        self.slots[id as usize].in_service = true;
+        Some(id)
+    }
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        let s = &mut self.slots[id as usize];
+        assert!(s.in_service, "record for a client not in service");
+        s.in_service = false;
+        s.stats.charged += cost;
+        s.stats.dispatches += 1;
+        if still_ready {
+            self.queue.push_front(id);
+        } else {
+            s.ready = false;
+            self.ready -= 1;
+        }
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        self.slots[id as usize].stats
+    }
+    fn ready_count(&self) -> usize {
+        self.ready
+    }
+}
+
+/// One dispatch per ready client in turn, whatever it costs.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    slots: Vec<Slot>,
+    queue: VecDeque<ClientId>,
+    ready: usize,
+}
+
+impl Scheduler for RoundRobin {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        Fifo::add_client_to(&mut self.slots, id, params);
+    }
+    fn update_client(&mut self, _id: ClientId, _params: &ClientParams) {}
+    fn remove_client(&mut self, id: ClientId) {
+        self.client_suspended(id);
+        self.slots[id as usize] = Slot::default();
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        if s.ready {
+            return;
+        }
+        s.ready = true;
+        self.ready += 1;
+        self.queue.push_back(id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        assert!(!s.in_service, "cannot suspend a client in service");
+        if s.ready {
+            s.ready = false;
+            self.ready -= 1;
+            self.queue.retain(|&c| c != id);
+        }
+    }
+    fn schedule(&mut self) -> Option<ClientId> {
+        let id = self.queue.pop_front()?;
+        self.slots[id as usize].in_service = true;
+        Some(id)
+    }
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        let s = &mut self.slots[id as usize];
+        assert!(s.in_service, "record for a client not in service");
+        s.in_service = false;
+        s.stats.charged += cost;
+        s.stats.dispatches += 1;
+        if still_ready {
+            self.queue.push_back(id);
+        } else {
+            s.ready = false;
+            self.ready -= 1;
+        }
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        self.slots[id as usize].stats
+    }
+    fn ready_count(&self) -> usize {
+        self.ready
+    }
+}
+
+impl Fifo {
+    fn add_client_to(slots: &mut Vec<Slot>, id: ClientId, _params: &ClientParams) {
+        let s = slot_mut(slots, id);
+        assert!(!s.registered, "client {id} added twice");
+        *s = Slot {
+            registered: true,
+            ..Default::default()
+        };
+    }
+}
+
+/// Strict priority: the ready client with the lowest `priority` value is served; equal
+/// priorities take turns (round robin). Lower levels starve while a higher one is backlogged:
+/// that is the specification, not a bug.
+#[derive(Debug)]
+pub struct StrictPriority {
+    slots: Vec<Slot>,
+    priority_of: Vec<u8>,
+    levels: Vec<VecDeque<ClientId>>,
+    /// Bit `p` set when `levels[p]` is non-empty.
+    nonempty: [u64; 4],
+    ready: usize,
+}
+
+impl Default for StrictPriority {
+    fn default() -> Self {
+        StrictPriority {
+            slots: Vec::new(),
+            priority_of: Vec::new(),
+            levels: (0..256).map(|_| VecDeque::new()).collect(),
+            nonempty: [0; 4],
+            ready: 0,
+        }
+    }
+}
+
+impl StrictPriority {
+    fn push(&mut self, id: ClientId) {
+        let p = self.priority_of[id as usize] as usize;
+        self.levels[p].push_back(id);
+        self.nonempty[p / 64] |= 1 << (p % 64);
+    }
+    fn first_level(&self) -> Option<usize> {
+        self.nonempty
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w != 0)
+            .map(|(i, w)| i * 64 + w.trailing_zeros() as usize)
+    }
+    fn unlink(&mut self, id: ClientId) {
+        let p = self.priority_of[id as usize] as usize;
+        self.levels[p].retain(|&c| c != id);
+        if self.levels[p].is_empty() {
+            self.nonempty[p / 64] &= !(1 << (p % 64));
+        }
+    }
+}
+
+impl Scheduler for StrictPriority {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        Fifo::add_client_to(&mut self.slots, id, params);
+        let i = id as usize;
+        if self.priority_of.len() <= i {
+            self.priority_of.resize(i + 1, 0);
+        }
+        self.priority_of[i] = params.priority;
+    }
+    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+        let s = &self.slots[id as usize];
+        let queued = s.ready && !s.in_service;
+        if queued {
+            self.unlink(id);
+        }
+        self.priority_of[id as usize] = params.priority;
+        if queued {
+            self.push(id);
+        }
+    }
+    fn remove_client(&mut self, id: ClientId) {
+        self.client_suspended(id);
+        self.slots[id as usize] = Slot::default();
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        if s.ready {
+            return;
+        }
+        s.ready = true;
+        self.ready += 1;
+        self.push(id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        let s = &mut self.slots[id as usize];
+        assert!(!s.in_service, "cannot suspend a client in service");
+        if s.ready {
+            s.ready = false;
+            self.ready -= 1;
+            self.unlink(id);
+        }
+    }
+    fn schedule(&mut self) -> Option<ClientId> {
+        let p = self.first_level()?;
+        let id = self.levels[p].pop_front().expect("bitmap says non-empty");
+        if self.levels[p].is_empty() {
+            self.nonempty[p / 64] &= !(1 << (p % 64));
+        }
+        self.slots[id as usize].in_service = true;
+        Some(id)
+    }
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        let s = &mut self.slots[id as usize];
+        assert!(s.in_service, "record for a client not in service");
+        s.in_service = false;
+        s.stats.charged += cost;
+        s.stats.dispatches += 1;
+        if still_ready {
+            self.push(id);
+        } else {
+            s.ready = false;
+            self.ready -= 1;
+        }
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        self.slots[id as usize].stats
+    }
+    fn ready_count(&self) -> usize {
+        self.ready
+    }
+}
+
+/// Which tag a [`FairQueue`] orders by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FairQueueMode {
+    /// Start-time fair queuing (Goyal, Vin, Cheng): smallest start tag first. Needs no cost
+    /// estimate, so it suits retrospective charging; nested SFQ nodes are H-SFQ.
+    Start,
+    /// Weighted fair queuing (Demers, Keshav, Shenker) with retrospective charging: smallest
+    /// *estimated* finish tag `S + est_cost * VT_SCALE / w` first, where `est_cost` is an EWMA of
+    /// the client's recent costs (cost is known only after dispatch).
+    Finish,
+}
+
+#[derive(Clone, Debug, Default)]
+struct FqClient {
+    registered: bool,
+    ready: bool,
+    in_service: bool,
+    weight: u32,
+    /// Local start tag (normalized service) when `shared` is `None`.
+    tag: u64,
+    shared: Option<Arc<SharedTag>>,
+    /// EWMA of recent costs (WFQ's estimate), cost units.
+    cost_estimate: u64,
+    /// Bumped whenever the client's heap entry is invalidated (lazy deletion).
+    epoch: u32,
+    stats: ClientStats,
+}
+
+impl FqClient {
+    fn start_tag(&self) -> u64 {
+        match &self.shared {
+            Some(s) => s.load(),
+            None => self.tag,
+        }
+    }
+}
+
+/// Heap entry: ordered by smallest key, then by smallest sequence number (ties go FIFO).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FqEntry {
+    key: u64,
+    seq: u64,
+    id: ClientId,
+    epoch: u32,
+}
+
+impl Ord for FqEntry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.key, other.seq).cmp(&(self.key, self.seq))
+    }
+}
+impl PartialOrd for FqEntry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
+///
+/// Lag bound (no banking): when a client becomes ready its start tag is raised to the node's
+/// virtual time `V` (the start tag of the most recent client taken into service), so a client
+/// that was idle returns with at most the same claim as the client just served. Over any
+/// interval in which clients i and j are both continuously ready, SFQ keeps
+/// `|W_i/w_i - W_j/w_j| <= l_i/w_i + l_j/w_j` (Goyal et al., Theorem 1; `l` the largest cost),
+/// in virtual units scaled by [`VT_SCALE`]; the property tests check it.
+#[derive(Debug)]
+pub struct FairQueue {
+    mode: FairQueueMode,
+    clients: Vec<FqClient>,
+    heap: BinaryHeap<FqEntry>,
+    /// Node virtual time: the start tag of the last client taken into service.
+    vtime: u64,
+    seq: u64,
+    ready: usize,
+}
+
+impl FairQueue {
+    pub fn new(mode: FairQueueMode) -> Self {
+        FairQueue {
+            mode,
+            clients: Vec::new(),
+            heap: BinaryHeap::new(),
+            vtime: 0,
+            seq: 0,
+            ready: 0,
+        }
+    }
+
+    /// The node's virtual time (scaled normalized service).
+    pub fn virtual_time(&self) -> u64 {
+        self.vtime
+    }
+
+    /// A client's current start tag.
+    pub fn start_tag(&self, id: ClientId) -> u64 {
+        self.clients[id as usize].start_tag()
+    }
+
+    fn key(&self, c: &FqClient) -> u64 {
+        let start = c.start_tag();
+        match self.mode {
+            FairQueueMode::Start => start,
+            FairQueueMode::Finish => {
+                start.saturating_add(c.cost_estimate * VT_SCALE / u64::from(c.weight))
+            }
+        }
+    }
+
+    fn push(&mut self, id: ClientId) {
+        let c = &self.clients[id as usize];
+        let entry = FqEntry {
+            key: self.key(c),
+            seq: self.seq,
+            id,
+            epoch: c.epoch,
+        };
+        self.seq += 1;
+        self.heap.push(entry);
+    }
+
+    fn invalidate(&mut self, id: ClientId) {
+        let c = &mut self.clients[id as usize];
+        c.epoch = c.epoch.wrapping_add(1);
+        // Lazy deletion leaves dead entries behind; rebuild when they dominate so the heap
+        // stays O(ready clients).
+        if self.heap.len() > 2 * self.ready + 64 {
+            let clients = &self.clients;
+            self.heap.retain(|e| {
+                clients[e.id as usize].epoch == e.epoch && clients[e.id as usize].ready
+            });
+        }
+    }
+}
+
+impl Scheduler for FairQueue {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        let i = id as usize;
+        if self.clients.len() <= i {
+            self.clients.resize(i + 1, FqClient::default());
+        }
+        let c = &mut self.clients[i];
+        assert!(!c.registered, "client {id} added twice");
+        assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
+        let epoch = c.epoch.wrapping_add(1);
+        *c = FqClient {
+            registered: true,
+            weight: params.weight,
+            tag: self.vtime,
+            shared: params.shared.clone(),
+            epoch,
+            ..Default::default()
+        };
+    }
+    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+        assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
+        let c = &mut self.clients[id as usize];
+        c.weight = params.weight;
+        if c.shared.is_none() && params.shared.is_some() {
+            c.shared = params.shared.clone();
+        }
+        // The start tag keeps the service already received; the new weight applies to what
+        // is charged from now on. For WFQ the finish-tag key changes, so re-key.
+        if c.ready && !c.in_service && self.mode == FairQueueMode::Finish {
+            self.invalidate(id);
+            self.push(id);
+        }
+    }
+    fn remove_client(&mut self, id: ClientId) {
+        self.client_suspended(id);
+        let epoch = self.clients[id as usize].epoch.wrapping_add(1);
+        self.clients[id as usize] = FqClient {
+            epoch,
+            ..Default::default()
+        };
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        let vtime = self.vtime;
+        let c = &mut self.clients[id as usize];
+        debug_assert!(c.registered);
+        if c.ready {
+            return;
+        }
+        c.ready = true;
+        // No banking: an idle client rejoins at the node's virtual time at the earliest.
+        match &c.shared {
+            Some(s) => {
+                s.raise_to(vtime);
+            }
+            None => c.tag = c.tag.max(vtime),
+        }
+        self.ready += 1;
+        self.push(id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        let c = &mut self.clients[id as usize];
+        assert!(!c.in_service, "cannot suspend a client in service");
+        if c.ready {
+            c.ready = false;
+            self.ready -= 1;
+            self.invalidate(id);
+        }
+    }
+    fn schedule(&mut self) -> Option<ClientId> {
+        // Each iteration either drops a dead entry or re-keys a live one whose shared tag grew
+        // (tags only grow, so a stale key is a lower bound). A live entry is re-keyed at most
+        // once per call unless its tag grows again concurrently; the bound guards against that.
+        let mut rekeys_left = self.ready + 8;
+        while let Some(top) = self.heap.pop() {
+            let c = &self.clients[top.id as usize];
+            if c.epoch != top.epoch || !c.ready || c.in_service {
+                continue;
+            }
+            let key = self.key(c);
+            if key > top.key && rekeys_left > 0 {
+                if let Some(next) = self.heap.peek() {
+                    if key > next.key {
+                        rekeys_left -= 1;
+                        self.heap.push(FqEntry { key, ..top });
+                        continue;
+                    }
+                }
+            }
+            let start = c.start_tag();
+            self.vtime = self.vtime.max(start);
+            self.clients[top.id as usize].in_service = true;
+            return Some(top.id);
+        }
+        None
+    }
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        let c = &mut self.clients[id as usize];
+        assert!(c.in_service, "record for a client not in service");
+        c.in_service = false;
+        c.stats.charged += cost;
+        c.stats.dispatches += 1;
+        let delta = cost.saturating_mul(VT_SCALE) / u64::from(c.weight);
+        match &c.shared {
+            Some(s) => {
+                s.add(delta);
+            }
+            None => c.tag = c.tag.saturating_add(delta),
+        }
+        c.cost_estimate = if c.cost_estimate == 0 {
+            cost
+        } else {
+            (3 * c.cost_estimate + cost) / 4
+        };
+        c.epoch = c.epoch.wrapping_add(1);
+        if still_ready {
+            self.push(id);
+        } else {
+            c.ready = false;
+            self.ready -= 1;
+        }
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        self.clients[id as usize].stats
+    }
+    fn ready_count(&self) -> usize {
+        self.ready
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct DrrClient {
+    slot: Slot,
+    weight: u32,
+    deficit: i64,
+    /// The quantum for the current round has been added.
+    topped_up: bool,
+}
+
+/// Deficit round robin (Shreedhar and Varghese) with retrospective charging: the client at the
+/// head gets `weight * DRR_QUANTUM_NS_PER_WEIGHT` per round and is served while its deficit is
+/// positive; a client that goes idle loses its deficit (no banking). A deficit can end a round
+/// negative by at most one cost, which the next round repays.
+#[derive(Debug, Default)]
+pub struct Drr {
+    clients: Vec<DrrClient>,
+    queue: VecDeque<ClientId>,
+    ready: usize,
+}
+
+impl Scheduler for Drr {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        let i = id as usize;
+        if self.clients.len() <= i {
+            self.clients.resize(i + 1, DrrClient::default());
+        }
+        assert!(!self.clients[i].slot.registered, "client {id} added twice");
+        assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
+        self.clients[i] = DrrClient {
+            slot: Slot {
+                registered: true,
+                ..Default::default()
+            },
+            weight: params.weight,
+            deficit: 0,
+            topped_up: false,
+        };
+    }
+    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+        assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
+        self.clients[id as usize].weight = params.weight;
+    }
+    fn remove_client(&mut self, id: ClientId) {
+        self.client_suspended(id);
+        self.clients[id as usize] = DrrClient::default();
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        let c = &mut self.clients[id as usize];
+        if c.slot.ready {
+            return;
+        }
+        c.slot.ready = true;
+        c.deficit = 0;
+        c.topped_up = false;
+        self.ready += 1;
+        self.queue.push_back(id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        let c = &mut self.clients[id as usize];
+        assert!(!c.slot.in_service, "cannot suspend a client in service");
+        if c.slot.ready {
+            c.slot.ready = false;
+            self.ready -= 1;
+            self.queue.retain(|&x| x != id);
+        }
+    }
+    fn schedule(&mut self) -> Option<ClientId> {
+        // Each pass over a client either returns it or adds a positive quantum to it; a deficit
+        // is never below -(largest cost), so the loop ends. The bound is an assertion of that.
+        let mut turns = 0usize;
+        loop {
+            let id = *self.queue.front()?;
+            let c = &mut self.clients[id as usize];
+            if !c.topped_up {
+                c.deficit += i64::from(c.weight) * DRR_QUANTUM_NS_PER_WEIGHT as i64;
+                c.topped_up = true;
+            }
+            if c.deficit > 0 {
+                self.queue.pop_front();
+                c.slot.in_service = true;
+                return Some(id);
+            }
+            c.topped_up = false;
+            self.queue.rotate_left(1);
+            turns += 1;
+            assert!(turns < 1 << 24, "DRR made no progress");
+        }
+    }
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        let c = &mut self.clients[id as usize];
+        assert!(c.slot.in_service, "record for a client not in service");
+        c.slot.in_service = false;
+        c.slot.stats.charged += cost;
+        c.slot.stats.dispatches += 1;
+        c.deficit -= cost.min(i64::MAX as u64) as i64;
+        if !still_ready {
+            c.slot.ready = false;
+            c.deficit = 0;
+            c.topped_up = false;
+            self.ready -= 1;
+        } else if c.deficit > 0 {
+            self.queue.push_front(id);
+        } else {
+            c.topped_up = false;
+            self.queue.push_back(id);
+        }
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        self.clients[id as usize].slot.stats
+    }
+    fn ready_count(&self) -> usize {
+        self.ready
+    }
+}
+
+/// The policies a tree node can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    Fifo,
+    #[serde(alias = "round-robin")]
+    Rr,
+    #[serde(alias = "strict-priority")]
+    Priority,
+    Wfq,
+    Sfq,
+    Drr,
+}
+
+impl PolicyKind {
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::Fifo,
+        PolicyKind::Rr,
+        PolicyKind::Priority,
+        PolicyKind::Wfq,
+        PolicyKind::Sfq,
+        PolicyKind::Drr,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Fifo => "fifo",
+            PolicyKind::Rr => "rr",
+            PolicyKind::Priority => "priority",
+            PolicyKind::Wfq => "wfq",
+            PolicyKind::Sfq => "sfq",
+            PolicyKind::Drr => "drr",
+        }
+    }
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+/// A policy chosen at run time, dispatched by `match` (no virtual call on the hot path).
+#[derive(Debug)]
+pub enum AnyPolicy {
+    Fifo(Fifo),
+    Rr(RoundRobin),
+    Priority(StrictPriority),
+    Fq(FairQueue),
+    Drr(Drr),
+}
+
+impl AnyPolicy {
+    pub fn new(kind: PolicyKind) -> Self {
+        match kind {
+            PolicyKind::Fifo => AnyPolicy::Fifo(Fifo::default()),
+            PolicyKind::Rr => AnyPolicy::Rr(RoundRobin::default()),
+            PolicyKind::Priority => AnyPolicy::Priority(StrictPriority::default()),
+            PolicyKind::Wfq => AnyPolicy::Fq(FairQueue::new(FairQueueMode::Finish)),
+            PolicyKind::Sfq => AnyPolicy::Fq(FairQueue::new(FairQueueMode::Start)),
+            PolicyKind::Drr => AnyPolicy::Drr(Drr::default()),
+        }
+    }
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            AnyPolicy::Fifo(_) => PolicyKind::Fifo,
+            AnyPolicy::Rr(_) => PolicyKind::Rr,
+            AnyPolicy::Priority(_) => PolicyKind::Priority,
+            AnyPolicy::Fq(f) if f.mode == FairQueueMode::Finish => PolicyKind::Wfq,
+            AnyPolicy::Fq(_) => PolicyKind::Sfq,
+            AnyPolicy::Drr(_) => PolicyKind::Drr,
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $p:ident => $e:expr) => {
+        match $self {
+            AnyPolicy::Fifo($p) => $e,
+            AnyPolicy::Rr($p) => $e,
+            AnyPolicy::Priority($p) => $e,
+            AnyPolicy::Fq($p) => $e,
+            AnyPolicy::Drr($p) => $e,
+        }
+    };
+}
+
+impl Scheduler for AnyPolicy {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        delegate!(self, p => p.add_client(id, params))
+    }
+    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+        delegate!(self, p => p.update_client(id, params))
+    }
+    fn remove_client(&mut self, id: ClientId) {
+        delegate!(self, p => p.remove_client(id))
+    }
+    fn client_ready(&mut self, id: ClientId) {
+        delegate!(self, p => p.client_ready(id))
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        delegate!(self, p => p.client_suspended(id))
+    }
+    #[inline]
+    fn schedule(&mut self) -> Option<ClientId> {
+        delegate!(self, p => p.schedule())
+    }
+    #[inline]
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        delegate!(self, p => p.resource_record(id, cost, still_ready))
+    }
+    fn client_statistics(&self, id: ClientId) -> ClientStats {
+        delegate!(self, p => p.client_statistics(id))
+    }
+    fn ready_count(&self) -> usize {
+        delegate!(self, p => p.ready_count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(p: &mut impl Scheduler, n: usize, cost: impl Fn(ClientId) -> u64) -> Vec<ClientId> {
+        (0..n)
+            .map(|_| {
+                let id = p.schedule().unwrap();
+                p.resource_record(id, cost(id), true);
+                id
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fifo_serves_head_until_idle() {
+        let mut p = Fifo::default();
+        for id in 0..3 {
+            p.add_client(id, &ClientParams::default());
+        }
+        p.client_ready(2);
+        p.client_ready(0);
+        assert_eq!(run(&mut p, 3, |_| 10), vec![2, 2, 2]);
+        let id = p.schedule().unwrap();
+        p.resource_record(id, 10, false);
+        assert_eq!(p.schedule(), Some(0));
+    }
+
+    #[test]
+    fn round_robin_alternates_regardless_of_cost() {
+        let mut p = RoundRobin::default();
+        for id in 0..2 {
+            p.add_client(id, &ClientParams::default());
+            p.client_ready(id);
+        }
+        assert_eq!(
+            run(&mut p, 4, |id| if id == 0 { 1000 } else { 1 }),
+            vec![0, 1, 0, 1]
+        );
+    }
+
+    #[test]
+    fn sfq_splits_by_weight_exactly_for_equal_costs() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        p.add_client(0, &ClientParams::weight(2));
+        p.add_client(1, &ClientParams::weight(1));
+        p.client_ready(0);
+        p.client_ready(1);
+        let order = run(&mut p, 300, |_| 100);
+        let zeros = order.iter().filter(|&&c| c == 0).count();
+        assert_eq!(zeros, 200);
+    }
+
+    #[test]
+    fn drr_quantum_proportional_to_weight() {
+        let mut p = Drr::default();
+        p.add_client(0, &ClientParams::weight(3));
+        p.add_client(1, &ClientParams::weight(1));
+        p.client_ready(0);
+        p.client_ready(1);
+        // quantum 3000 vs 1000, cost 1000: three of client 0, then one of client 1.
+        assert_eq!(run(&mut p, 8, |_| 1000), vec![0, 0, 0, 1, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn suspended_client_is_not_scheduled() {
+        for kind in PolicyKind::ALL {
+            let mut p = AnyPolicy::new(kind);
+            p.add_client(0, &ClientParams::default());
+            p.add_client(1, &ClientParams::default());
+            p.client_ready(0);
+            p.client_ready(1);
+            p.client_suspended(0);
+            assert_eq!(p.ready_count(), 1, "{kind:?}");
+            assert_eq!(p.schedule(), Some(1), "{kind:?}");
+            p.resource_record(1, 5, false);
+            assert_eq!(p.schedule(), None, "{kind:?}");
+        }
+    }
+}

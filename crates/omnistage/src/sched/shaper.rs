@@ -1,0 +1,179 @@
+//! Shapers: token and leaky buckets that cap a node's rate (TAP's process shaping).
+//!
+//! Costs are charged after the work is done, so a bucket may go into debt by one dispatch:
+//! the node is eligible while its balance is positive and is held back until the debt is repaid.
+//! Over any window of length `T` the cost charged to a shaped node is therefore at most
+//! `rate * T + burst + c_max`, where `c_max` is the largest single charge; when the caller
+//! knows the cost in advance (bytes to send) and keeps chunks small, `c_max` is that chunk size.
+//! A leaky bucket is the same meter with no burst (a GCRA with zero tolerance): its output is
+//! spaced at the rate, never bunched.
+
+/// Kind of shaper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShaperKind {
+    /// Allows bursts up to `burst` units above the rate.
+    Token,
+    /// Smooth output at the rate; `burst` is ignored (zero).
+    Leaky,
+}
+
+/// Configuration of a shaper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShaperSpec {
+    pub kind: ShaperKind,
+    /// Cost units per second (ns of CPU per second, or bytes per second). Must be > 0.
+    pub rate_per_s: u64,
+    /// Bucket depth in cost units (token bucket only).
+    pub burst: u64,
+}
+
+/// Largest rate accepted: 2^40 units/s (about 1 TB/s or 1,100 cores of CPU-ns/s).
+pub const RATE_MAX_PER_S: u64 = 1 << 40;
+/// Largest burst accepted: 2^40 units.
+pub const BURST_MAX: u64 = 1 << 40;
+
+impl ShaperSpec {
+    pub fn token(rate_per_s: u64, burst: u64) -> Self {
+        ShaperSpec {
+            kind: ShaperKind::Token,
+            rate_per_s,
+            burst,
+        }
+    }
+    pub fn leaky(rate_per_s: u64) -> Self {
+        ShaperSpec {
+            kind: ShaperKind::Leaky,
+            rate_per_s,
+            burst: 0,
+        }
+    }
+    pub fn validate(&self) -> Result<(), String> {
+        if self.rate_per_s == 0 || self.rate_per_s > RATE_MAX_PER_S {
+            return Err(format!(
+                "shaper rate must be in 1..={RATE_MAX_PER_S} units/s, got {}",
+                self.rate_per_s
+            ));
+        }
+        if self.burst > BURST_MAX {
+            return Err(format!(
+                "shaper burst must be at most {BURST_MAX} units, got {}",
+                self.burst
+            ));
+        }
+        Ok(())
+    }
+}
+
+const NS_PER_S: i128 = 1_000_000_000;
+
+/// A running bucket. The balance is kept in unit-nanoseconds (units * 1e9) so refills at any
+/// rate are exact integers.
+#[derive(Clone, Debug)]
+pub struct Shaper {
+    spec: ShaperSpec,
+    /// Balance in units * 1e9; positive means eligible.
+    balance: i128,
+    last_ns: u64,
+}
+
+impl Shaper {
+    /// A new bucket, full at `now_ns`.
+    pub fn new(spec: ShaperSpec, now_ns: u64) -> Self {
+        spec.validate().expect("invalid shaper spec");
+        let mut s = Shaper {
+            spec,
+            balance: 0,
+            last_ns: now_ns,
+        };
+        s.balance = s.depth();
+        s
+    }
+
+    pub fn spec(&self) -> ShaperSpec {
+        self.spec
+    }
+
+    /// Changes rate or burst, keeping the current balance (clamped to the new depth).
+    pub fn set_spec(&mut self, spec: ShaperSpec, now_ns: u64) {
+        spec.validate().expect("invalid shaper spec");
+        self.refill(now_ns);
+        self.spec = spec;
+        self.balance = self.balance.min(self.depth());
+    }
+
+    fn depth(&self) -> i128 {
+        match self.spec.kind {
+            ShaperKind::Token => i128::from(self.spec.burst) * NS_PER_S,
+            // A leaky bucket holds only the fraction of a unit; eligibility needs > 0.
+            ShaperKind::Leaky => 1,
+        }
+    }
+
+    fn refill(&mut self, now_ns: u64) {
+        if now_ns > self.last_ns {
+            let earned = i128::from(now_ns - self.last_ns) * i128::from(self.spec.rate_per_s);
+            self.balance = (self.balance + earned).min(self.depth());
+            self.last_ns = now_ns;
+        }
+    }
+
+    /// Earliest time at which the node may be dispatched; `<= now_ns` means now.
+    pub fn eligible_at(&mut self, now_ns: u64) -> u64 {
+        self.refill(now_ns);
+        if self.balance > 0 {
+            return now_ns;
+        }
+        let debt = -self.balance + 1;
+        let rate = i128::from(self.spec.rate_per_s);
+        let wait = (debt + rate - 1) / rate;
+        now_ns.saturating_add(wait.min(i128::from(u64::MAX)) as u64)
+    }
+
+    /// Charges `cost` units spent at (or ending at) `now_ns`.
+    pub fn charge(&mut self, cost: u64, now_ns: u64) {
+        self.refill(now_ns);
+        self.balance -= i128::from(cost) * NS_PER_S;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_bucket_allows_burst_then_paces() {
+        // 1000 units/s, burst 100: ten 10-unit charges at t=0, then eligible again after 10 ms.
+        let mut s = Shaper::new(ShaperSpec::token(1000, 100), 0);
+        for _ in 0..10 {
+            assert_eq!(s.eligible_at(0), 0);
+            s.charge(10, 0);
+        }
+        assert_eq!(s.eligible_at(0), 1);
+        s.charge(10, 0);
+        // balance is -10 units: 10 ms to repay, plus the one unit-ns needed to be positive.
+        assert_eq!(s.eligible_at(0), 10_000_001);
+    }
+
+    #[test]
+    fn leaky_bucket_has_no_burst() {
+        let mut s = Shaper::new(ShaperSpec::leaky(1000), 0);
+        assert_eq!(s.eligible_at(0), 0);
+        s.charge(1, 0);
+        assert_eq!(s.eligible_at(0), 1_000_000);
+        // A long idle period does not bank more than one unit-ns.
+        assert_eq!(s.eligible_at(10_000_000_000), 10_000_000_000);
+        s.charge(1, 10_000_000_000);
+        assert!(s.eligible_at(10_000_000_000) > 10_000_000_000);
+    }
+
+    #[test]
+    fn invalid_specs_are_refused() {
+        assert!(ShaperSpec::token(0, 10).validate().is_err());
+        assert!(ShaperSpec::token(RATE_MAX_PER_S + 1, 10)
+            .validate()
+            .is_err());
+        assert!(ShaperSpec::token(10, BURST_MAX + 1).validate().is_err());
+        assert!(ShaperSpec::leaky(10).validate().is_ok());
+    }
+}

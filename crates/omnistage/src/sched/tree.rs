@@ -1,0 +1,652 @@
+//! The scheduling tree (Vortex's event scheduling tree, QLinux's H-SFQ hierarchy).
+//!
+//! Interior nodes run a policy over their children; leaves stand for queues that the caller
+//! owns (the tree only knows whether a leaf has work). The caller says when a leaf gets work
+//! ([`Tree::leaf_ready`]), asks for the next leaf ([`Tree::pick`]), runs it, and charges what
+//! it cost ([`Tree::charge`]); the charge goes to every node on the path, and readiness is
+//! propagated up and down so that an interior node is ready in its parent exactly when it has
+//! a ready child and is not held back by its shaper.
+//!
+//! The tree changes while work flows: nodes are added, re-weighted, re-policied, shaped,
+//! moved and removed between decisions (QLinux's hsfq_mknod, hsfq_admin, hsfq_move).
+
+use super::policy::{AnyPolicy, ClientId, ClientParams, PolicyKind, Scheduler};
+use super::shaper::{Shaper, ShaperSpec};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Index of a node in a [`Tree`].
+pub type NodeId = u32;
+
+/// Default minimum charge per dispatch, in cost units (ns for CPU): a dispatch that did
+/// nothing still advances its tags, so a yield loop cannot hold a node's attention.
+pub const MIN_COST_DEFAULT: u64 = 200;
+
+/// Largest number of nodes in one tree (a limit on memory and on ids).
+pub const NODES_MAX: usize = 1 << 22;
+
+/// Errors from tree changes. A refused change leaves the tree as it was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TreeError {
+    NoSuchNode(NodeId),
+    NotInterior(NodeId),
+    NotEmpty(NodeId),
+    IsRoot,
+    Cycle,
+    InvalidWeight(u32),
+    InvalidShaper(String),
+    TooManyNodes,
+}
+
+impl std::fmt::Display for TreeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TreeError::NoSuchNode(n) => write!(f, "no node {n}"),
+            TreeError::NotInterior(n) => write!(f, "node {n} is a leaf, not an interior node"),
+            TreeError::NotEmpty(n) => write!(f, "node {n} has children or queued work"),
+            TreeError::IsRoot => write!(f, "the root cannot be removed, moved or shaped"),
+            TreeError::Cycle => write!(f, "the move would make a node its own ancestor"),
+            TreeError::InvalidWeight(w) => write!(
+                f,
+                "weight {w} is outside {}..={}",
+                super::WEIGHT_MIN,
+                super::WEIGHT_MAX
+            ),
+            TreeError::InvalidShaper(s) => write!(f, "{s}"),
+            TreeError::TooManyNodes => write!(f, "the tree is full ({NODES_MAX} nodes)"),
+        }
+    }
+}
+
+impl std::error::Error for TreeError {}
+
+/// Cumulative statistics of one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Cost charged to this node (after the minimum-cost rule), all dispatches under it.
+    pub charged: u64,
+    /// Dispatches under this node.
+    pub dispatches: u64,
+    /// Times its shaper held it back.
+    pub throttles: u64,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Interior {
+        policy: AnyPolicy,
+        /// Child node per client slot; `None` for a free slot.
+        children: Vec<Option<NodeId>>,
+        free_slots: Vec<ClientId>,
+        child_count: usize,
+    },
+    Leaf {
+        backlogged: bool,
+    },
+}
+
+#[derive(Debug)]
+struct Node {
+    parent: Option<NodeId>,
+    slot: ClientId,
+    params: ClientParams,
+    kind: Kind,
+    shaper: Option<Shaper>,
+    /// The parent's policy holds this node as ready (queued or in service).
+    ready_in_parent: bool,
+    /// Held back by its shaper; in the tree's throttled heap.
+    throttled: bool,
+    stats: NodeStats,
+}
+
+impl Node {
+    fn has_work(&self) -> bool {
+        match &self.kind {
+            Kind::Interior { policy, .. } => policy.ready_count() > 0,
+            Kind::Leaf { backlogged } => *backlogged,
+        }
+    }
+}
+
+/// A scheduling tree. See the module docs.
+#[derive(Debug)]
+pub struct Tree {
+    nodes: Vec<Option<Node>>,
+    free: Vec<NodeId>,
+    root: NodeId,
+    /// Shaped nodes waiting for their bucket: (eligible time, node).
+    throttled: BinaryHeap<Reverse<(u64, NodeId)>>,
+    min_cost: u64,
+    /// The leaf taken by `pick` and not yet charged.
+    in_service: Option<NodeId>,
+}
+
+impl Tree {
+    /// A tree whose root runs `root_policy`.
+    pub fn new(root_policy: PolicyKind) -> Self {
+        let root = Node {
+            parent: None,
+            slot: 0,
+            params: ClientParams::default(),
+            kind: Kind::Interior {
+                policy: AnyPolicy::new(root_policy),
+                children: Vec::new(),
+                free_slots: Vec::new(),
+                child_count: 0,
+            },
+            shaper: None,
+            ready_in_parent: false,
+            throttled: false,
+            stats: NodeStats::default(),
+        };
+        Tree {
+            nodes: vec![Some(root)],
+            free: Vec::new(),
+            root: 0,
+            throttled: BinaryHeap::new(),
+            min_cost: MIN_COST_DEFAULT,
+            in_service: None,
+        }
+    }
+
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    /// Sets the minimum charge per dispatch (cost units).
+    pub fn set_min_cost(&mut self, min_cost: u64) {
+        self.min_cost = min_cost;
+    }
+
+    pub fn min_cost(&self) -> u64 {
+        self.min_cost
+    }
+
+    fn node(&self, id: NodeId) -> Result<&Node, TreeError> {
+        self.nodes
+            .get(id as usize)
+            .and_then(|n| n.as_ref())
+            .ok_or(TreeError::NoSuchNode(id))
+    }
+
+    fn n(&mut self, id: NodeId) -> &mut Node {
+        self.nodes[id as usize].as_mut().expect("live node")
+    }
+
+    fn policy(&mut self, id: NodeId) -> &mut AnyPolicy {
+        match &mut self.n(id).kind {
+            Kind::Interior { policy, .. } => policy,
+            Kind::Leaf { .. } => unreachable!("leaf has no policy"),
+        }
+    }
+
+    /// Whether `id` names a live node.
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.node(id).is_ok()
+    }
+
+    pub fn parent(&self, id: NodeId) -> Option<NodeId> {
+        self.node(id).ok().and_then(|n| n.parent)
+    }
+
+    pub fn stats(&self, id: NodeId) -> Result<NodeStats, TreeError> {
+        Ok(self.node(id)?.stats)
+    }
+
+    pub fn params(&self, id: NodeId) -> Result<&ClientParams, TreeError> {
+        Ok(&self.node(id)?.params)
+    }
+
+    pub fn policy_kind(&self, id: NodeId) -> Result<PolicyKind, TreeError> {
+        match &self.node(id)?.kind {
+            Kind::Interior { policy, .. } => Ok(policy.kind()),
+            Kind::Leaf { .. } => Err(TreeError::NotInterior(id)),
+        }
+    }
+
+    /// Whether the node has work in it (a backlogged leaf, or a ready child).
+    pub fn has_work(&self, id: NodeId) -> bool {
+        self.node(id).map(|n| n.has_work()).unwrap_or(false)
+    }
+
+    /// Whether any leaf can be picked now (not counting shaped nodes that are waiting).
+    pub fn is_ready(&self) -> bool {
+        self.nodes[self.root as usize]
+            .as_ref()
+            .map(|n| n.has_work())
+            .unwrap_or(false)
+    }
+
+    fn validate_params(params: &ClientParams) -> Result<(), TreeError> {
+        if !(super::WEIGHT_MIN..=super::WEIGHT_MAX).contains(&params.weight) {
+            return Err(TreeError::InvalidWeight(params.weight));
+        }
+        Ok(())
+    }
+
+    fn insert(
+        &mut self,
+        parent: NodeId,
+        params: ClientParams,
+        kind: Kind,
+    ) -> Result<NodeId, TreeError> {
+        Self::validate_params(&params)?;
+        match &self.node(parent)?.kind {
+            Kind::Interior { .. } => {}
+            Kind::Leaf { .. } => return Err(TreeError::NotInterior(parent)),
+        }
+        if self.free.is_empty() && self.nodes.len() >= NODES_MAX {
+            return Err(TreeError::TooManyNodes);
+        }
+        let node = Node {
+            parent: Some(parent),
+            slot: 0,
+            params,
+            kind,
+            shaper: None,
+            ready_in_parent: false,
+            throttled: false,
+            stats: NodeStats::default(),
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = Some(node);
+                id
+            }
+            None => {
+                self.nodes.push(Some(node));
+                (self.nodes.len() - 1) as NodeId
+            }
+        };
+        self.attach(id, parent);
+        Ok(id)
+    }
+
+    /// Registers `id` as a client of `parent` (not ready yet).
+    fn attach(&mut self, id: NodeId, parent: NodeId) {
+        let params = self.n(id).params.clone();
+        let slot = match &mut self.n(parent).kind {
+            Kind::Interior {
+                policy,
+                children,
+                free_slots,
+                child_count,
+            } => {
+                let slot = match free_slots.pop() {
+                    Some(s) => {
+                        children[s as usize] = Some(id);
+                        s
+                    }
+                    None => {
+                        children.push(Some(id));
+                        (children.len() - 1) as ClientId
+                    }
+                };
+                *child_count += 1;
+                policy.add_client(slot, &params);
+                slot
+            }
+            Kind::Leaf { .. } => unreachable!("checked by caller"),
+        };
+        let n = self.n(id);
+        n.parent = Some(parent);
+        n.slot = slot;
+        n.ready_in_parent = false;
+    }
+
+    /// Unregisters `id` from its parent; propagates the parent's loss of work upward.
+    fn detach(&mut self, id: NodeId) {
+        let (parent, slot, was_ready) = {
+            let n = self.n(id);
+            let r = (n.parent.expect("not root"), n.slot, n.ready_in_parent);
+            n.ready_in_parent = false;
+            r
+        };
+        match &mut self.n(parent).kind {
+            Kind::Interior {
+                policy,
+                children,
+                free_slots,
+                child_count,
+            } => {
+                policy.remove_client(slot);
+                children[slot as usize] = None;
+                free_slots.push(slot);
+                *child_count -= 1;
+            }
+            Kind::Leaf { .. } => unreachable!(),
+        }
+        if was_ready {
+            self.propagate_idle(parent);
+        }
+    }
+
+    /// `id` may have lost its last ready child: withdraw it from its ancestors as needed.
+    fn propagate_idle(&mut self, mut id: NodeId) {
+        loop {
+            let n = self.n(id);
+            if n.has_work() || !n.ready_in_parent {
+                return;
+            }
+            n.ready_in_parent = false;
+            let (parent, slot) = (n.parent.expect("ready_in_parent implies parent"), n.slot);
+            self.policy(parent).client_suspended(slot);
+            id = parent;
+        }
+    }
+
+    /// `id` has work: make it ready in its ancestors, unless a shaper holds it back.
+    fn propagate_ready(&mut self, mut id: NodeId, now_ns: u64) {
+        loop {
+            let n = self.nodes[id as usize].as_mut().expect("live node");
+            let Some(parent) = n.parent else { return };
+            if n.ready_in_parent || n.throttled || !n.has_work() {
+                return;
+            }
+            if let Some(shaper) = &mut n.shaper {
+                let at = shaper.eligible_at(now_ns);
+                if at > now_ns {
+                    n.throttled = true;
+                    n.stats.throttles += 1;
+                    self.throttled.push(Reverse((at, id)));
+                    return;
+                }
+            }
+            n.ready_in_parent = true;
+            let slot = n.slot;
+            self.policy(parent).client_ready(slot);
+            id = parent;
+        }
+    }
+
+    /// Adds an interior node under `parent`, running `policy` over its own children.
+    pub fn add_interior(
+        &mut self,
+        parent: NodeId,
+        params: ClientParams,
+        policy: PolicyKind,
+    ) -> Result<NodeId, TreeError> {
+        self.insert(
+            parent,
+            params,
+            Kind::Interior {
+                policy: AnyPolicy::new(policy),
+                children: Vec::new(),
+                free_slots: Vec::new(),
+                child_count: 0,
+            },
+        )
+    }
+
+    /// Adds a leaf (a queue the caller owns) under `parent`.
+    pub fn add_leaf(&mut self, parent: NodeId, params: ClientParams) -> Result<NodeId, TreeError> {
+        self.insert(parent, params, Kind::Leaf { backlogged: false })
+    }
+
+    /// Removes a node that has no children and no queued work.
+    pub fn remove(&mut self, id: NodeId) -> Result<(), TreeError> {
+        let n = self.node(id)?;
+        if n.parent.is_none() {
+            return Err(TreeError::IsRoot);
+        }
+        let empty = match &n.kind {
+            Kind::Interior { child_count, .. } => *child_count == 0,
+            Kind::Leaf { backlogged } => !backlogged,
+        };
+        if !empty || self.in_service == Some(id) {
+            return Err(TreeError::NotEmpty(id));
+        }
+        self.detach(id);
+        if self.n(id).throttled {
+            // Its heap entry is skipped when it comes due (the node is gone or reused: the
+            // release checks `throttled`, which a new node starts false).
+            self.n(id).throttled = false;
+        }
+        self.nodes[id as usize] = None;
+        self.free.push(id);
+        Ok(())
+    }
+
+    /// Changes weight or priority (and the shared tag) of a node; takes effect at the next
+    /// decision of its parent.
+    pub fn set_params(&mut self, id: NodeId, params: ClientParams) -> Result<(), TreeError> {
+        Self::validate_params(&params)?;
+        let n = self.node(id)?;
+        let Some(parent) = n.parent else {
+            return Err(TreeError::IsRoot);
+        };
+        let slot = n.slot;
+        self.n(id).params = params.clone();
+        self.policy(parent).update_client(slot, &params);
+        Ok(())
+    }
+
+    /// Replaces the policy of an interior node, keeping its children and their readiness.
+    pub fn set_policy(&mut self, id: NodeId, kind: PolicyKind) -> Result<(), TreeError> {
+        let children: Vec<(ClientId, NodeId)> = match &self.node(id)?.kind {
+            Kind::Interior { children, .. } => children
+                .iter()
+                .enumerate()
+                .filter_map(|(s, c)| c.map(|c| (s as ClientId, c)))
+                .collect(),
+            Kind::Leaf { .. } => return Err(TreeError::NotInterior(id)),
+        };
+        let mut policy = AnyPolicy::new(kind);
+        for &(slot, child) in &children {
+            let c = self.n(child);
+            policy.add_client(slot, &c.params);
+            if c.ready_in_parent {
+                policy.client_ready(slot);
+            }
+        }
+        match &mut self.n(id).kind {
+            Kind::Interior { policy: p, .. } => *p = policy,
+            Kind::Leaf { .. } => unreachable!(),
+        }
+        Ok(())
+    }
+
+    /// Puts a shaper on a node (or takes it off with `None`).
+    pub fn set_shaper(
+        &mut self,
+        id: NodeId,
+        spec: Option<ShaperSpec>,
+        now_ns: u64,
+    ) -> Result<(), TreeError> {
+        if let Some(spec) = &spec {
+            spec.validate().map_err(TreeError::InvalidShaper)?;
+        }
+        if self.node(id)?.parent.is_none() {
+            return Err(TreeError::IsRoot);
+        }
+        let n = self.n(id);
+        match (spec, &mut n.shaper) {
+            (Some(spec), Some(s)) => s.set_spec(spec, now_ns),
+            (Some(spec), None) => n.shaper = Some(Shaper::new(spec, now_ns)),
+            (None, _) => {
+                n.shaper = None;
+                if n.throttled {
+                    n.throttled = false;
+                    self.propagate_ready(id, now_ns);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a node (and its sub-tree) under another interior node. Its queued work moves
+    /// with it; what it was charged stays in the old ancestors' statistics.
+    pub fn move_node(
+        &mut self,
+        id: NodeId,
+        new_parent: NodeId,
+        now_ns: u64,
+    ) -> Result<(), TreeError> {
+        if self.node(id)?.parent.is_none() {
+            return Err(TreeError::IsRoot);
+        }
+        match &self.node(new_parent)?.kind {
+            Kind::Interior { .. } => {}
+            Kind::Leaf { .. } => return Err(TreeError::NotInterior(new_parent)),
+        }
+        let mut a = Some(new_parent);
+        while let Some(x) = a {
+            if x == id {
+                return Err(TreeError::Cycle);
+            }
+            a = self.node(x)?.parent;
+        }
+        if self.in_service.is_some() {
+            // Moves happen between decisions; a pick must be charged first.
+            return Err(TreeError::NotEmpty(id));
+        }
+        self.detach(id);
+        self.attach(id, new_parent);
+        if !self.n(id).throttled {
+            self.propagate_ready(id, now_ns);
+        }
+        Ok(())
+    }
+
+    /// A leaf's queue went from empty to non-empty.
+    pub fn leaf_ready(&mut self, leaf: NodeId, now_ns: u64) {
+        let n = self.n(leaf);
+        match &mut n.kind {
+            Kind::Leaf { backlogged } => {
+                if *backlogged {
+                    return;
+                }
+                *backlogged = true;
+            }
+            Kind::Interior { .. } => panic!("leaf_ready on interior node {leaf}"),
+        }
+        if self.in_service == Some(leaf) {
+            // Its readiness is settled by the charge that ends its service.
+            return;
+        }
+        self.propagate_ready(leaf, now_ns);
+    }
+
+    /// A leaf's queue was emptied other than by a dispatch (messages withdrawn or moved).
+    pub fn leaf_idle(&mut self, leaf: NodeId) {
+        let in_service = self.in_service == Some(leaf);
+        let n = self.n(leaf);
+        match &mut n.kind {
+            Kind::Leaf { backlogged } => *backlogged = false,
+            Kind::Interior { .. } => panic!("leaf_idle on interior node {leaf}"),
+        }
+        if in_service {
+            return;
+        }
+        if n.ready_in_parent {
+            n.ready_in_parent = false;
+            let (parent, slot) = (n.parent.expect("leaf has parent"), n.slot);
+            self.policy(parent).client_suspended(slot);
+            self.propagate_idle(parent);
+        }
+    }
+
+    /// Releases shaped nodes whose buckets have refilled by `now_ns`.
+    fn release_throttled(&mut self, now_ns: u64) {
+        while let Some(&Reverse((at, id))) = self.throttled.peek() {
+            if at > now_ns {
+                return;
+            }
+            self.throttled.pop();
+            let Some(Some(n)) = self.nodes.get_mut(id as usize) else {
+                continue;
+            };
+            if !n.throttled {
+                continue;
+            }
+            n.throttled = false;
+            self.propagate_ready(id, now_ns);
+        }
+    }
+
+    /// Takes the next leaf into service (Table III `schedule`, applied down the tree).
+    /// Exactly one [`Tree::charge`] must follow before the next `pick`.
+    pub fn pick(&mut self, now_ns: u64) -> Option<NodeId> {
+        assert!(
+            self.in_service.is_none(),
+            "pick before the last pick was charged"
+        );
+        self.release_throttled(now_ns);
+        let mut id = self.root;
+        // Depth is bounded by the node count; each step goes one level down.
+        loop {
+            let slot = match &mut self.n(id).kind {
+                Kind::Interior { policy, .. } => policy.schedule()?,
+                Kind::Leaf { .. } => {
+                    self.in_service = Some(id);
+                    return Some(id);
+                }
+            };
+            let child = match &self.n(id).kind {
+                Kind::Interior { children, .. } => children[slot as usize],
+                Kind::Leaf { .. } => unreachable!(),
+            };
+            id = child.expect("policy scheduled a free slot");
+        }
+    }
+
+    /// Charges the leaf taken by the last `pick`: `cost` units, and whether its queue still has
+    /// work. Every node on the path is charged `max(cost, min_cost)`.
+    pub fn charge(&mut self, leaf: NodeId, cost: u64, still_backlogged: bool, now_ns: u64) {
+        assert_eq!(
+            self.in_service,
+            Some(leaf),
+            "charge for a leaf that was not picked"
+        );
+        self.in_service = None;
+        let cost = cost.max(self.min_cost);
+        match &mut self.n(leaf).kind {
+            Kind::Leaf { backlogged } => *backlogged = still_backlogged,
+            Kind::Interior { .. } => unreachable!(),
+        }
+        let mut id = leaf;
+        loop {
+            let n = self.nodes[id as usize].as_mut().expect("live node");
+            n.stats.charged += cost;
+            n.stats.dispatches += 1;
+            let Some(parent) = n.parent else { return };
+            let mut still = n.has_work();
+            if let Some(shaper) = &mut n.shaper {
+                shaper.charge(cost, now_ns);
+                if still {
+                    let at = shaper.eligible_at(now_ns);
+                    if at > now_ns {
+                        still = false;
+                        n.throttled = true;
+                        n.stats.throttles += 1;
+                        self.throttled.push(Reverse((at, id)));
+                    }
+                }
+            }
+            n.ready_in_parent = still;
+            let slot = n.slot;
+            self.policy(parent).resource_record(slot, cost, still);
+            id = parent;
+        }
+    }
+
+    /// Nanoseconds until a decision is possible (Table III `poll_ready`): `Some(0)` if a leaf
+    /// can be picked now, `Some(d)` if a shaped node becomes eligible in `d`, `None` if idle.
+    pub fn next_decision_ns(&self, now_ns: u64) -> Option<u64> {
+        if self.is_ready() {
+            return Some(0);
+        }
+        // A stale entry (node since released or removed) only makes the caller look early.
+        self.throttled
+            .peek()
+            .map(|Reverse((at, _))| at.saturating_sub(now_ns))
+    }
+
+    /// Children of an interior node.
+    pub fn children(&self, id: NodeId) -> Result<Vec<NodeId>, TreeError> {
+        match &self.node(id)?.kind {
+            Kind::Interior { children, .. } => Ok(children.iter().flatten().copied().collect()),
+            Kind::Leaf { .. } => Err(TreeError::NotInterior(id)),
+        }
+    }
+}
