@@ -1,0 +1,728 @@
+//! `exec`: per-core workers — the only layer that owns threads and reads clocks.
+//!
+//! A [`Runtime`] runs one worker thread per core (count configurable, pinning optional). Each
+//! worker owns one scheduling [`Tree`](crate::sched::Tree): a node per activity it has seen
+//! (keyed machine-wide by the activity's shared tag) and, under each, a leaf per
+//! (stage, activity) queue. The loop:
+//!
+//! ```text
+//! loop:
+//!   apply control messages (activity changes, stop); take messages other cores sent here
+//!   fire due timers
+//!   pick a leaf through the tree; take up to the stage's batch of messages
+//!   set the current activity; read the clock; run the handler; read the clock
+//!   charge the cost up the tree and into the ledger (activity, stage, core)
+//!   nothing to do: block in epoll until a message, a timer or a shaper is due (idle time)
+//! ```
+//!
+//! Every stretch of the loop between two clock reads is charged to something: a dispatch (its
+//! activity), the loop's own work (`/infra`), or idle. The OS's count of the thread's CPU time
+//! is recorded beside it so unattributed time is measured, not assumed.
+//!
+//! Sends: a message sent from a handler inherits the handler's activity; re-tagging is explicit
+//! ([`Ctx::set_activity`]). A send to a queue on the same core goes straight into the typed
+//! queue (no allocation, no lock); a send to another core allocates one box and goes through
+//! that core's bounded lock-free mailbox. Every send passes the destination queue's gate first
+//! and returns `Rejected` at once in the sender's context.
+
+mod gate;
+mod sys;
+mod worker;
+
+pub use gate::Predicate;
+pub use worker::Ctx;
+
+use crate::account::{ActivityId, Ledger, Snapshot, StageId};
+use crate::activity::{ActivityError, ActivitySpec, ActivityTable};
+use crate::admit::{RejectReason, SharedQueueLimit, Verdict};
+use crate::sched::PolicyKind;
+use gate::{Gate, StageLoad};
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use worker::{Control, Deliver, Remote};
+
+/// Most workers a runtime may have.
+pub const WORKERS_MAX: usize = 256;
+/// Most stages a runtime may have.
+pub const STAGES_MAX: usize = 1024;
+/// Capacity of each worker's cross-core mailbox (messages).
+pub const MAILBOX_CAPACITY: usize = 1 << 16;
+/// Most messages a worker takes from its mailbox per loop turn, so a flood from other cores
+/// cannot keep it from dispatching.
+pub const MAILBOX_DRAIN_MAX: usize = 4096;
+/// Most pending timers per worker.
+pub const TIMERS_MAX: usize = 1 << 20;
+/// Largest batch a stage may take per dispatch.
+pub const BATCH_MAX: u32 = 1024;
+/// Largest queue bound per (stage, activity).
+pub const QUEUE_LIMIT_MAX: usize = 1 << 24;
+/// Stage id reserved for the loop's own work in the ledger (charged to `/infra`).
+pub const LOOP_STAGE: StageId = StageId::MAX - 1;
+
+/// Settings of one stage.
+#[derive(Clone, Debug)]
+pub struct StageConfig {
+    /// Most messages handed to one dispatch (SEDA's batching factor), 1..=BATCH_MAX.
+    pub batch_max: u32,
+    /// Bound on each (stage, activity) queue, summed over cores.
+    pub queue_limit: usize,
+    /// Admission predicate of each (stage, activity) queue.
+    pub predicate: Predicate,
+    /// Weight of this stage's leaf beside the other leaves and children of an activity.
+    pub weight: u32,
+    /// Optional stage-wide limit with share-aware shedding across activities.
+    pub shared_limit: Option<SharedQueueLimit>,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        StageConfig {
+            batch_max: 8,
+            queue_limit: 65_536,
+            predicate: Predicate::Threshold,
+            weight: crate::sched::WEIGHT_DEFAULT,
+            shared_limit: None,
+        }
+    }
+}
+
+impl StageConfig {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=BATCH_MAX).contains(&self.batch_max) {
+            return Err(format!("batch_max must be in 1..={BATCH_MAX}"));
+        }
+        if !(1..=QUEUE_LIMIT_MAX).contains(&self.queue_limit) {
+            return Err(format!("queue_limit must be in 1..={QUEUE_LIMIT_MAX}"));
+        }
+        if !(crate::sched::WEIGHT_MIN..=crate::sched::WEIGHT_MAX).contains(&self.weight) {
+            return Err(format!("stage weight {} out of range", self.weight));
+        }
+        Ok(())
+    }
+}
+
+/// A typed handle to a registered stage.
+pub struct StageRef<M> {
+    id: StageId,
+    _m: PhantomData<fn(M)>,
+}
+
+impl<M> Clone for StageRef<M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M> Copy for StageRef<M> {}
+
+impl<M> StageRef<M> {
+    pub fn id(&self) -> StageId {
+        self.id
+    }
+}
+
+/// Where a message should run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Affinity {
+    /// The sender's core when sent from a handler; else the least loaded core.
+    #[default]
+    Any,
+    /// Same key, same core while the mapping lives (TTL); new keys go to the least loaded core.
+    Key(u64),
+    /// This core.
+    Core(u16),
+}
+
+/// Header fields a sender may set (the activity is inherited unless given).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendOpts {
+    pub activity: Option<ActivityId>,
+    pub affinity: Affinity,
+    /// Messages with the same (source stage, activity, order key) are handled in send order.
+    pub order: Option<u64>,
+    /// Deliver no earlier than this many ns from now (a timer).
+    pub delay_ns: u64,
+}
+
+/// Why a send failed. The message is dropped; nothing else changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendError {
+    /// The queue is full, its predicate said no, or its activity was shed.
+    Rejected(RejectReason),
+    NoSuchActivity(ActivityId),
+    NoSuchCore(u16),
+    /// The destination core's mailbox is full.
+    MailboxFull,
+    /// Too many timers pending on the destination core.
+    TooManyTimers,
+    /// The runtime is stopping.
+    Stopped,
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+impl std::error::Error for SendError {}
+
+/// Errors from building or changing the runtime.
+#[derive(Debug)]
+pub enum RuntimeError {
+    Config(String),
+    Activity(ActivityError),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for RuntimeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RuntimeError::Config(s) => write!(f, "configuration: {s}"),
+            RuntimeError::Activity(e) => write!(f, "{e}"),
+            RuntimeError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+impl std::error::Error for RuntimeError {}
+
+impl From<ActivityError> for RuntimeError {
+    fn from(e: ActivityError) -> Self {
+        RuntimeError::Activity(e)
+    }
+}
+
+pub(crate) type HandlerFactory = Box<dyn Fn(usize) -> Box<dyn worker::ErasedStage> + Send + Sync>;
+
+pub(crate) struct StageMeta {
+    pub(crate) name: String,
+    pub(crate) config: StageConfig,
+    pub(crate) load: StageLoad,
+    pub(crate) type_id: TypeId,
+}
+
+/// Placement of affinity keys: key → (core, expiry). Striped so senders on different cores
+/// rarely meet; only sends that carry an affinity key come here.
+struct AffinityTable {
+    shards: Vec<Mutex<HashMap<u64, (u16, u64)>>>,
+    ttl_ns: u64,
+}
+
+/// Most live affinity mappings per shard; expired ones are swept when a shard is full.
+const AFFINITY_PER_SHARD_MAX: usize = 1 << 16;
+
+impl AffinityTable {
+    fn place(&self, key: u64, now_ns: u64, least_loaded: impl FnOnce() -> u16) -> u16 {
+        let shard = &self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % self.shards.len()];
+        let mut m = shard.lock().expect("affinity lock");
+        if let Some(&(core, exp)) = m.get(&key) {
+            if exp > now_ns {
+                m.insert(key, (core, now_ns.saturating_add(self.ttl_ns)));
+                return core;
+            }
+        }
+        if m.len() >= AFFINITY_PER_SHARD_MAX {
+            m.retain(|_, (_, exp)| *exp > now_ns);
+        }
+        let core = least_loaded();
+        if m.len() < AFFINITY_PER_SHARD_MAX {
+            m.insert(key, (core, now_ns.saturating_add(self.ttl_ns)));
+        }
+        core
+    }
+}
+
+pub(crate) struct Mailbox {
+    pub(crate) messages: crossbeam_queue::ArrayQueue<Box<dyn Deliver>>,
+    pub(crate) control: Mutex<Vec<Control>>,
+    pub(crate) control_pending: AtomicBool,
+    pub(crate) sleeping: AtomicBool,
+    pub(crate) waker: mio::Waker,
+}
+
+impl Mailbox {
+    pub(crate) fn wake(&self) {
+        if self.sleeping.swap(false, Ordering::SeqCst) {
+            // A failed wake leaves the worker to its poll timeout; nothing is lost.
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// State every thread of a runtime shares.
+pub(crate) struct Shared {
+    pub(crate) workers: usize,
+    pub(crate) clock: quanta::Clock,
+    pub(crate) start_raw: u64,
+    pub(crate) ledger: Ledger,
+    pub(crate) activities: RwLock<ActivityTable>,
+    pub(crate) stages: Vec<StageMeta>,
+    gates: RwLock<HashMap<(StageId, ActivityId), Arc<Gate>>>,
+    pub(crate) mailboxes: Vec<Mailbox>,
+    /// Messages admitted for each core and not yet handled (queued, in a mailbox, on a timer,
+    /// or in the handler now).
+    pub(crate) core_pending: Vec<CachePadded>,
+    affinity: AffinityTable,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) bypass: bool,
+    pub(crate) min_cost_ns: u64,
+}
+
+/// An `AtomicUsize` on its own cache line, so cores do not share lines of each other's counts.
+#[repr(align(128))]
+#[derive(Default)]
+pub(crate) struct CachePadded(pub(crate) AtomicUsize);
+
+impl Shared {
+    /// Nanoseconds since the runtime started, by the TSC clock.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.clock.delta_as_nanos(self.start_raw, self.clock.raw())
+    }
+
+    pub(crate) fn ns_of_raw(&self, raw: u64) -> u64 {
+        self.clock.delta_as_nanos(self.start_raw, raw)
+    }
+
+    pub(crate) fn gate(&self, stage: StageId, activity: ActivityId) -> Result<Arc<Gate>, SendError> {
+        if let Some(g) = self.gates.read().expect("gates lock").get(&(stage, activity)) {
+            return Ok(g.clone());
+        }
+        let weight = {
+            let t = self.activities.read().expect("activities lock");
+            t.get(activity)
+                .ok_or(SendError::NoSuchActivity(activity))?
+                .spec
+                .weight
+        };
+        let cfg = &self.stages[stage as usize].config;
+        let mut gates = self.gates.write().expect("gates lock");
+        Ok(gates
+            .entry((stage, activity))
+            .or_insert_with(|| Arc::new(Gate::new(cfg.queue_limit, weight, &cfg.predicate)))
+            .clone())
+    }
+
+    fn least_loaded(&self) -> u16 {
+        let mut best = 0usize;
+        let mut best_load = usize::MAX;
+        for (i, c) in self.core_pending.iter().enumerate() {
+            let l = c.0.load(Ordering::Relaxed);
+            if l < best_load {
+                best = i;
+                best_load = l;
+            }
+        }
+        best as u16
+    }
+
+    /// Chooses the destination core of a send.
+    pub(crate) fn route(
+        &self,
+        from_core: Option<usize>,
+        source_stage: StageId,
+        activity: ActivityId,
+        opts: &SendOpts,
+        now_ns: u64,
+    ) -> Result<usize, SendError> {
+        let core = match opts.affinity {
+            Affinity::Core(c) => {
+                if c as usize >= self.workers {
+                    return Err(SendError::NoSuchCore(c));
+                }
+                c as usize
+            }
+            Affinity::Key(k) => self.affinity.place(k, now_ns, || self.least_loaded()) as usize,
+            Affinity::Any => match opts.order {
+                // Order keys map to a core by hash alone (no TTL), so a stream of ordered
+                // messages can never be split across cores by an expiring mapping.
+                Some(o) => {
+                    let h = (u64::from(source_stage) << 32 | u64::from(activity))
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        ^ o.wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                    (h % self.workers as u64) as usize
+                }
+                None => match from_core {
+                    Some(c) => c,
+                    None => self.least_loaded() as usize,
+                },
+            },
+        };
+        Ok(core)
+    }
+
+    /// Sends from outside any worker, or to another core: gate, box, mailbox.
+    pub(crate) fn send_remote<M: Send + 'static>(
+        &self,
+        core: usize,
+        gate: &Arc<Gate>,
+        stage: StageId,
+        activity: ActivityId,
+        msg: M,
+        enq_ns: u64,
+        due_ns: u64,
+    ) -> Result<(), SendError> {
+        let load = &self.stages[stage as usize].load;
+        if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
+            return Err(SendError::Rejected(r));
+        }
+        self.core_pending[core].0.fetch_add(1, Ordering::AcqRel);
+        let boxed: Box<dyn Deliver> = Box::new(Remote {
+            stage,
+            activity,
+            enq_ns,
+            due_ns,
+            gate: gate.clone(),
+            msg,
+        });
+        let mb = &self.mailboxes[core];
+        if mb.messages.push(boxed).is_err() {
+            gate.release(load);
+            self.core_pending[core].0.fetch_sub(1, Ordering::AcqRel);
+            return Err(SendError::MailboxFull);
+        }
+        mb.wake();
+        Ok(())
+    }
+
+    fn broadcast(&self, c: impl Fn() -> Control) {
+        for mb in &self.mailboxes {
+            mb.control.lock().expect("control lock").push(c());
+            mb.control_pending.store(true, Ordering::Release);
+            mb.sleeping.store(true, Ordering::SeqCst);
+            mb.wake();
+        }
+    }
+}
+
+/// Builds a [`Runtime`].
+pub struct Builder {
+    workers: usize,
+    pin: bool,
+    bypass: bool,
+    min_cost_ns: u64,
+    affinity_ttl_ns: u64,
+    stages: Vec<StageMeta>,
+    factories: Vec<HandlerFactory>,
+    activities: ActivityTable,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            pin: false,
+            bypass: false,
+            min_cost_ns: crate::sched::MIN_COST_DEFAULT,
+            affinity_ttl_ns: 10_000_000_000,
+            stages: Vec::new(),
+            factories: Vec::new(),
+            activities: ActivityTable::new(),
+        }
+    }
+}
+
+impl Builder {
+    /// Number of worker threads (1..=WORKERS_MAX). Default: the number of CPUs.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n;
+        self
+    }
+    /// Pin worker `i` to CPU `i % ncpu`.
+    pub fn pin(mut self, pin: bool) -> Self {
+        self.pin = pin;
+        self
+    }
+    /// Scheduling bypass: a FIFO of ready queues and no accounting, the baseline that the
+    /// overhead experiment compares against. Shares and caps do not hold in this mode.
+    pub fn bypass(mut self, bypass: bool) -> Self {
+        self.bypass = bypass;
+        self
+    }
+    /// Minimum charge per dispatch, ns.
+    pub fn min_cost_ns(mut self, ns: u64) -> Self {
+        self.min_cost_ns = ns;
+        self
+    }
+    /// How long an affinity mapping lives after its last use.
+    pub fn affinity_ttl_ns(mut self, ns: u64) -> Self {
+        self.affinity_ttl_ns = ns;
+        self
+    }
+    /// Creates an activity before start (parents must exist).
+    pub fn activity(mut self, path: &str, spec: ActivitySpec) -> Result<(Self, ActivityId), RuntimeError> {
+        let id = self.activities.ensure(path, spec)?;
+        Ok((self, id))
+    }
+
+    /// Registers a stage. `factory(core)` runs on each worker thread to make that core's
+    /// handler (per-core state lives in the closure it returns).
+    pub fn stage<M, H, F>(&mut self, name: &str, config: StageConfig, factory: F) -> Result<StageRef<M>, RuntimeError>
+    where
+        M: Send + 'static,
+        H: FnMut(&mut Ctx<'_>, M) + 'static,
+        F: Fn(usize) -> H + Send + Sync + 'static,
+    {
+        config.validate().map_err(RuntimeError::Config)?;
+        if self.stages.len() >= STAGES_MAX {
+            return Err(RuntimeError::Config(format!("more than {STAGES_MAX} stages")));
+        }
+        if self.stages.iter().any(|s| s.name == name) {
+            return Err(RuntimeError::Config(format!("stage {name:?} registered twice")));
+        }
+        let id = self.stages.len() as StageId;
+        self.stages.push(StageMeta {
+            name: name.to_string(),
+            load: StageLoad::new(config.shared_limit.clone()),
+            config,
+            type_id: TypeId::of::<M>(),
+        });
+        self.factories.push(Box::new(move |core| worker::erase::<M, H>(id, factory(core))));
+        Ok(StageRef { id, _m: PhantomData })
+    }
+
+    /// Starts the workers.
+    pub fn start(self) -> Result<Runtime, RuntimeError> {
+        if !(1..=WORKERS_MAX).contains(&self.workers) {
+            return Err(RuntimeError::Config(format!(
+                "workers must be in 1..={WORKERS_MAX}, got {}",
+                self.workers
+            )));
+        }
+        let mut polls = Vec::with_capacity(self.workers);
+        let mut mailboxes = Vec::with_capacity(self.workers);
+        for _ in 0..self.workers {
+            let poll = mio::Poll::new().map_err(RuntimeError::Io)?;
+            let waker = mio::Waker::new(poll.registry(), worker::WAKE_TOKEN).map_err(RuntimeError::Io)?;
+            polls.push(poll);
+            mailboxes.push(Mailbox {
+                messages: crossbeam_queue::ArrayQueue::new(MAILBOX_CAPACITY),
+                control: Mutex::new(Vec::new()),
+                control_pending: AtomicBool::new(false),
+                sleeping: AtomicBool::new(false),
+                waker,
+            });
+        }
+        let clock = quanta::Clock::new();
+        let start_raw = clock.raw();
+        let shared = Arc::new(Shared {
+            workers: self.workers,
+            clock,
+            start_raw,
+            ledger: Ledger::new(self.workers),
+            activities: RwLock::new(self.activities),
+            stages: self.stages,
+            gates: RwLock::new(HashMap::new()),
+            mailboxes,
+            core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
+            affinity: AffinityTable {
+                shards: (0..16).map(|_| Mutex::new(HashMap::new())).collect(),
+                ttl_ns: self.affinity_ttl_ns,
+            },
+            stopping: AtomicBool::new(false),
+            bypass: self.bypass,
+            min_cost_ns: self.min_cost_ns,
+        });
+        let factories = Arc::new(self.factories);
+        let ncpu = sys::cpu_count();
+        let mut threads = Vec::with_capacity(self.workers);
+        for (core, poll) in polls.into_iter().enumerate() {
+            let shared = shared.clone();
+            let factories = factories.clone();
+            let pin = self.pin.then_some(core % ncpu);
+            let t = std::thread::Builder::new()
+                .name(format!("omnistage-w{core}"))
+                .spawn(move || worker::run(core, pin, shared, &factories, poll))
+                .map_err(RuntimeError::Io)?;
+            threads.push(t);
+        }
+        Ok(Runtime {
+            shared,
+            threads: Mutex::new(threads),
+        })
+    }
+}
+
+/// A running runtime. Dropping it stops the workers (messages still queued are dropped).
+pub struct Runtime {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Runtime {
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    pub fn workers(&self) -> usize {
+        self.shared.workers
+    }
+
+    /// Nanoseconds since start by the runtime's clock.
+    pub fn now_ns(&self) -> u64 {
+        self.shared.now_ns()
+    }
+
+    /// Sends a message from outside the workers, to `activity`.
+    pub fn send<M: Send + 'static>(
+        &self,
+        to: &StageRef<M>,
+        activity: ActivityId,
+        affinity: Affinity,
+        msg: M,
+    ) -> Result<(), SendError> {
+        self.send_with(
+            to,
+            SendOpts {
+                activity: Some(activity),
+                affinity,
+                ..Default::default()
+            },
+            msg,
+        )
+    }
+
+    /// Sends with full options; `opts.activity` defaults to `/infra` outside a handler.
+    pub fn send_with<M: Send + 'static>(&self, to: &StageRef<M>, opts: SendOpts, msg: M) -> Result<(), SendError> {
+        let s = &self.shared;
+        if s.stopping.load(Ordering::Acquire) {
+            return Err(SendError::Stopped);
+        }
+        debug_assert_eq!(s.stages[to.id as usize].type_id, TypeId::of::<M>());
+        let activity = opts.activity.unwrap_or(crate::activity::INFRA);
+        let now = s.now_ns();
+        let core = s.route(None, StageId::MAX, activity, &opts, now)?;
+        let gate = s.gate(to.id, activity)?;
+        s.send_remote(core, &gate, to.id, activity, msg, now, now.saturating_add(opts.delay_ns))
+    }
+
+    /// Messages admitted and not yet handled, over all cores.
+    pub fn pending(&self) -> usize {
+        self.shared
+            .core_pending
+            .iter()
+            .map(|c| c.0.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// A copy of the ledger.
+    pub fn snapshot(&self) -> Snapshot {
+        self.shared.ledger.snapshot()
+    }
+
+    /// Runs `f` over the activity table (read-only).
+    pub fn with_activities<R>(&self, f: impl FnOnce(&ActivityTable) -> R) -> R {
+        f(&self.shared.activities.read().expect("activities lock"))
+    }
+
+    pub fn activity_id(&self, path: &str) -> Option<ActivityId> {
+        self.with_activities(|t| t.lookup(path))
+    }
+
+    /// Name of a stage.
+    pub fn stage_name(&self, id: StageId) -> Option<&str> {
+        if id == LOOP_STAGE {
+            return Some("loop");
+        }
+        self.shared.stages.get(id as usize).map(|s| s.name.as_str())
+    }
+
+    /// Rejections counted at the gate of (stage, activity).
+    pub fn rejected(&self, stage: StageId, activity: ActivityId) -> u64 {
+        self.shared
+            .gates
+            .read()
+            .expect("gates lock")
+            .get(&(stage, activity))
+            .map(|g| g.rejected.load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    /// Current token rate of the gate of (stage, activity), if it has a bucket.
+    pub fn admission_rate(&self, stage: StageId, activity: ActivityId) -> Option<f64> {
+        self.shared
+            .gates
+            .read()
+            .expect("gates lock")
+            .get(&(stage, activity))
+            .and_then(|g| g.rate_per_s())
+    }
+
+    fn change(&self, f: impl FnOnce(&mut ActivityTable) -> Result<Control, ActivityError>) -> Result<(), RuntimeError> {
+        let control = {
+            let mut t = self.shared.activities.write().expect("activities lock");
+            f(&mut t)?
+        };
+        // Every worker applies the change before its next scheduling decision.
+        self.shared.broadcast(|| control.clone());
+        Ok(())
+    }
+
+    /// Creates an activity (its parent must exist) while work flows.
+    pub fn create_activity(&self, path: &str, spec: ActivitySpec) -> Result<ActivityId, RuntimeError> {
+        let mut id = 0;
+        self.change(|t| {
+            id = t.create(path, spec)?;
+            Ok(Control::Upsert(worker::ActivityInfo::of(t, id)))
+        })?;
+        Ok(id)
+    }
+
+    /// Changes an activity's weight, cap or policy; takes effect at each worker's next decision.
+    pub fn set_activity(&self, path: &str, spec: ActivitySpec) -> Result<(), RuntimeError> {
+        self.change(|t| {
+            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            t.set(id, spec)?;
+            Ok(Control::Upsert(worker::ActivityInfo::of(t, id)))
+        })?;
+        // Gates take the activity weight for shedding decisions.
+        Ok(())
+    }
+
+    /// Moves an activity and its sub-tree under another.
+    pub fn move_activity(&self, path: &str, new_parent: &str) -> Result<(), RuntimeError> {
+        self.change(|t| {
+            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            let p = t
+                .lookup(new_parent)
+                .ok_or_else(|| ActivityError::NotFound(new_parent.into()))?;
+            t.move_to(id, p)?;
+            Ok(Control::Upsert(worker::ActivityInfo::of(t, id)))
+        })
+    }
+
+    /// Removes an activity without children. Messages already queued for it are still handled.
+    pub fn remove_activity(&self, path: &str) -> Result<(), RuntimeError> {
+        self.change(|t| {
+            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            t.remove(id)?;
+            Ok(Control::Remove(id))
+        })
+    }
+
+    /// Policy names accepted by activities.
+    pub fn policies() -> &'static [PolicyKind] {
+        &PolicyKind::ALL
+    }
+
+    /// Stops the workers and waits for them. Idempotent.
+    pub fn shutdown(&self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.broadcast(|| Control::Stop);
+        let threads = std::mem::take(&mut *self.threads.lock().expect("threads lock"));
+        for t in threads {
+            // A worker that panicked outside a handler has already been reported by the panic
+            // hook; shutting down goes on for the others.
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

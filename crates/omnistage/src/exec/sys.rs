@@ -1,0 +1,70 @@
+//! Thin wrappers over the OS calls the workers need: CPU pinning and the OS's own clocks of a
+//! thread (CPU time, run-queue wait), which the ledger uses as an independent check.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// CPUs this process may run on.
+pub(crate) fn cpu_count() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Pins the calling thread to `cpu`. Failure (a restricted cpuset) is reported, not fatal.
+pub(crate) fn pin_to(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: `cpu_set_t` is a plain bit array for which all-zero is valid; CPU_SET writes
+    // within it for cpu < CPU_SETSIZE (checked), and sched_setaffinity reads exactly
+    // `size_of::<cpu_set_t>()` bytes from the pointer we pass.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// CPU time of the calling thread as the OS counts it (CLOCK_THREAD_CPUTIME_ID), ns.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The calling thread's `/proc/thread-self/schedstat`, kept open and re-read in place.
+pub(crate) struct SchedStat {
+    file: Option<File>,
+    buf: [u8; 128],
+}
+
+impl SchedStat {
+    pub(crate) fn open() -> Self {
+        SchedStat {
+            file: File::open("/proc/thread-self/schedstat").ok(),
+            buf: [0; 128],
+        }
+    }
+
+    /// (ns on a CPU, ns runnable and waiting for a CPU), or `None` where unavailable.
+    pub(crate) fn read(&mut self) -> Option<(u64, u64)> {
+        let f = self.file.as_ref()?;
+        let n = f.read_at(&mut self.buf, 0).ok()?;
+        let s = std::str::from_utf8(&self.buf[..n]).ok()?;
+        let mut it = s.split_ascii_whitespace();
+        let run = it.next()?.parse().ok()?;
+        let wait = it.next()?.parse().ok()?;
+        Some((run, wait))
+    }
+}

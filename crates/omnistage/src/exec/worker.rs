@@ -1,0 +1,803 @@
+//! One worker: its tree, its typed queues, its timers, its loop, and the handler context.
+
+use super::gate::Gate;
+use super::{sys, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
+use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
+use crate::account::{ActivityId, Cell, StageId};
+use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
+use crate::admit::Verdict;
+use crate::sched::{ClientParams, NodeId, SharedTag, Tree};
+use std::any::Any;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) const WAKE_TOKEN: mio::Token = mio::Token(usize::MAX);
+
+/// How often a worker publishes its loop counters and reads the OS clocks, ns.
+const FLUSH_INTERVAL_NS: u64 = 10_000_000;
+
+/// A hasher for small integer keys (ids): one multiply. Keys are ids we assign, not input an
+/// attacker picks, so flooding is not a concern.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(32) ^ u64::from(v)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(32) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// What a worker knows of one activity.
+#[derive(Clone, Debug)]
+pub(crate) struct ActivityInfo {
+    pub(crate) id: ActivityId,
+    pub(crate) parent: Option<ActivityId>,
+    pub(crate) spec: ActivitySpec,
+    pub(crate) tag: Arc<SharedTag>,
+}
+
+impl ActivityInfo {
+    pub(crate) fn of(t: &ActivityTable, id: ActivityId) -> Self {
+        let a = t.get(id).expect("activity just changed");
+        ActivityInfo {
+            id,
+            parent: a.parent,
+            spec: a.spec.clone(),
+            tag: a.tag.clone(),
+        }
+    }
+}
+
+/// Messages to a worker about the runtime itself.
+#[derive(Clone, Debug)]
+pub(crate) enum Control {
+    Upsert(ActivityInfo),
+    Remove(ActivityId),
+    Stop,
+}
+
+/// A message (or timer) that crossed from another thread; delivered into a local queue.
+pub(crate) trait Deliver: Send {
+    fn deliver(self: Box<Self>, st: &mut CoreState, shared: &Shared);
+    fn due_ns(&self) -> u64;
+}
+
+pub(crate) struct Remote<M> {
+    pub(crate) stage: StageId,
+    pub(crate) activity: ActivityId,
+    pub(crate) enq_ns: u64,
+    pub(crate) due_ns: u64,
+    pub(crate) gate: Arc<Gate>,
+    pub(crate) msg: M,
+}
+
+impl<M: Send + 'static> Deliver for Remote<M> {
+    fn deliver(self: Box<Self>, st: &mut CoreState, shared: &Shared) {
+        if self.due_ns > st.now_ns {
+            st.add_timer(self, shared);
+            return;
+        }
+        let Remote {
+            stage,
+            activity,
+            enq_ns,
+            gate,
+            msg,
+            ..
+        } = *self;
+        match st.queue_index::<M>(shared, stage, activity) {
+            Ok(q) => st.push::<M>(stage, q, Envelope { msg, enq_ns }),
+            Err(_) => st.drop_admitted(shared, &gate, stage),
+        }
+    }
+    fn due_ns(&self) -> u64 {
+        self.due_ns
+    }
+}
+
+struct Timer {
+    due_ns: u64,
+    seq: u64,
+    payload: Box<dyn Deliver>,
+}
+impl PartialEq for Timer {
+    fn eq(&self, o: &Self) -> bool {
+        (self.due_ns, self.seq) == (o.due_ns, o.seq)
+    }
+}
+impl Eq for Timer {}
+impl Ord for Timer {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (o.due_ns, o.seq).cmp(&(self.due_ns, self.seq))
+    }
+}
+impl PartialOrd for Timer {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+pub(crate) struct Envelope<M> {
+    msg: M,
+    enq_ns: u64,
+}
+
+struct LocalQueue<M> {
+    items: VecDeque<Envelope<M>>,
+    leaf: NodeId,
+    activity: ActivityId,
+    gate: Arc<Gate>,
+}
+
+/// The typed queues of one stage on one core: one per activity that sent to it here.
+struct Queues<M> {
+    qs: Vec<LocalQueue<M>>,
+    by_activity: IdMap<ActivityId, u32>,
+}
+
+#[derive(Clone)]
+struct LeafInfo {
+    stage: StageId,
+    q: u32,
+    /// In the bypass FIFO (bypass mode only).
+    in_bypass: bool,
+    /// The queue's ledger cell (the same `Arc` the typed queue holds).
+    cell: Arc<Cell>,
+}
+
+struct LocalActivity {
+    info: ActivityInfo,
+    node: Option<NodeId>,
+    removed: bool,
+}
+
+/// What one dispatch did.
+pub(crate) struct Batch {
+    messages: u32,
+    wait_ns: u64,
+    still_backlogged: bool,
+    panics: u32,
+}
+
+/// A stage's handler with its message type erased.
+pub(crate) trait ErasedStage {
+    fn new_queues(&self) -> Box<dyn Any>;
+    fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch;
+}
+
+struct Typed<M, H> {
+    id: StageId,
+    handler: H,
+    /// Reused buffer of the batch being handled (no allocation per dispatch).
+    buf: Vec<Envelope<M>>,
+}
+
+pub(crate) fn erase<M, H>(id: StageId, handler: H) -> Box<dyn ErasedStage>
+where
+    M: Send + 'static,
+    H: FnMut(&mut Ctx<'_>, M) + 'static,
+{
+    Box::new(Typed {
+        id,
+        handler,
+        buf: Vec::new(),
+    })
+}
+
+impl<M, H> ErasedStage for Typed<M, H>
+where
+    M: Send + 'static,
+    H: FnMut(&mut Ctx<'_>, M) + 'static,
+{
+    fn new_queues(&self) -> Box<dyn Any> {
+        Box::new(Queues::<M> {
+            qs: Vec::new(),
+            by_activity: IdMap::default(),
+        })
+    }
+
+    fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch {
+        let now = st.now_ns;
+        let load = &shared.stages[self.id as usize].load;
+        let (activity, gate) = {
+            let lq = &mut st.queues::<M>(self.id).qs[q as usize];
+            let n = batch_max.min(lq.items.len());
+            self.buf.extend(lq.items.drain(..n));
+            (lq.activity, lq.gate.clone())
+        };
+        let n = self.buf.len();
+        debug_assert!(n > 0, "dispatched an empty queue");
+        // The messages leave the queue: their places are free for new sends.
+        gate.release_n(load, n);
+        let mut wait_ns = 0;
+        st.responses.clear();
+        let observe = gate.has_controller();
+        for e in &self.buf {
+            wait_ns += now.saturating_sub(e.enq_ns);
+            if observe {
+                st.responses.push(e.enq_ns);
+            }
+        }
+        st.current_activity = activity;
+        st.current_stage = self.id;
+        let mut panics = 0;
+        let handler = &mut self.handler;
+        for env in self.buf.drain(..) {
+            let mut ctx = Ctx { st, shared };
+            // Contain a panicking handler: the message is lost and counted, the worker goes on.
+            if catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, env.msg))).is_err() {
+                panics += 1;
+            }
+            // A handler may re-tag; the next message of the batch starts from its own activity.
+            st.current_activity = activity;
+        }
+        if observe {
+            st.observe_gate = Some(gate);
+        }
+        let still_backlogged = !st.queues::<M>(self.id).qs[q as usize].items.is_empty();
+        Batch {
+            messages: n as u32,
+            wait_ns,
+            still_backlogged,
+            panics,
+        }
+    }
+}
+
+/// A worker's own state; handlers reach it through [`Ctx`].
+pub(crate) struct CoreState {
+    core: usize,
+    tree: Tree,
+    bypass: bool,
+    bypass_ready: VecDeque<NodeId>,
+    leaves: Vec<Option<LeafInfo>>,
+    queues: Vec<Box<dyn Any>>,
+    activities: IdMap<ActivityId, LocalActivity>,
+    gate_cache: IdMap<(StageId, ActivityId), Arc<Gate>>,
+    timers: BinaryHeap<Timer>,
+    timer_seq: u64,
+    now_ns: u64,
+    current_activity: ActivityId,
+    current_stage: StageId,
+    /// Enqueue times of the batch just handled, when its gate has a controller.
+    responses: Vec<u64>,
+    observe_gate: Option<Arc<Gate>>,
+    dropped: u64,
+}
+
+impl CoreState {
+    fn new(core: usize, shared: &Shared, handlers: &[Option<Box<dyn ErasedStage>>]) -> Self {
+        let table = shared.activities.read().expect("activities lock");
+        let root_policy = table.get(ROOT).expect("root").spec.policy;
+        let mut tree = Tree::new(root_policy);
+        tree.set_min_cost(shared.min_cost_ns);
+        let mut activities = IdMap::default();
+        for a in table.iter() {
+            activities.insert(
+                a.id,
+                LocalActivity {
+                    info: ActivityInfo::of(&table, a.id),
+                    node: (a.id == ROOT).then_some(tree.root()),
+                    removed: false,
+                },
+            );
+        }
+        CoreState {
+            core,
+            tree,
+            bypass: shared.bypass,
+            bypass_ready: VecDeque::new(),
+            leaves: Vec::new(),
+            queues: handlers
+                .iter()
+                .map(|h| h.as_ref().expect("handler present at start").new_queues())
+                .collect(),
+            activities,
+            gate_cache: IdMap::default(),
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            now_ns: 0,
+            current_activity: INFRA,
+            current_stage: StageId::MAX,
+            responses: Vec::new(),
+            observe_gate: None,
+            dropped: 0,
+        }
+    }
+
+    fn queues<M: 'static>(&mut self, stage: StageId) -> &mut Queues<M> {
+        self.queues[stage as usize]
+            .downcast_mut::<Queues<M>>()
+            .expect("message type matches the stage's")
+    }
+
+    /// Applies an activity change to this core's tree.
+    fn upsert(&mut self, info: ActivityInfo) {
+        let id = info.id;
+        let node = self.activities.get(&id).and_then(|a| a.node);
+        if let Some(node) = node {
+            let old = self.activities[&id].info.clone();
+            let params = ClientParams {
+                weight: info.spec.weight,
+                priority: info.spec.priority,
+                shared: Some(info.tag.clone()),
+            };
+            if id == ROOT {
+                let _ = self.tree.set_policy(node, info.spec.policy);
+            } else {
+                if old.parent != info.parent {
+                    if let Some(p) = info.parent.and_then(|p| self.ensure_node(p, 0)) {
+                        // Refused only if a pick is in service, which cannot be the case
+                        // between dispatches.
+                        let _ = self.tree.move_node(node, p, self.now_ns);
+                    }
+                }
+                let _ = self.tree.set_params(node, params);
+                if old.spec.policy != info.spec.policy {
+                    let _ = self.tree.set_policy(node, info.spec.policy);
+                }
+                if old.spec.cap != info.spec.cap {
+                    let _ = self.tree.set_shaper(node, info.spec.cap, self.now_ns);
+                }
+            }
+        }
+        match self.activities.get_mut(&id) {
+            Some(a) => a.info = info,
+            None => {
+                self.activities.insert(
+                    id,
+                    LocalActivity {
+                        info,
+                        node: None,
+                        removed: false,
+                    },
+                );
+            }
+        }
+    }
+
+    fn remove_activity(&mut self, id: ActivityId) {
+        if let Some(a) = self.activities.get_mut(&id) {
+            a.removed = true;
+            // Its node stays while it has queued work; its queues drain normally.
+            if let Some(node) = a.node {
+                if self.tree.remove(node).is_ok() {
+                    a.node = None;
+                }
+            }
+        }
+    }
+
+    /// Looks an activity up in the shared table when this core has not heard of it yet
+    /// (its creation and a message for it can race).
+    fn learn(&mut self, shared: &Shared, id: ActivityId) -> bool {
+        let info = {
+            let t = shared.activities.read().expect("activities lock");
+            if t.get(id).is_none() {
+                return false;
+            }
+            ActivityInfo::of(&t, id)
+        };
+        self.upsert(info);
+        true
+    }
+
+    /// The tree node of an activity on this core, created (with its ancestors) on first use.
+    fn ensure_node(&mut self, id: ActivityId, depth: usize) -> Option<NodeId> {
+        assert!(depth <= crate::activity::DEPTH_MAX + 1, "activity chain too deep");
+        let a = self.activities.get(&id)?;
+        if a.removed {
+            return None;
+        }
+        if let Some(n) = a.node {
+            return Some(n);
+        }
+        let info = a.info.clone();
+        let parent_node = match info.parent {
+            None => self.tree.root(),
+            Some(p) => self.ensure_node(p, depth + 1)?,
+        };
+        let params = ClientParams {
+            weight: info.spec.weight,
+            priority: info.spec.priority,
+            shared: Some(info.tag.clone()),
+        };
+        let node = self
+            .tree
+            .add_interior(parent_node, params, info.spec.policy)
+            .ok()?;
+        if info.spec.cap.is_some() {
+            let _ = self.tree.set_shaper(node, info.spec.cap, self.now_ns);
+        }
+        self.activities.get_mut(&id).expect("present").node = Some(node);
+        Some(node)
+    }
+
+    /// Index of the (stage, activity) queue on this core, created on first use.
+    fn queue_index<M: 'static>(&mut self, shared: &Shared, stage: StageId, activity: ActivityId) -> Result<u32, SendError> {
+        if let Some(&q) = self.queues::<M>(stage).by_activity.get(&activity) {
+            return Ok(q);
+        }
+        if !self.activities.contains_key(&activity) && !self.learn(shared, activity) {
+            return Err(SendError::NoSuchActivity(activity));
+        }
+        let node = self
+            .ensure_node(activity, 0)
+            .ok_or(SendError::NoSuchActivity(activity))?;
+        let weight = shared.stages[stage as usize].config.weight;
+        let cell = shared
+            .ledger
+            .cell(self.core, activity, stage)
+            .ok_or(SendError::Rejected(crate::admit::RejectReason::QueueFull))?;
+        let gate = self.cached_gate(shared, stage, activity)?;
+        let leaf = self
+            .tree
+            .add_leaf(node, ClientParams::weight(weight))
+            .map_err(|_| SendError::Rejected(crate::admit::RejectReason::QueueFull))?;
+        let qs = self.queues::<M>(stage);
+        let q = qs.qs.len() as u32;
+        qs.qs.push(LocalQueue {
+            items: VecDeque::new(),
+            leaf,
+            activity,
+            gate,
+        });
+        qs.by_activity.insert(activity, q);
+        let li = leaf as usize;
+        if self.leaves.len() <= li {
+            self.leaves.resize(li + 1, None);
+        }
+        self.leaves[li] = Some(LeafInfo {
+            stage,
+            q,
+            in_bypass: false,
+            cell,
+        });
+        Ok(q)
+    }
+
+    fn cached_gate(&mut self, shared: &Shared, stage: StageId, activity: ActivityId) -> Result<Arc<Gate>, SendError> {
+        if let Some(g) = self.gate_cache.get(&(stage, activity)) {
+            return Ok(g.clone());
+        }
+        let g = shared.gate(stage, activity)?;
+        self.gate_cache.insert((stage, activity), g.clone());
+        Ok(g)
+    }
+
+    /// Appends to a local queue (its gate already admitted the message).
+    fn push<M: 'static>(&mut self, stage: StageId, q: u32, env: Envelope<M>) {
+        let lq = &mut self.queues::<M>(stage).qs[q as usize];
+        let was_empty = lq.items.is_empty();
+        lq.items.push_back(env);
+        let leaf = lq.leaf;
+        if was_empty {
+            self.leaf_ready(leaf);
+        }
+    }
+
+    fn leaf_ready(&mut self, leaf: NodeId) {
+        if self.bypass {
+            let li = self.leaves[leaf as usize].as_mut().expect("leaf info");
+            if !li.in_bypass {
+                li.in_bypass = true;
+                self.bypass_ready.push_back(leaf);
+            }
+        } else {
+            self.tree.leaf_ready(leaf, self.now_ns);
+        }
+    }
+
+    /// A message was admitted but cannot be queued here after all: give its place back.
+    fn drop_admitted(&mut self, shared: &Shared, gate: &Gate, stage: StageId) {
+        gate.release_n(&shared.stages[stage as usize].load, 1);
+        shared.core_pending[self.core].0.fetch_sub(1, Ordering::AcqRel);
+        self.dropped += 1;
+    }
+
+    fn add_timer(&mut self, payload: Box<dyn Deliver>, shared: &Shared) {
+        if self.timers.len() >= TIMERS_MAX {
+            // Checked by local senders; a remote one that raced past the check is dropped
+            // here. Its gate place is released through the same path as other drops.
+            self.dropped += 1;
+            shared.core_pending[self.core].0.fetch_sub(1, Ordering::AcqRel);
+            drop(payload);
+            return;
+        }
+        self.timer_seq += 1;
+        self.timers.push(Timer {
+            due_ns: payload.due_ns(),
+            seq: self.timer_seq,
+            payload,
+        });
+    }
+
+    fn fire_timers(&mut self, shared: &Shared) {
+        while let Some(t) = self.timers.peek() {
+            if t.due_ns > self.now_ns {
+                return;
+            }
+            let t = self.timers.pop().expect("peeked");
+            t.payload.deliver(self, shared);
+        }
+    }
+
+    fn next_timer_ns(&self) -> Option<u64> {
+        self.timers.peek().map(|t| t.due_ns.saturating_sub(self.now_ns))
+    }
+
+    fn pick(&mut self) -> Option<NodeId> {
+        if self.bypass {
+            let leaf = self.bypass_ready.pop_front()?;
+            self.leaves[leaf as usize].as_mut().expect("leaf").in_bypass = false;
+            Some(leaf)
+        } else {
+            self.tree.pick(self.now_ns)
+        }
+    }
+}
+
+/// What a handler can do while it runs.
+pub struct Ctx<'a> {
+    st: &'a mut CoreState,
+    shared: &'a Shared,
+}
+
+impl Ctx<'_> {
+    /// The worker (core index) running this handler.
+    pub fn core(&self) -> usize {
+        self.st.core
+    }
+    /// The activity that the current message belongs to (or was re-tagged to).
+    pub fn activity(&self) -> ActivityId {
+        self.st.current_activity
+    }
+    /// The stage being run.
+    pub fn stage(&self) -> StageId {
+        self.st.current_stage
+    }
+    /// Time the current dispatch started, ns since the runtime started.
+    pub fn now_ns(&self) -> u64 {
+        self.st.now_ns
+    }
+    /// Re-tags: messages sent from here on in this handler call belong to `activity`
+    /// (demultiplexing, infra → tenant). The current dispatch stays charged to the activity
+    /// of the message being handled.
+    pub fn set_activity(&mut self, activity: ActivityId) {
+        self.st.current_activity = activity;
+    }
+    /// Sends in the current activity, on this core unless the stage is elsewhere by key.
+    pub fn send<M: Send + 'static>(&mut self, to: &StageRef<M>, msg: M) -> Result<(), SendError> {
+        self.send_with(to, SendOpts::default(), msg)
+    }
+    /// Sends, dropping the message silently if it is refused (for messages whose loss is
+    /// harmless); says whether it was accepted.
+    pub fn send_lossy<M: Send + 'static>(&mut self, to: &StageRef<M>, msg: M) -> bool {
+        self.send(to, msg).is_ok()
+    }
+    /// Sends `msg` to be delivered `delay_ns` from now.
+    pub fn send_after<M: Send + 'static>(&mut self, to: &StageRef<M>, delay_ns: u64, msg: M) -> Result<(), SendError> {
+        self.send_with(
+            to,
+            SendOpts {
+                delay_ns,
+                ..Default::default()
+            },
+            msg,
+        )
+    }
+    /// Sends with header fields set explicitly.
+    pub fn send_with<M: Send + 'static>(&mut self, to: &StageRef<M>, opts: SendOpts, msg: M) -> Result<(), SendError> {
+        let (st, shared) = (&mut *self.st, self.shared);
+        let activity = opts.activity.unwrap_or(st.current_activity);
+        let now = st.now_ns;
+        let core = shared.route(Some(st.core), st.current_stage, activity, &opts, now)?;
+        if core != st.core {
+            let gate = st.cached_gate(shared, to.id, activity)?;
+            return shared.send_remote(core, &gate, to.id, activity, msg, now, now.saturating_add(opts.delay_ns));
+        }
+        let q = st.queue_index::<M>(shared, to.id, activity)?;
+        let load = &shared.stages[to.id as usize].load;
+        {
+            let gate = &st.queues::<M>(to.id).qs[q as usize].gate;
+            if let Verdict::Reject(r) = gate.admit(load, now) {
+                return Err(SendError::Rejected(r));
+            }
+        }
+        shared.core_pending[st.core].0.fetch_add(1, Ordering::AcqRel);
+        if opts.delay_ns > 0 {
+            if st.timers.len() >= TIMERS_MAX {
+                let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
+                st.drop_admitted(shared, &gate, to.id);
+                st.dropped -= 1;
+                return Err(SendError::TooManyTimers);
+            }
+            let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
+            st.add_timer(
+                Box::new(Remote {
+                    stage: to.id,
+                    activity,
+                    enq_ns: now,
+                    due_ns: now.saturating_add(opts.delay_ns),
+                    gate,
+                    msg,
+                }),
+                shared,
+            );
+            return Ok(());
+        }
+        st.push::<M>(to.id, q, Envelope { msg, enq_ns: now });
+        Ok(())
+    }
+}
+
+/// Loop-level time, accumulated locally and published every `FLUSH_INTERVAL_NS`.
+#[derive(Default)]
+struct LoopTime {
+    idle_ns: u64,
+    infra_ns: u64,
+    dispatch_ns: u64,
+}
+
+/// The worker thread's body.
+pub(crate) fn run(
+    core: usize,
+    pin: Option<usize>,
+    shared: Arc<Shared>,
+    factories: &[HandlerFactory],
+    mut poll: mio::Poll,
+) {
+    if let Some(cpu) = pin {
+        if let Err(e) = sys::pin_to(cpu) {
+            eprintln!("omnistage: worker {core}: cannot pin to CPU {cpu}: {e}");
+        }
+    }
+    let shared: &Shared = &shared;
+    let mut handlers: Vec<Option<Box<dyn ErasedStage>>> = factories.iter().map(|f| Some(f(core))).collect();
+    let mut st = CoreState::new(core, shared, &handlers);
+    let mut events = mio::Events::with_capacity(64);
+    let clock = &shared.clock;
+    let mailbox = &shared.mailboxes[core];
+    let counters = shared.ledger.core(core);
+    let infra_cell = shared
+        .ledger
+        .cell(core, INFRA, LOOP_STAGE)
+        .expect("first cell of the core fits");
+    let mut schedstat = sys::SchedStat::open();
+    let cpu_begin = sys::thread_cpu_ns();
+    let rq_begin = schedstat.read().map(|(_, w)| w).unwrap_or(0);
+    let t_begin = clock.raw();
+    let mut seg_start = t_begin;
+    let mut time = LoopTime::default();
+    let mut next_flush_ns = 0u64;
+    let mut stop = false;
+
+    let mut flush = |time: &mut LoopTime, seg_start: &mut u64| {
+        let t = clock.raw();
+        time.infra_ns += clock.delta_as_nanos(*seg_start, t);
+        *seg_start = t;
+        let cpu = sys::thread_cpu_ns().saturating_sub(cpu_begin);
+        let rq = schedstat
+            .read()
+            .map(|(_, w)| w.saturating_sub(rq_begin))
+            .unwrap_or(0);
+        counters.elapsed_ns.set(clock.delta_as_nanos(t_begin, t));
+        counters.idle_ns.set(time.idle_ns);
+        counters.infra_ns.set(time.infra_ns);
+        counters.dispatch_ns.set(time.dispatch_ns);
+        counters.os_cpu_ns.set(cpu);
+        counters.os_runqueue_ns.set(rq);
+        infra_cell.cpu_ns.set(time.infra_ns);
+    };
+
+    while !stop {
+        if mailbox.control_pending.swap(false, Ordering::AcqRel) {
+            let controls = std::mem::take(&mut *mailbox.control.lock().expect("control lock"));
+            for c in controls {
+                match c {
+                    Control::Upsert(info) => st.upsert(info),
+                    Control::Remove(id) => st.remove_activity(id),
+                    Control::Stop => stop = true,
+                }
+            }
+        }
+        let mut drained = 0;
+        while drained < MAILBOX_DRAIN_MAX {
+            match mailbox.messages.pop() {
+                Some(d) => d.deliver(&mut st, shared),
+                None => break,
+            }
+            drained += 1;
+        }
+        let now_raw = clock.raw();
+        st.now_ns = shared.ns_of_raw(now_raw);
+        st.fire_timers(shared);
+        if let Some(leaf) = st.pick() {
+            time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
+            let (stage, q) = {
+                let li = st.leaves[leaf as usize].as_ref().expect("picked leaf has info");
+                (li.stage as usize, li.q)
+            };
+            let batch_max = shared.stages[stage].config.batch_max as usize;
+            let mut h = handlers[stage].take().expect("handler not re-entered");
+            let b = h.run(&mut st, shared, q, batch_max);
+            handlers[stage] = Some(h);
+            let end_raw = clock.raw();
+            let cost = clock.delta_as_nanos(now_raw, end_raw);
+            let end_ns = st.now_ns + cost;
+            if st.bypass {
+                if b.still_backlogged {
+                    st.leaf_ready(leaf);
+                }
+            } else {
+                st.tree.charge(leaf, cost, b.still_backlogged, end_ns);
+                let cell = &st.leaves[leaf as usize].as_ref().expect("leaf info").cell;
+                cell.cpu_ns.add(cost);
+                cell.dispatches.add(1);
+                cell.messages.add(u64::from(b.messages));
+                cell.queue_wait_ns.add(b.wait_ns);
+                if b.panics > 0 {
+                    cell.panics.add(u64::from(b.panics));
+                    counters.panics.add(u64::from(b.panics));
+                }
+                time.dispatch_ns += cost;
+            }
+            shared.core_pending[core]
+                .0
+                .fetch_sub(b.messages as usize, Ordering::AcqRel);
+            if let Some(g) = st.observe_gate.take() {
+                for r in st.responses.iter_mut() {
+                    *r = end_ns.saturating_sub(*r);
+                }
+                g.observe(&st.responses, end_ns);
+            }
+            seg_start = end_raw;
+        } else {
+            time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
+            let wait_ns = match (st.next_timer_ns(), st.tree.next_decision_ns(st.now_ns)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            mailbox.sleeping.store(true, Ordering::SeqCst);
+            if !mailbox.messages.is_empty() || mailbox.control_pending.load(Ordering::SeqCst) {
+                mailbox.sleeping.store(false, Ordering::SeqCst);
+                seg_start = now_raw;
+                continue;
+            }
+            // Wake at least every flush interval so counters stay fresh while idle.
+            let timeout = Duration::from_nanos(wait_ns.unwrap_or(FLUSH_INTERVAL_NS).min(FLUSH_INTERVAL_NS));
+            if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    eprintln!("omnistage: worker {core}: poll failed: {e}");
+                }
+            }
+            mailbox.sleeping.store(false, Ordering::SeqCst);
+            let after = clock.raw();
+            time.idle_ns += clock.delta_as_nanos(now_raw, after);
+            seg_start = after;
+        }
+        if st.now_ns >= next_flush_ns || stop {
+            flush(&mut time, &mut seg_start);
+            counters.dropped.set(st.dropped);
+            next_flush_ns = st.now_ns + FLUSH_INTERVAL_NS;
+        }
+    }
+}
+

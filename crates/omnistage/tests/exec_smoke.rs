@@ -1,0 +1,44 @@
+use omnistage::activity::ActivitySpec;
+use omnistage::exec::{Affinity, Runtime, StageConfig};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    f()
+}
+
+#[test]
+fn messages_are_handled_and_charged() {
+    let mut b = Runtime::builder().workers(2);
+    let count = Arc::new(AtomicU64::new(0));
+    let c2 = count.clone();
+    let stage = b
+        .stage::<u64, _, _>("count", StageConfig::default(), move |_core| {
+            let c = c2.clone();
+            move |_ctx, v| {
+                c.fetch_add(v, Ordering::Relaxed);
+            }
+        })
+        .unwrap();
+    let rt = b.start().unwrap();
+    let a = rt.create_activity("/a", ActivitySpec::weight(50)).unwrap();
+    for i in 0..1000u64 {
+        rt.send(&stage, a, Affinity::Core((i % 2) as u16), 1).unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(10), || rt.pending() == 0));
+    assert_eq!(count.load(Ordering::Relaxed), 1000);
+    std::thread::sleep(Duration::from_millis(30));
+    let snap = rt.snapshot();
+    let by = snap.by_activity();
+    let row = by.iter().find(|(x, _)| *x == a).unwrap().1;
+    assert_eq!(row.messages, 1000);
+    eprintln!("{:?}", snap.cores);
+}
