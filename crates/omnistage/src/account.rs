@@ -13,8 +13,8 @@
 //!
 //! This layer is pure: it never reads a clock; costs arrive as numbers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Dense id of an activity (index in the activity table).
@@ -86,6 +86,8 @@ pub struct CoreCounters {
     pub os_runqueue_ns: Counter,
     /// Messages dropped because a handler panicked.
     pub panics: Counter,
+    /// Messages handled (in both scheduled and bypass modes; updated per dispatch).
+    pub handled: Counter,
     /// Admitted messages dropped before their handler ran (activity removed meanwhile, timer
     /// table full).
     pub dropped: Counter,
@@ -285,7 +287,10 @@ impl Snapshot {
                     })
                     .add(row);
                 steps += 1;
-                assert!(steps <= depth_max, "activity parent chain longer than {depth_max}");
+                assert!(
+                    steps <= depth_max,
+                    "activity parent chain longer than {depth_max}"
+                );
                 cur = parent_of(x);
             }
         }
@@ -314,10 +319,31 @@ mod tests {
         b0.cpu_ns.add(30);
         let s = l.snapshot();
         let by = s.by_activity();
-        assert_eq!(by, vec![
-            (1, Row { activity: 1, stage: u32::MAX, core: u32::MAX, cpu_ns: 150, ..Default::default() }),
-            (2, Row { activity: 2, stage: u32::MAX, core: u32::MAX, cpu_ns: 30, ..Default::default() }),
-        ]);
+        assert_eq!(
+            by,
+            vec![
+                (
+                    1,
+                    Row {
+                        activity: 1,
+                        stage: u32::MAX,
+                        core: u32::MAX,
+                        cpu_ns: 150,
+                        ..Default::default()
+                    }
+                ),
+                (
+                    2,
+                    Row {
+                        activity: 2,
+                        stage: u32::MAX,
+                        core: u32::MAX,
+                        cpu_ns: 30,
+                        ..Default::default()
+                    }
+                ),
+            ]
+        );
         // 1 and 2 are children of 0.
         let up = s.rolled_up(|a| if a == 0 { None } else { Some(0) }, 8);
         assert_eq!(up.iter().find(|(a, _)| *a == 0).unwrap().1.cpu_ns, 180);
@@ -341,6 +367,6 @@ mod tests {
     fn rollup_guards_against_cycles() {
         let l = Ledger::new(1);
         l.cell(0, 1, 0).unwrap().cpu_ns.add(1);
-        l.snapshot().rolled_up(|a| Some(a), 4);
+        l.snapshot().rolled_up(Some, 4);
     }
 }

@@ -11,7 +11,7 @@
 //! Pure: no clock, no threads. `exec` wraps the table in a lock and tells workers what changed.
 
 use crate::account::ActivityId;
-use crate::sched::{PolicyKind, SharedTag, ShaperSpec, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN};
+use crate::sched::{PolicyKind, ShaperSpec, SharedTag, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -227,7 +227,10 @@ impl ActivityTable {
         let mut cur = Some(id);
         while let Some(x) = cur {
             v.push(x);
-            assert!(v.len() <= DEPTH_MAX + 1, "activity chain deeper than the limit");
+            assert!(
+                v.len() <= DEPTH_MAX + 1,
+                "activity chain deeper than the limit"
+            );
             cur = self.parent_of(x);
         }
         v.reverse();
@@ -285,7 +288,8 @@ impl ActivityTable {
                 self.create(&prefix, sp)?;
             }
         }
-        self.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))
+        self.lookup(path)
+            .ok_or_else(|| ActivityError::NotFound(path.into()))
     }
 
     /// Changes an activity's spec.
@@ -430,17 +434,41 @@ mod tests {
         let a = t.ensure("/t/a", ActivitySpec::default()).unwrap();
         let tt = t.lookup("/t").unwrap();
         let v = t.version();
-        assert!(matches!(t.create("/t/a", ActivitySpec::default()), Err(ActivityError::Exists(_))));
-        assert!(matches!(t.create("/x/y", ActivitySpec::default()), Err(ActivityError::NoParent(_))));
-        assert!(matches!(t.create("t", ActivitySpec::default()), Err(ActivityError::BadPath(_))));
-        assert!(matches!(t.create("/t/../x", ActivitySpec::default()), Err(ActivityError::BadPath(_))));
-        assert!(matches!(t.create("/t/a b", ActivitySpec::default()), Err(ActivityError::BadPath(_))));
-        assert_eq!(t.create("/w", ActivitySpec::weight(0)), Err(ActivityError::InvalidWeight(0)));
-        assert_eq!(t.create("/w", ActivitySpec::weight(10_001)), Err(ActivityError::InvalidWeight(10_001)));
+        assert!(matches!(
+            t.create("/t/a", ActivitySpec::default()),
+            Err(ActivityError::Exists(_))
+        ));
+        assert!(matches!(
+            t.create("/x/y", ActivitySpec::default()),
+            Err(ActivityError::NoParent(_))
+        ));
+        assert!(matches!(
+            t.create("t", ActivitySpec::default()),
+            Err(ActivityError::BadPath(_))
+        ));
+        assert!(matches!(
+            t.create("/t/../x", ActivitySpec::default()),
+            Err(ActivityError::BadPath(_))
+        ));
+        assert!(matches!(
+            t.create("/t/a b", ActivitySpec::default()),
+            Err(ActivityError::BadPath(_))
+        ));
+        assert_eq!(
+            t.create("/w", ActivitySpec::weight(0)),
+            Err(ActivityError::InvalidWeight(0))
+        );
+        assert_eq!(
+            t.create("/w", ActivitySpec::weight(10_001)),
+            Err(ActivityError::InvalidWeight(10_001))
+        );
         assert!(matches!(t.remove(INFRA), Err(ActivityError::Protected(_))));
         assert!(matches!(t.remove(ROOT), Err(ActivityError::Protected(_))));
         assert!(matches!(t.move_to(tt, a), Err(ActivityError::Cycle(_))));
-        assert!(matches!(t.move_to(INFRA, a), Err(ActivityError::Protected(_))));
+        assert!(matches!(
+            t.move_to(INFRA, a),
+            Err(ActivityError::Protected(_))
+        ));
         assert_eq!(t.version(), v);
         assert_eq!(t.get(a).unwrap().path, "/t/a");
     }
@@ -458,15 +486,22 @@ mod tests {
         t.ensure(&d, ActivitySpec::default()).unwrap();
         let b = t.ensure("/b/c", ActivitySpec::default()).unwrap();
         let deep_leaf = t.lookup(&d).unwrap();
-        assert!(matches!(t.move_to(b, deep_leaf), Err(ActivityError::BadPath(_))));
+        assert!(matches!(
+            t.move_to(b, deep_leaf),
+            Err(ActivityError::BadPath(_))
+        ));
     }
 
     #[test]
     fn activity_count_is_bounded() {
         let mut t = ActivityTable::new();
         for i in 0..(ACTIVITIES_MAX - 2) {
-            t.create(&format!("/a{i}"), ActivitySpec::default()).unwrap();
+            t.create(&format!("/a{i}"), ActivitySpec::default())
+                .unwrap();
         }
-        assert_eq!(t.create("/one-more", ActivitySpec::default()), Err(ActivityError::TooMany));
+        assert_eq!(
+            t.create("/one-more", ActivitySpec::default()),
+            Err(ActivityError::TooMany)
+        );
     }
 }

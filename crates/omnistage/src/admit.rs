@@ -230,7 +230,8 @@ pub const P90_ADJ_D_MAX: f64 = 1000.0;
 ///
 /// `target_ns` has no meaningful default in SEDA (the administrator sets it); the default here
 /// is 1 s, the target of SEDA's Fig. 52 trace, and **should be set** for every stage.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+// Not `Copy`: callers hold it in configuration enums and clone it explicitly.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct P90Params {
     /// Target for the smoothed 90th-percentile response time.
@@ -401,11 +402,12 @@ impl P90Controller {
                 params.rate_min_per_s, params.rate_max_per_s
             ));
         }
+        let nreq = params.nreq as usize;
         Ok(P90Controller {
             params,
             rate_per_s: initial_rate_per_s,
             cur_ns: None,
-            samples_ns: Vec::with_capacity(params.nreq as usize),
+            samples_ns: Vec::with_capacity(nreq),
             window_start_ns: None,
         })
     }
@@ -650,8 +652,9 @@ impl ClassedP90 {
 
     fn run(&mut self, c: usize, now_ns: u64) -> bool {
         let err = self.classes[c].ctl.measure(now_ns);
-        let p = self.classes[c].ctl.params;
-        let over = err > p.err_d;
+        let p = &self.classes[c].ctl.params;
+        let (err_d, adj_d, rate_min_per_s) = (p.err_d, p.adj_d, p.rate_min_per_s);
+        let over = err > err_d;
         self.classes[c].over = over;
         if !over {
             self.classes[c].lc = 0;
@@ -664,12 +667,12 @@ impl ClassedP90 {
             return self.classes[c].ctl.adjust(err, true);
         }
         let lower = &mut self.classes[c + 1..];
-        if lower.iter().all(|l| l.ctl.rate_per_s <= p.rate_min_per_s) {
+        if lower.iter().all(|l| l.ctl.rate_per_s <= rate_min_per_s) {
             let me = &mut self.classes[c];
             me.lc += 1;
             if me.lc >= LC_THRESH {
                 me.lc = 0;
-                let r = me.ctl.rate_per_s / p.adj_d;
+                let r = me.ctl.rate_per_s / adj_d;
                 return me.ctl.set_rate_clamped(r);
             }
             return false;
@@ -870,7 +873,8 @@ pub const SHARED_QUEUE_CAPACITY_MAX: usize = 1 << 40;
 ///   i.e. when the activity holds more than `tolerance` times its weighted fair portion of the
 ///   queue. As occupancy rises the tolerance falls, so the activity furthest above its share is
 ///   shed first, and an activity under its share gets in until the queue is full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// Not `Copy`, like `P90Params`: callers keep it in configuration and clone it explicitly.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedQueueLimit {
     capacity: usize,
     high_water: usize,
@@ -1270,9 +1274,9 @@ mod tests {
     #[test]
     fn p90_initial_rate_must_be_in_range() {
         let p = P90Params::default();
-        assert!(P90Controller::try_new(p, 0.01).is_err());
-        assert!(P90Controller::try_new(p, 5001.0).is_err());
-        assert!(P90Controller::try_new(p, f64::NAN).is_err());
+        assert!(P90Controller::try_new(p.clone(), 0.01).is_err());
+        assert!(P90Controller::try_new(p.clone(), 5001.0).is_err());
+        assert!(P90Controller::try_new(p.clone(), f64::NAN).is_err());
         assert!(P90Controller::try_new(P90Params { nreq: 0, ..p }, 1.0).is_err());
         assert!(P90Controller::try_new(p, 0.05).is_ok());
     }
@@ -1355,7 +1359,7 @@ mod tests {
     #[test]
     fn p90_rate_is_clamped() {
         let p = params_ms(1, 1);
-        let mut c = P90Controller::new(p, 0.06);
+        let mut c = P90Controller::new(p.clone(), 0.06);
         // One sample per run (nreq 1), far over target: 0.06 / 1.2 = 0.05, then stays at 0.05.
         assert!(close(c.observe(10 * MS, 0).unwrap(), 0.05));
         assert_eq!(c.observe(10 * MS, 0), Some(0.05));
@@ -1417,19 +1421,19 @@ mod tests {
     #[test]
     fn classed_limits_are_enforced() {
         let p = classed_params();
-        assert!(ClassedP90::new(&[], p, 100.0)
+        assert!(ClassedP90::new(&[], p.clone(), 100.0)
             .unwrap_err()
             .contains("classes"));
-        assert!(ClassedP90::new(&[MS; CLASSES_MAX + 1], p, 100.0)
+        assert!(ClassedP90::new(&[MS; CLASSES_MAX + 1], p.clone(), 100.0)
             .unwrap_err()
             .contains("classes"));
         assert_eq!(
-            ClassedP90::new(&[MS; CLASSES_MAX], p, 100.0)
+            ClassedP90::new(&[MS; CLASSES_MAX], p.clone(), 100.0)
                 .unwrap()
                 .classes(),
             16
         );
-        let e = ClassedP90::new(&[MS, 0], p, 100.0).unwrap_err();
+        let e = ClassedP90::new(&[MS, 0], p.clone(), 100.0).unwrap_err();
         assert!(e.contains("class 1") && e.contains("target_ns"), "{e}");
         assert!(ClassedP90::new(&[MS], p, 0.0)
             .unwrap_err()

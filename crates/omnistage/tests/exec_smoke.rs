@@ -31,7 +31,8 @@ fn messages_are_handled_and_charged() {
     let rt = b.start().unwrap();
     let a = rt.create_activity("/a", ActivitySpec::weight(50)).unwrap();
     for i in 0..1000u64 {
-        rt.send(&stage, a, Affinity::Core((i % 2) as u16), 1).unwrap();
+        rt.send(&stage, a, Affinity::Core((i % 2) as u16), 1)
+            .unwrap();
     }
     assert!(wait_until(Duration::from_secs(10), || rt.pending() == 0));
     assert_eq!(count.load(Ordering::Relaxed), 1000);

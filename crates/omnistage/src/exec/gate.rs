@@ -19,7 +19,11 @@ pub enum Predicate {
     /// A token bucket: `rate_per_s` admissions per second, `burst` back to back.
     TokenBucket { rate_per_s: f64, burst: u32 },
     /// SEDA's 90th-percentile response-time controller driving a token bucket.
-    P90 { params: P90Params, initial_rate_per_s: f64, burst: u32 },
+    P90 {
+        params: P90Params,
+        initial_rate_per_s: f64,
+        burst: u32,
+    },
 }
 
 /// Stage-wide occupancy, shared by the gates of every activity of one stage.
@@ -65,7 +69,10 @@ impl Gate {
                 burst,
             } => (
                 Some(GcraBucket::new(*initial_rate_per_s, *burst)),
-                Some(Mutex::new(P90Controller::new(params.clone(), *initial_rate_per_s))),
+                Some(Mutex::new(P90Controller::new(
+                    params.clone(),
+                    *initial_rate_per_s,
+                ))),
             ),
         };
         Gate {

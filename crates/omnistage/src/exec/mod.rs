@@ -215,7 +215,8 @@ const AFFINITY_PER_SHARD_MAX: usize = 1 << 16;
 
 impl AffinityTable {
     fn place(&self, key: u64, now_ns: u64, least_loaded: impl FnOnce() -> u16) -> u16 {
-        let shard = &self.shards[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % self.shards.len()];
+        let shard = &self.shards
+            [(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % self.shards.len()];
         let mut m = shard.lock().expect("affinity lock");
         if let Some(&(core, exp)) = m.get(&key) {
             if exp > now_ns {
@@ -285,8 +286,17 @@ impl Shared {
         self.clock.delta_as_nanos(self.start_raw, raw)
     }
 
-    pub(crate) fn gate(&self, stage: StageId, activity: ActivityId) -> Result<Arc<Gate>, SendError> {
-        if let Some(g) = self.gates.read().expect("gates lock").get(&(stage, activity)) {
+    pub(crate) fn gate(
+        &self,
+        stage: StageId,
+        activity: ActivityId,
+    ) -> Result<Arc<Gate>, SendError> {
+        if let Some(g) = self
+            .gates
+            .read()
+            .expect("gates lock")
+            .get(&(stage, activity))
+        {
             return Ok(g.clone());
         }
         let weight = {
@@ -357,12 +367,15 @@ impl Shared {
         &self,
         core: usize,
         gate: &Arc<Gate>,
-        stage: StageId,
-        activity: ActivityId,
+        to: Destination,
         msg: M,
-        enq_ns: u64,
-        due_ns: u64,
     ) -> Result<(), SendError> {
+        let Destination {
+            stage,
+            activity,
+            enq_ns,
+            due_ns,
+        } = to;
         let load = &self.stages[stage as usize].load;
         if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
             return Err(SendError::Rejected(r));
@@ -394,6 +407,14 @@ impl Shared {
             mb.wake();
         }
     }
+}
+
+/// Where and when a remote message goes.
+pub(crate) struct Destination {
+    pub(crate) stage: StageId,
+    pub(crate) activity: ActivityId,
+    pub(crate) enq_ns: u64,
+    pub(crate) due_ns: u64,
 }
 
 /// Builds a [`Runtime`].
@@ -453,14 +474,23 @@ impl Builder {
         self
     }
     /// Creates an activity before start (parents must exist).
-    pub fn activity(mut self, path: &str, spec: ActivitySpec) -> Result<(Self, ActivityId), RuntimeError> {
+    pub fn activity(
+        mut self,
+        path: &str,
+        spec: ActivitySpec,
+    ) -> Result<(Self, ActivityId), RuntimeError> {
         let id = self.activities.ensure(path, spec)?;
         Ok((self, id))
     }
 
     /// Registers a stage. `factory(core)` runs on each worker thread to make that core's
     /// handler (per-core state lives in the closure it returns).
-    pub fn stage<M, H, F>(&mut self, name: &str, config: StageConfig, factory: F) -> Result<StageRef<M>, RuntimeError>
+    pub fn stage<M, H, F>(
+        &mut self,
+        name: &str,
+        config: StageConfig,
+        factory: F,
+    ) -> Result<StageRef<M>, RuntimeError>
     where
         M: Send + 'static,
         H: FnMut(&mut Ctx<'_>, M) + 'static,
@@ -468,10 +498,14 @@ impl Builder {
     {
         config.validate().map_err(RuntimeError::Config)?;
         if self.stages.len() >= STAGES_MAX {
-            return Err(RuntimeError::Config(format!("more than {STAGES_MAX} stages")));
+            return Err(RuntimeError::Config(format!(
+                "more than {STAGES_MAX} stages"
+            )));
         }
         if self.stages.iter().any(|s| s.name == name) {
-            return Err(RuntimeError::Config(format!("stage {name:?} registered twice")));
+            return Err(RuntimeError::Config(format!(
+                "stage {name:?} registered twice"
+            )));
         }
         let id = self.stages.len() as StageId;
         self.stages.push(StageMeta {
@@ -480,8 +514,13 @@ impl Builder {
             config,
             type_id: TypeId::of::<M>(),
         });
-        self.factories.push(Box::new(move |core| worker::erase::<M, H>(id, factory(core))));
-        Ok(StageRef { id, _m: PhantomData })
+        self.factories.push(Box::new(move |core| {
+            worker::erase::<M, H>(id, factory(core))
+        }));
+        Ok(StageRef {
+            id,
+            _m: PhantomData,
+        })
     }
 
     /// Starts the workers.
@@ -496,7 +535,8 @@ impl Builder {
         let mut mailboxes = Vec::with_capacity(self.workers);
         for _ in 0..self.workers {
             let poll = mio::Poll::new().map_err(RuntimeError::Io)?;
-            let waker = mio::Waker::new(poll.registry(), worker::WAKE_TOKEN).map_err(RuntimeError::Io)?;
+            let waker =
+                mio::Waker::new(poll.registry(), worker::WAKE_TOKEN).map_err(RuntimeError::Io)?;
             polls.push(poll);
             mailboxes.push(Mailbox {
                 messages: crossbeam_queue::ArrayQueue::new(MAILBOX_CAPACITY),
@@ -586,7 +626,12 @@ impl Runtime {
     }
 
     /// Sends with full options; `opts.activity` defaults to `/infra` outside a handler.
-    pub fn send_with<M: Send + 'static>(&self, to: &StageRef<M>, opts: SendOpts, msg: M) -> Result<(), SendError> {
+    pub fn send_with<M: Send + 'static>(
+        &self,
+        to: &StageRef<M>,
+        opts: SendOpts,
+        msg: M,
+    ) -> Result<(), SendError> {
         let s = &self.shared;
         if s.stopping.load(Ordering::Acquire) {
             return Err(SendError::Stopped);
@@ -596,7 +641,13 @@ impl Runtime {
         let now = s.now_ns();
         let core = s.route(None, StageId::MAX, activity, &opts, now)?;
         let gate = s.gate(to.id, activity)?;
-        s.send_remote(core, &gate, to.id, activity, msg, now, now.saturating_add(opts.delay_ns))
+        let dest = Destination {
+            stage: to.id,
+            activity,
+            enq_ns: now,
+            due_ns: now.saturating_add(opts.delay_ns),
+        };
+        s.send_remote(core, &gate, dest, msg)
     }
 
     /// Messages admitted and not yet handled, over all cores.
@@ -605,6 +656,13 @@ impl Runtime {
             .core_pending
             .iter()
             .map(|c| c.0.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Messages handled so far, over all cores (counted in bypass mode too).
+    pub fn handled(&self) -> u64 {
+        (0..self.shared.workers)
+            .map(|c| self.shared.ledger.core(c).handled.get())
             .sum()
     }
 
@@ -651,7 +709,10 @@ impl Runtime {
             .and_then(|g| g.rate_per_s())
     }
 
-    fn change(&self, f: impl FnOnce(&mut ActivityTable) -> Result<Control, ActivityError>) -> Result<(), RuntimeError> {
+    fn change(
+        &self,
+        f: impl FnOnce(&mut ActivityTable) -> Result<Control, ActivityError>,
+    ) -> Result<(), RuntimeError> {
         let control = {
             let mut t = self.shared.activities.write().expect("activities lock");
             f(&mut t)?
@@ -662,7 +723,11 @@ impl Runtime {
     }
 
     /// Creates an activity (its parent must exist) while work flows.
-    pub fn create_activity(&self, path: &str, spec: ActivitySpec) -> Result<ActivityId, RuntimeError> {
+    pub fn create_activity(
+        &self,
+        path: &str,
+        spec: ActivitySpec,
+    ) -> Result<ActivityId, RuntimeError> {
         let mut id = 0;
         self.change(|t| {
             id = t.create(path, spec)?;
@@ -674,7 +739,9 @@ impl Runtime {
     /// Changes an activity's weight, cap or policy; takes effect at each worker's next decision.
     pub fn set_activity(&self, path: &str, spec: ActivitySpec) -> Result<(), RuntimeError> {
         self.change(|t| {
-            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            let id = t
+                .lookup(path)
+                .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             t.set(id, spec)?;
             Ok(Control::Upsert(worker::ActivityInfo::of(t, id)))
         })?;
@@ -685,7 +752,9 @@ impl Runtime {
     /// Moves an activity and its sub-tree under another.
     pub fn move_activity(&self, path: &str, new_parent: &str) -> Result<(), RuntimeError> {
         self.change(|t| {
-            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            let id = t
+                .lookup(path)
+                .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             let p = t
                 .lookup(new_parent)
                 .ok_or_else(|| ActivityError::NotFound(new_parent.into()))?;
@@ -697,7 +766,9 @@ impl Runtime {
     /// Removes an activity without children. Messages already queued for it are still handled.
     pub fn remove_activity(&self, path: &str) -> Result<(), RuntimeError> {
         self.change(|t| {
-            let id = t.lookup(path).ok_or_else(|| ActivityError::NotFound(path.into()))?;
+            let id = t
+                .lookup(path)
+                .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             t.remove(id)?;
             Ok(Control::Remove(id))
         })

@@ -1,7 +1,7 @@
 //! One worker: its tree, its typed queues, its timers, its loop, and the handler context.
 
 use super::gate::Gate;
-use super::{sys, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
+use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
 use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
 use crate::account::{ActivityId, Cell, StageId};
 use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
@@ -401,7 +401,10 @@ impl CoreState {
 
     /// The tree node of an activity on this core, created (with its ancestors) on first use.
     fn ensure_node(&mut self, id: ActivityId, depth: usize) -> Option<NodeId> {
-        assert!(depth <= crate::activity::DEPTH_MAX + 1, "activity chain too deep");
+        assert!(
+            depth <= crate::activity::DEPTH_MAX + 1,
+            "activity chain too deep"
+        );
         let a = self.activities.get(&id)?;
         if a.removed {
             return None;
@@ -431,7 +434,12 @@ impl CoreState {
     }
 
     /// Index of the (stage, activity) queue on this core, created on first use.
-    fn queue_index<M: 'static>(&mut self, shared: &Shared, stage: StageId, activity: ActivityId) -> Result<u32, SendError> {
+    fn queue_index<M: 'static>(
+        &mut self,
+        shared: &Shared,
+        stage: StageId,
+        activity: ActivityId,
+    ) -> Result<u32, SendError> {
         if let Some(&q) = self.queues::<M>(stage).by_activity.get(&activity) {
             return Ok(q);
         }
@@ -473,7 +481,12 @@ impl CoreState {
         Ok(q)
     }
 
-    fn cached_gate(&mut self, shared: &Shared, stage: StageId, activity: ActivityId) -> Result<Arc<Gate>, SendError> {
+    fn cached_gate(
+        &mut self,
+        shared: &Shared,
+        stage: StageId,
+        activity: ActivityId,
+    ) -> Result<Arc<Gate>, SendError> {
         if let Some(g) = self.gate_cache.get(&(stage, activity)) {
             return Ok(g.clone());
         }
@@ -508,7 +521,9 @@ impl CoreState {
     /// A message was admitted but cannot be queued here after all: give its place back.
     fn drop_admitted(&mut self, shared: &Shared, gate: &Gate, stage: StageId) {
         gate.release_n(&shared.stages[stage as usize].load, 1);
-        shared.core_pending[self.core].0.fetch_sub(1, Ordering::AcqRel);
+        shared.core_pending[self.core]
+            .0
+            .fetch_sub(1, Ordering::AcqRel);
         self.dropped += 1;
     }
 
@@ -517,7 +532,9 @@ impl CoreState {
             // Checked by local senders; a remote one that raced past the check is dropped
             // here. Its gate place is released through the same path as other drops.
             self.dropped += 1;
-            shared.core_pending[self.core].0.fetch_sub(1, Ordering::AcqRel);
+            shared.core_pending[self.core]
+                .0
+                .fetch_sub(1, Ordering::AcqRel);
             drop(payload);
             return;
         }
@@ -540,7 +557,9 @@ impl CoreState {
     }
 
     fn next_timer_ns(&self) -> Option<u64> {
-        self.timers.peek().map(|t| t.due_ns.saturating_sub(self.now_ns))
+        self.timers
+            .peek()
+            .map(|t| t.due_ns.saturating_sub(self.now_ns))
     }
 
     fn pick(&mut self) -> Option<NodeId> {
@@ -593,7 +612,12 @@ impl Ctx<'_> {
         self.send(to, msg).is_ok()
     }
     /// Sends `msg` to be delivered `delay_ns` from now.
-    pub fn send_after<M: Send + 'static>(&mut self, to: &StageRef<M>, delay_ns: u64, msg: M) -> Result<(), SendError> {
+    pub fn send_after<M: Send + 'static>(
+        &mut self,
+        to: &StageRef<M>,
+        delay_ns: u64,
+        msg: M,
+    ) -> Result<(), SendError> {
         self.send_with(
             to,
             SendOpts {
@@ -604,14 +628,25 @@ impl Ctx<'_> {
         )
     }
     /// Sends with header fields set explicitly.
-    pub fn send_with<M: Send + 'static>(&mut self, to: &StageRef<M>, opts: SendOpts, msg: M) -> Result<(), SendError> {
+    pub fn send_with<M: Send + 'static>(
+        &mut self,
+        to: &StageRef<M>,
+        opts: SendOpts,
+        msg: M,
+    ) -> Result<(), SendError> {
         let (st, shared) = (&mut *self.st, self.shared);
         let activity = opts.activity.unwrap_or(st.current_activity);
         let now = st.now_ns;
         let core = shared.route(Some(st.core), st.current_stage, activity, &opts, now)?;
         if core != st.core {
             let gate = st.cached_gate(shared, to.id, activity)?;
-            return shared.send_remote(core, &gate, to.id, activity, msg, now, now.saturating_add(opts.delay_ns));
+            let dest = Destination {
+                stage: to.id,
+                activity,
+                enq_ns: now,
+                due_ns: now.saturating_add(opts.delay_ns),
+            };
+            return shared.send_remote(core, &gate, dest, msg);
         }
         let q = st.queue_index::<M>(shared, to.id, activity)?;
         let load = &shared.stages[to.id as usize].load;
@@ -621,7 +656,9 @@ impl Ctx<'_> {
                 return Err(SendError::Rejected(r));
             }
         }
-        shared.core_pending[st.core].0.fetch_add(1, Ordering::AcqRel);
+        shared.core_pending[st.core]
+            .0
+            .fetch_add(1, Ordering::AcqRel);
         if opts.delay_ns > 0 {
             if st.timers.len() >= TIMERS_MAX {
                 let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
@@ -670,7 +707,8 @@ pub(crate) fn run(
         }
     }
     let shared: &Shared = &shared;
-    let mut handlers: Vec<Option<Box<dyn ErasedStage>>> = factories.iter().map(|f| Some(f(core))).collect();
+    let mut handlers: Vec<Option<Box<dyn ErasedStage>>> =
+        factories.iter().map(|f| Some(f(core))).collect();
     let mut st = CoreState::new(core, shared, &handlers);
     let mut events = mio::Events::with_capacity(64);
     let clock = &shared.clock;
@@ -732,7 +770,9 @@ pub(crate) fn run(
         if let Some(leaf) = st.pick() {
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
             let (stage, q) = {
-                let li = st.leaves[leaf as usize].as_ref().expect("picked leaf has info");
+                let li = st.leaves[leaf as usize]
+                    .as_ref()
+                    .expect("picked leaf has info");
                 (li.stage as usize, li.q)
             };
             let batch_max = shared.stages[stage].config.batch_max as usize;
@@ -759,6 +799,7 @@ pub(crate) fn run(
                 }
                 time.dispatch_ns += cost;
             }
+            counters.handled.add(u64::from(b.messages));
             shared.core_pending[core]
                 .0
                 .fetch_sub(b.messages as usize, Ordering::AcqRel);
@@ -782,7 +823,8 @@ pub(crate) fn run(
                 continue;
             }
             // Wake at least every flush interval so counters stay fresh while idle.
-            let timeout = Duration::from_nanos(wait_ns.unwrap_or(FLUSH_INTERVAL_NS).min(FLUSH_INTERVAL_NS));
+            let timeout =
+                Duration::from_nanos(wait_ns.unwrap_or(FLUSH_INTERVAL_NS).min(FLUSH_INTERVAL_NS));
             if let Err(e) = poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
@@ -800,4 +842,3 @@ pub(crate) fn run(
         }
     }
 }
-

@@ -1,0 +1,39 @@
+//! `omnistage exp NAME`: experiments. Each prints a table by default, or one JSON object with
+//! `--json`. They measure on real clocks and are benchmarks, never tests.
+
+mod cpu;
+mod sched_cost;
+pub(crate) mod util;
+
+use clap::{Args, Subcommand};
+
+#[derive(Args)]
+pub struct ExpArgs {
+    #[command(subcommand)]
+    which: Which,
+}
+
+#[derive(Args, Clone)]
+pub struct Common {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+enum Which {
+    /// One CPU-bound activity per weight, spread over the workers; measured shares vs targets.
+    CpuShare(cpu::CpuShareArgs),
+    /// Weights 1:1; activity A confined to worker 0, B spread over all: water-filled shares.
+    CrossCore(cpu::CrossCoreArgs),
+    /// Scheduler cost per event by policy and active leaves, and runtime overhead vs a bypass.
+    SchedCost(sched_cost::SchedCostArgs),
+}
+
+pub fn run(args: ExpArgs) -> Result<(), String> {
+    match args.which {
+        Which::CpuShare(a) => cpu::cpu_share(a),
+        Which::CrossCore(a) => cpu::cross_core(a),
+        Which::SchedCost(a) => sched_cost::run(a),
+    }
+}

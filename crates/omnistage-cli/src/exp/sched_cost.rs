@@ -1,0 +1,217 @@
+//! `sched-cost`: (1) ns per enqueue+dispatch through a 3-level tree (root, groups, leaves),
+//! per policy, at 1 to 10,000 active leaves (Vortex Fig. 11); (2) throughput of a 5 µs handler
+//! through the whole runtime with scheduling and accounting, against the FIFO bypass.
+
+use super::util::{burn, burn_iters_per_us, machine};
+use super::Common;
+use clap::Args;
+use omnistage::activity::ActivitySpec;
+use omnistage::exec::{Affinity, Runtime, StageConfig, StageRef};
+use omnistage::sched::{ClientParams, PolicyKind, Tree};
+use serde::Serialize;
+use std::hint::black_box;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct SchedCostArgs {
+    /// Seconds per runtime throughput run (each mode runs `--rounds` times, alternating).
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Alternating bypass/scheduled rounds for the overhead figure (median taken).
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Handler cost for the overhead figure, µs.
+    #[arg(long, default_value_t = 5.0)]
+    handler_us: f64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize)]
+struct Row {
+    policy: &'static str,
+    leaves: usize,
+    ns_per_event: f64,
+}
+
+#[derive(Serialize)]
+struct Overhead {
+    handler_us: f64,
+    bypass_per_s: f64,
+    scheduled_per_s: f64,
+    fraction: f64,
+    rounds: usize,
+    seconds_per_round: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    rows: Vec<Row>,
+    overhead: Overhead,
+}
+
+const LEAVES: [usize; 5] = [1, 10, 100, 1_000, 10_000];
+
+/// Median ns per event of one policy at `leaves` active leaves. One event: pick a leaf through
+/// root → group → leaf, charge it (it goes idle), and make it ready again (enqueue).
+fn tree_cost(policy: PolicyKind, leaves: usize) -> f64 {
+    let groups = (leaves as f64).sqrt().ceil() as usize;
+    let mut tree = Tree::new(policy);
+    let root = tree.root();
+    let gs: Vec<_> = (0..groups)
+        .map(|g| {
+            let p = ClientParams {
+                weight: 1 + (g as u32 * 37) % 100,
+                priority: (g % 4) as u8,
+                shared: None,
+            };
+            tree.add_interior(root, p, policy).expect("tree has room")
+        })
+        .collect();
+    let mut now = 0u64;
+    for l in 0..leaves {
+        let p = ClientParams {
+            weight: 1 + (l as u32 * 13) % 100,
+            priority: (l % 4) as u8,
+            shared: None,
+        };
+        let leaf = tree.add_leaf(gs[l % groups], p).expect("tree has room");
+        tree.leaf_ready(leaf, now);
+    }
+    let events = 200_000usize;
+    let mut samples = Vec::with_capacity(5);
+    for _ in 0..5 {
+        let t = Instant::now();
+        for i in 0..events {
+            let leaf = tree.pick(now).expect("all leaves active");
+            now += 1_000;
+            tree.charge(leaf, 500 + (i as u64 % 7) * 100, false, now);
+            tree.leaf_ready(black_box(leaf), now);
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / events as f64);
+    }
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[2]
+}
+
+/// Messages per second of a `handler_us` handler on one worker: three activities (50/33/17)
+/// under `/tenants`, each keeping messages in flight that re-send themselves.
+fn runtime_rate(bypass: bool, iters: u64, seconds: f64) -> Result<f64, String> {
+    let mut b = Runtime::builder().workers(1).pin(true).bypass(bypass);
+    let me: Arc<OnceLock<StageRef<()>>> = Arc::new(OnceLock::new());
+    let me2 = me.clone();
+    let stage = b
+        .stage::<(), _, _>(
+            "work",
+            StageConfig {
+                batch_max: 1,
+                ..Default::default()
+            },
+            move |_| {
+                let me = me2.clone();
+                move |ctx, ()| {
+                    burn(iters);
+                    let _ = ctx.send(me.get().expect("set"), ());
+                }
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    me.set(stage).map_err(|_| "set twice")?;
+    let rt = b.start().map_err(|e| e.to_string())?;
+    rt.create_activity("/tenants", ActivitySpec::default())
+        .map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    for (n, w) in [("a", 50), ("b", 33), ("c", 17)] {
+        ids.push(
+            rt.create_activity(&format!("/tenants/{n}"), ActivitySpec::weight(w))
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    for &id in &ids {
+        for _ in 0..4 {
+            rt.send(&stage, id, Affinity::Core(0), ())
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let c0 = rt.handled();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let c1 = rt.handled();
+    let dt = t0.elapsed().as_secs_f64();
+    rt.shutdown();
+    Ok((c1 - c0) as f64 / dt)
+}
+
+pub fn run(a: SchedCostArgs) -> Result<(), String> {
+    if !(0.1..=60.0).contains(&a.seconds) || !(1..=50).contains(&a.rounds) {
+        return Err("--seconds must be in 0.1..=60 and --rounds in 1..=50".into());
+    }
+    if !(0.1..=1000.0).contains(&a.handler_us) {
+        return Err("--handler-us must be in 0.1..=1000".into());
+    }
+    let mut rows = Vec::new();
+    for policy in PolicyKind::ALL {
+        for leaves in LEAVES {
+            rows.push(Row {
+                policy: policy.name(),
+                leaves,
+                ns_per_event: tree_cost(policy, leaves),
+            });
+        }
+    }
+    let iters = (burn_iters_per_us() * a.handler_us).max(1.0) as u64;
+    let (mut by, mut sc) = (Vec::new(), Vec::new());
+    for _ in 0..a.rounds {
+        by.push(runtime_rate(true, iters, a.seconds)?);
+        sc.push(runtime_rate(false, iters, a.seconds)?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (bypass_per_s, scheduled_per_s) = (median(&mut by), median(&mut sc));
+    let report = Report {
+        experiment: "sched-cost",
+        machine: machine(),
+        rows,
+        overhead: Overhead {
+            handler_us: a.handler_us,
+            bypass_per_s,
+            scheduled_per_s,
+            fraction: 1.0 - scheduled_per_s / bypass_per_s,
+            rounds: a.rounds,
+            seconds_per_round: a.seconds,
+        },
+    };
+    if a.common.json {
+        println!("{}", serde_json::to_string(&report).expect("serializable"));
+        return Ok(());
+    }
+    println!("sched-cost: {}", report.machine);
+    print!("{:<10}", "policy");
+    for l in LEAVES {
+        print!(" {:>9}", format!("{l} lv"));
+    }
+    println!("   (ns per enqueue+dispatch, 3-level tree)");
+    for p in PolicyKind::ALL {
+        print!("{:<10}", p.name());
+        for r in report.rows.iter().filter(|r| r.policy == p.name()) {
+            print!(" {:>9.1}", r.ns_per_event);
+        }
+        println!();
+    }
+    let o = &report.overhead;
+    println!(
+        "{} µs handler, 1 worker, median of {} rounds: bypass {:.0}/s, scheduled {:.0}/s, overhead {:.2}%",
+        o.handler_us,
+        o.rounds,
+        o.bypass_per_s,
+        o.scheduled_per_s,
+        o.fraction * 100.0
+    );
+    Ok(())
+}
