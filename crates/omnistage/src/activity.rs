@@ -484,8 +484,10 @@ mod tests {
         // Moving a deep sub-tree under another deep one must not create an over-deep path.
         let d = "/a".repeat(DEPTH_MAX - 1);
         t.ensure(&d, ActivitySpec::default()).unwrap();
-        let b = t.ensure("/b/c", ActivitySpec::default()).unwrap();
+        t.ensure("/b/c", ActivitySpec::default()).unwrap();
+        let b = t.lookup("/b").unwrap();
         let deep_leaf = t.lookup(&d).unwrap();
+        // /b/c under a depth-15 node would be 17 deep.
         assert!(matches!(
             t.move_to(b, deep_leaf),
             Err(ActivityError::BadPath(_))

@@ -113,6 +113,16 @@ impl Gate {
         Verdict::Admit
     }
 
+    /// Counts a message in without any check (I/O readiness, which must not be refused and is
+    /// bounded by one per source).
+    pub(crate) fn force_admit(&self, stage: &StageLoad) {
+        let q = self.queued.fetch_add(1, Ordering::AcqRel);
+        stage.queued.fetch_add(1, Ordering::AcqRel);
+        if q == 0 {
+            stage.active_weight.fetch_add(self.weight, Ordering::AcqRel);
+        }
+    }
+
     fn reject(&self, r: RejectReason) -> Verdict {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         Verdict::Reject(r)

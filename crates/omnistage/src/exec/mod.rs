@@ -30,7 +30,7 @@ mod sys;
 mod worker;
 
 pub use gate::Predicate;
-pub use worker::Ctx;
+pub use worker::{Ctx, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
 
 use crate::account::{ActivityId, Ledger, Snapshot, StageId};
 use crate::activity::{ActivityError, ActivitySpec, ActivityTable};

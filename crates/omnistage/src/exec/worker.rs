@@ -73,6 +73,50 @@ pub(crate) enum Control {
     Stop,
 }
 
+/// Most I/O registrations (sockets) per worker.
+pub const IO_REGISTRATIONS_MAX: usize = 1 << 20;
+/// While busy, a worker polls for I/O readiness after this many dispatches...
+const IO_POLL_EVERY_DISPATCHES: u32 = 32;
+/// ...or after this long, whichever comes first (bounds the latency a busy core adds to I/O).
+const IO_POLL_INTERVAL_NS: u64 = 100_000;
+
+/// A registered I/O source on one worker (a `mio` token plus a generation, so a stale handle
+/// of a closed socket can never reach the socket that reused its slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IoHandle {
+    index: u32,
+    generation: u32,
+}
+
+/// Readiness of a registered source, delivered as a message to the registering stage in the
+/// source's activity (lazy receive: the bytes stay in the kernel until that activity's turn).
+/// At most one `IoEvent` per source is queued at a time; readiness that arrives while one is
+/// queued is merged into it. Sources are edge-triggered: a handler must read or write until
+/// `WouldBlock` before it can expect another event.
+#[derive(Clone, Copy, Debug)]
+pub struct IoEvent {
+    pub handle: IoHandle,
+    /// The value given at registration (e.g. a connection slot).
+    pub user: u64,
+    pub readable: bool,
+    pub writable: bool,
+    /// Peer closed its side or the socket has an error.
+    pub closed: bool,
+}
+
+struct IoRegistration {
+    stage: StageId,
+    activity: ActivityId,
+    user: u64,
+    generation: u32,
+    live: bool,
+    /// An `IoEvent` for this source is queued.
+    pending: bool,
+    readable: bool,
+    writable: bool,
+    closed: bool,
+}
+
 /// A message (or timer) that crossed from another thread; delivered into a local queue.
 pub(crate) trait Deliver: Send {
     fn deliver(self: Box<Self>, st: &mut CoreState, shared: &Shared);
@@ -239,7 +283,14 @@ where
         st.current_stage = self.id;
         let mut panics = 0;
         let handler = &mut self.handler;
-        for env in self.buf.drain(..) {
+        let is_io = std::any::TypeId::of::<M>() == std::any::TypeId::of::<IoEvent>();
+        for mut env in self.buf.drain(..) {
+            if is_io {
+                // Constant per monomorphization: free for every other message type.
+                if let Some(ev) = (&mut env.msg as &mut dyn Any).downcast_mut::<IoEvent>() {
+                    st.io_take(ev);
+                }
+            }
             let mut ctx = Ctx { st, shared };
             // Contain a panicking handler: the message is lost and counted, the worker goes on.
             if catch_unwind(AssertUnwindSafe(|| handler(&mut ctx, env.msg))).is_err() {
@@ -280,10 +331,19 @@ pub(crate) struct CoreState {
     responses: Vec<u64>,
     observe_gate: Option<Arc<Gate>>,
     dropped: u64,
+    registry: mio::Registry,
+    io: Vec<IoRegistration>,
+    io_free: Vec<u32>,
+    io_live: usize,
 }
 
 impl CoreState {
-    fn new(core: usize, shared: &Shared, handlers: &[Option<Box<dyn ErasedStage>>]) -> Self {
+    fn new(
+        core: usize,
+        shared: &Shared,
+        handlers: &[Option<Box<dyn ErasedStage>>],
+        registry: mio::Registry,
+    ) -> Self {
         let table = shared.activities.read().expect("activities lock");
         let root_policy = table.get(ROOT).expect("root").spec.policy;
         let mut tree = Tree::new(root_policy);
@@ -319,6 +379,91 @@ impl CoreState {
             responses: Vec::new(),
             observe_gate: None,
             dropped: 0,
+            registry,
+            io: Vec::new(),
+            io_free: Vec::new(),
+            io_live: 0,
+        }
+    }
+
+    /// Turns readiness from `poll` into `IoEvent` messages (merged per source).
+    fn io_ready(&mut self, shared: &Shared, events: &mio::Events) {
+        for ev in events.iter() {
+            let token = ev.token();
+            if token == WAKE_TOKEN {
+                continue;
+            }
+            let Some(reg) = self.io.get_mut(token.0) else {
+                continue;
+            };
+            if !reg.live {
+                continue;
+            }
+            reg.readable |= ev.is_readable() || ev.is_read_closed();
+            reg.writable |= ev.is_writable() || ev.is_write_closed();
+            reg.closed |= ev.is_read_closed() || ev.is_error();
+            if reg.pending {
+                continue;
+            }
+            reg.pending = true;
+            let (stage, activity) = (reg.stage, reg.activity);
+            let event = IoEvent {
+                handle: IoHandle {
+                    index: token.0 as u32,
+                    generation: reg.generation,
+                },
+                user: reg.user,
+                readable: false,
+                writable: false,
+                closed: false,
+            };
+            match self.queue_index::<IoEvent>(shared, stage, activity) {
+                Ok(q) => {
+                    // Readiness is never refused: it is bounded by one queued event per
+                    // source, and dropping it would lose an edge-triggered wakeup for good.
+                    let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
+                    gate.force_admit(&shared.stages[stage as usize].load);
+                    shared.core_pending[self.core]
+                        .0
+                        .fetch_add(1, Ordering::AcqRel);
+                    self.push::<IoEvent>(
+                        stage,
+                        q,
+                        Envelope {
+                            msg: event,
+                            enq_ns: self.now_ns,
+                        },
+                    );
+                }
+                Err(_) => {
+                    // The activity is gone: deliver in /infra so the owner can close the source.
+                    let reg = &mut self.io[token.0];
+                    reg.activity = INFRA;
+                    reg.pending = false;
+                }
+            }
+        }
+    }
+
+    /// Fills a dequeued `IoEvent` with the readiness merged since it was queued.
+    fn io_take(&mut self, ev: &mut IoEvent) {
+        if let Some(reg) = self.io.get_mut(ev.handle.index as usize) {
+            if reg.live && reg.generation == ev.handle.generation {
+                reg.pending = false;
+                ev.readable = std::mem::take(&mut reg.readable);
+                ev.writable = std::mem::take(&mut reg.writable);
+                ev.closed = std::mem::take(&mut reg.closed);
+            }
+        }
+    }
+
+    fn io_reg(&mut self, h: IoHandle) -> std::io::Result<&mut IoRegistration> {
+        match self.io.get_mut(h.index as usize) {
+            Some(r) if r.live && r.generation == h.generation => Ok(r),
+            _ => Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "stale or unknown I/O handle",
+            )),
         }
     }
 
@@ -602,6 +747,108 @@ impl Ctx<'_> {
     pub fn set_activity(&mut self, activity: ActivityId) {
         self.st.current_activity = activity;
     }
+    /// Registers an I/O source with this worker: its readiness becomes `IoEvent` messages to
+    /// `to`, in the current activity, carrying `user`.
+    pub fn io_register<S: mio::event::Source + ?Sized>(
+        &mut self,
+        source: &mut S,
+        interest: mio::Interest,
+        to: &StageRef<IoEvent>,
+        user: u64,
+    ) -> std::io::Result<IoHandle> {
+        let st = &mut *self.st;
+        let index = match st.io_free.pop() {
+            Some(i) => i,
+            None => {
+                if st.io.len() >= IO_REGISTRATIONS_MAX {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::OutOfMemory,
+                        "too many I/O registrations on this worker",
+                    ));
+                }
+                st.io.push(IoRegistration {
+                    stage: 0,
+                    activity: INFRA,
+                    user: 0,
+                    generation: 0,
+                    live: false,
+                    pending: false,
+                    readable: false,
+                    writable: false,
+                    closed: false,
+                });
+                (st.io.len() - 1) as u32
+            }
+        };
+        if let Err(e) = st
+            .registry
+            .register(source, mio::Token(index as usize), interest)
+        {
+            st.io_free.push(index);
+            return Err(e);
+        }
+        let reg = &mut st.io[index as usize];
+        reg.generation = reg.generation.wrapping_add(1);
+        *reg = IoRegistration {
+            stage: to.id,
+            activity: st.current_activity,
+            user,
+            generation: reg.generation,
+            live: true,
+            pending: false,
+            readable: false,
+            writable: false,
+            closed: false,
+        };
+        st.io_live += 1;
+        Ok(IoHandle {
+            index,
+            generation: reg.generation,
+        })
+    }
+
+    /// Changes the interest of a registered source.
+    pub fn io_reregister<S: mio::event::Source + ?Sized>(
+        &mut self,
+        handle: IoHandle,
+        source: &mut S,
+        interest: mio::Interest,
+    ) -> std::io::Result<()> {
+        self.st.io_reg(handle)?;
+        self.st
+            .registry
+            .reregister(source, mio::Token(handle.index as usize), interest)
+    }
+
+    /// Future readiness of this source is delivered (and its handling charged) in `activity`
+    /// (demultiplexing: a connection moves from `/infra` to its tenant).
+    pub fn io_set_activity(
+        &mut self,
+        handle: IoHandle,
+        activity: ActivityId,
+    ) -> std::io::Result<()> {
+        self.st.io_reg(handle)?.activity = activity;
+        Ok(())
+    }
+
+    /// Deregisters a source; its handle becomes stale (a queued event for it is still
+    /// delivered, with no readiness bits set).
+    pub fn io_deregister<S: mio::event::Source + ?Sized>(
+        &mut self,
+        handle: IoHandle,
+        source: &mut S,
+    ) -> std::io::Result<()> {
+        self.st.io_reg(handle)?;
+        let r = self.st.registry.deregister(source);
+        let reg = &mut self.st.io[handle.index as usize];
+        reg.live = false;
+        reg.pending = false;
+        reg.generation = reg.generation.wrapping_add(1);
+        self.st.io_free.push(handle.index);
+        self.st.io_live -= 1;
+        r
+    }
+
     /// Sends in the current activity, on this core unless the stage is elsewhere by key.
     pub fn send<M: Send + 'static>(&mut self, to: &StageRef<M>, msg: M) -> Result<(), SendError> {
         self.send_with(to, SendOpts::default(), msg)
@@ -709,7 +956,16 @@ pub(crate) fn run(
     let shared: &Shared = &shared;
     let mut handlers: Vec<Option<Box<dyn ErasedStage>>> =
         factories.iter().map(|f| Some(f(core))).collect();
-    let mut st = CoreState::new(core, shared, &handlers);
+    let registry = match poll.registry().try_clone() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("omnistage: worker {core}: cannot clone the poll registry: {e}");
+            return;
+        }
+    };
+    let mut st = CoreState::new(core, shared, &handlers, registry);
+    let mut dispatches_since_poll = 0u32;
+    let mut last_poll_ns = 0u64;
     let mut events = mio::Events::with_capacity(64);
     let clock = &shared.clock;
     let mailbox = &shared.mailboxes[core];
@@ -764,10 +1020,26 @@ pub(crate) fn run(
             }
             drained += 1;
         }
-        let now_raw = clock.raw();
+        let mut now_raw = clock.raw();
         st.now_ns = shared.ns_of_raw(now_raw);
+        if st.io_live > 0
+            && (dispatches_since_poll >= IO_POLL_EVERY_DISPATCHES
+                || st.now_ns.saturating_sub(last_poll_ns) >= IO_POLL_INTERVAL_NS)
+        {
+            dispatches_since_poll = 0;
+            last_poll_ns = st.now_ns;
+            if let Err(e) = poll.poll(&mut events, Some(Duration::ZERO)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    eprintln!("omnistage: worker {core}: poll failed: {e}");
+                }
+            }
+            st.io_ready(shared, &events);
+            now_raw = clock.raw();
+            st.now_ns = shared.ns_of_raw(now_raw);
+        }
         st.fire_timers(shared);
         if let Some(leaf) = st.pick() {
+            dispatches_since_poll += 1;
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
             let (stage, q) = {
                 let li = st.leaves[leaf as usize]
@@ -834,6 +1106,10 @@ pub(crate) fn run(
             let after = clock.raw();
             time.idle_ns += clock.delta_as_nanos(now_raw, after);
             seg_start = after;
+            st.now_ns = shared.ns_of_raw(after);
+            last_poll_ns = st.now_ns;
+            dispatches_since_poll = 0;
+            st.io_ready(shared, &events);
         }
         if st.now_ns >= next_flush_ns || stop {
             flush(&mut time, &mut seg_start);

@@ -20,6 +20,7 @@
 //! virtual time when it wakes); every dispatch is charged at least the tree's minimum cost; state
 //! that is touched per decision exists only for ready clients.
 
+mod heap;
 mod policy;
 mod shaper;
 mod tree;

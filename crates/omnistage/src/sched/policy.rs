@@ -6,7 +6,8 @@
 //! saying what it cost and whether it still has work. Other clients may become ready while one
 //! is in service (a handler sends messages); the policy must accept that.
 
-use std::collections::{BinaryHeap, VecDeque};
+use super::heap::{Entry, QuadHeap};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -420,8 +421,12 @@ struct FqClient {
     shared: Option<Arc<SharedTag>>,
     /// EWMA of recent costs (WFQ's estimate), cost units.
     cost_estimate: u64,
-    /// Bumped whenever the client's heap entry is invalidated (lazy deletion).
-    epoch: u32,
+    /// Remainder of `cost * VT_SCALE / weight` carried to the next charge, so the tag is
+    /// exactly floor(W * VT_SCALE / w) and rounding never drifts.
+    remainder: u64,
+    /// Sequence number of this client's live heap entry; any other entry of it is stale
+    /// (lazy deletion).
+    live_seq: u32,
     stats: ClientStats,
 }
 
@@ -434,26 +439,6 @@ impl FqClient {
     }
 }
 
-/// Heap entry: ordered by smallest key, then by smallest sequence number (ties go FIFO).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FqEntry {
-    key: u64,
-    seq: u64,
-    id: ClientId,
-    epoch: u32,
-}
-
-impl Ord for FqEntry {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.key, other.seq).cmp(&(self.key, self.seq))
-    }
-}
-impl PartialOrd for FqEntry {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
 /// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
 ///
 /// Lag bound (no banking): when a client becomes ready its start tag is raised to the node's
@@ -462,15 +447,20 @@ impl PartialOrd for FqEntry {
 /// interval in which clients i and j are both continuously ready, SFQ keeps
 /// `|W_i/w_i - W_j/w_j| <= l_i/w_i + l_j/w_j` (Goyal et al., Theorem 1; `l` the largest cost),
 /// in virtual units scaled by [`VT_SCALE`]; the property tests check it.
+///
+/// Hot path: the client taken into service keeps its entry at the top of the heap; when it is
+/// charged and still ready (the common case) its key is updated in place and sifted down once,
+/// instead of a pop and a push.
 #[derive(Debug)]
 pub struct FairQueue {
     mode: FairQueueMode,
     clients: Vec<FqClient>,
-    heap: BinaryHeap<FqEntry>,
+    heap: QuadHeap,
     /// Node virtual time: the start tag of the last client taken into service.
     vtime: u64,
-    seq: u64,
+    seq: u32,
     ready: usize,
+    in_service: Option<ClientId>,
 }
 
 impl FairQueue {
@@ -478,10 +468,11 @@ impl FairQueue {
         FairQueue {
             mode,
             clients: Vec::new(),
-            heap: BinaryHeap::new(),
+            heap: QuadHeap::default(),
             vtime: 0,
             seq: 0,
             ready: 0,
+            in_service: None,
         }
     }
 
@@ -505,29 +496,33 @@ impl FairQueue {
         }
     }
 
-    fn push(&mut self, id: ClientId) {
-        let c = &self.clients[id as usize];
-        let entry = FqEntry {
-            key: self.key(c),
-            seq: self.seq,
-            id,
-            epoch: c.epoch,
-        };
-        self.seq += 1;
-        self.heap.push(entry);
+    fn next_seq(&mut self) -> u32 {
+        // Wraps after 2^32 entries: a stale entry could then alias a live one of the same
+        // client, which at worst orders that client once by an old key (never unsafe).
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
     }
 
-    fn invalidate(&mut self, id: ClientId) {
+    /// Pushes a fresh entry for `id`; any older entry of it becomes stale.
+    fn push(&mut self, id: ClientId) {
+        let seq = self.next_seq();
         let c = &mut self.clients[id as usize];
-        c.epoch = c.epoch.wrapping_add(1);
+        c.live_seq = seq;
+        let key = self.key(&self.clients[id as usize]);
+        self.heap.push(Entry { key, seq, id });
         // Lazy deletion leaves dead entries behind; rebuild when they dominate so the heap
         // stays O(ready clients).
         if self.heap.len() > 2 * self.ready + 64 {
             let clients = &self.clients;
             self.heap.retain(|e| {
-                clients[e.id as usize].epoch == e.epoch && clients[e.id as usize].ready
+                clients[e.id as usize].ready && clients[e.id as usize].live_seq == e.seq
             });
         }
+    }
+
+    fn live(&self, e: &Entry) -> bool {
+        let c = &self.clients[e.id as usize];
+        c.ready && c.live_seq == e.seq
     }
 }
 
@@ -540,35 +535,55 @@ impl Scheduler for FairQueue {
         let c = &mut self.clients[i];
         assert!(!c.registered, "client {id} added twice");
         assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
-        let epoch = c.epoch.wrapping_add(1);
+        let live_seq = c.live_seq;
         *c = FqClient {
             registered: true,
             weight: params.weight,
             tag: self.vtime,
             shared: params.shared.clone(),
-            epoch,
+            live_seq,
             ..Default::default()
         };
     }
     fn update_client(&mut self, id: ClientId, params: &ClientParams) {
         assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
+        let vtime = self.vtime;
         let c = &mut self.clients[id as usize];
-        c.weight = params.weight;
-        if c.shared.is_none() && params.shared.is_some() {
-            c.shared = params.shared.clone();
+        if c.weight != params.weight {
+            c.weight = params.weight;
+            c.remainder = 0;
+        }
+        let mut rekey = self.mode == FairQueueMode::Finish;
+        match (&c.shared, &params.shared) {
+            (None, Some(s)) => {
+                // Attaching a shared tag must not bring credit: clamp it like a wake.
+                s.raise_to(c.tag.max(vtime));
+                c.shared = Some(s.clone());
+                rekey = true;
+            }
+            (Some(old), Some(s)) if !Arc::ptr_eq(old, s) => {
+                s.raise_to(vtime);
+                c.shared = Some(s.clone());
+                rekey = true;
+            }
+            (Some(old), None) => {
+                c.tag = old.load().max(vtime);
+                c.shared = None;
+                rekey = true;
+            }
+            _ => {}
         }
         // The start tag keeps the service already received; the new weight applies to what
-        // is charged from now on. For WFQ the finish-tag key changes, so re-key.
-        if c.ready && !c.in_service && self.mode == FairQueueMode::Finish {
-            self.invalidate(id);
+        // is charged from now on.
+        if rekey && c.ready && !c.in_service {
             self.push(id);
         }
     }
     fn remove_client(&mut self, id: ClientId) {
         self.client_suspended(id);
-        let epoch = self.clients[id as usize].epoch.wrapping_add(1);
+        let live_seq = self.clients[id as usize].live_seq;
         self.clients[id as usize] = FqClient {
-            epoch,
+            live_seq,
             ..Default::default()
         };
     }
@@ -596,43 +611,47 @@ impl Scheduler for FairQueue {
         if c.ready {
             c.ready = false;
             self.ready -= 1;
-            self.invalidate(id);
         }
     }
     fn schedule(&mut self) -> Option<ClientId> {
-        // Each iteration either drops a dead entry or re-keys a live one whose shared tag grew
-        // (tags only grow, so a stale key is a lower bound). A live entry is re-keyed at most
-        // once per call unless its tag grows again concurrently; the bound guards against that.
+        assert!(self.in_service.is_none(), "schedule before the last record");
+        // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
+        // only grow, so a stale key is a lower bound). The re-key bound guards against tags
+        // that keep growing under us from other cores.
         let mut rekeys_left = self.ready + 8;
-        while let Some(top) = self.heap.pop() {
-            let c = &self.clients[top.id as usize];
-            if c.epoch != top.epoch || !c.ready || c.in_service {
+        loop {
+            let top = *self.heap.peek()?;
+            if !self.live(&top) {
+                self.heap.pop();
                 continue;
             }
+            let c = &self.clients[top.id as usize];
             let key = self.key(c);
-            if key > top.key && rekeys_left > 0 {
-                if let Some(next) = self.heap.peek() {
-                    if key > next.key {
-                        rekeys_left -= 1;
-                        self.heap.push(FqEntry { key, ..top });
-                        continue;
-                    }
-                }
+            if key > top.key && rekeys_left > 0 && self.heap.len() > 1 {
+                rekeys_left -= 1;
+                self.heap.replace_top(Entry { key, ..top });
+                continue;
             }
-            let start = c.start_tag();
-            self.vtime = self.vtime.max(start);
+            self.vtime = self.vtime.max(c.start_tag());
             self.clients[top.id as usize].in_service = true;
+            self.in_service = Some(top.id);
             return Some(top.id);
         }
-        None
     }
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        assert_eq!(
+            self.in_service,
+            Some(id),
+            "record for a client not in service"
+        );
+        self.in_service = None;
         let c = &mut self.clients[id as usize];
-        assert!(c.in_service, "record for a client not in service");
         c.in_service = false;
         c.stats.charged += cost;
         c.stats.dispatches += 1;
-        let delta = cost.saturating_mul(VT_SCALE) / u64::from(c.weight);
+        let scaled = cost.saturating_mul(VT_SCALE).saturating_add(c.remainder);
+        let delta = scaled / u64::from(c.weight);
+        c.remainder = scaled % u64::from(c.weight);
         match &c.shared {
             Some(s) => {
                 s.add(delta);
@@ -644,12 +663,28 @@ impl Scheduler for FairQueue {
         } else {
             (3 * c.cost_estimate + cost) / 4
         };
-        c.epoch = c.epoch.wrapping_add(1);
+        let live_seq = c.live_seq;
+        let top_is_ours = self
+            .heap
+            .peek()
+            .is_some_and(|e| e.id == id && e.seq == live_seq);
         if still_ready {
-            self.push(id);
+            let seq = self.next_seq();
+            let c = &mut self.clients[id as usize];
+            c.live_seq = seq;
+            let key = self.key(&self.clients[id as usize]);
+            if top_is_ours {
+                self.heap.replace_top(Entry { key, seq, id });
+            } else {
+                self.heap.push(Entry { key, seq, id });
+            }
         } else {
+            let c = &mut self.clients[id as usize];
             c.ready = false;
             self.ready -= 1;
+            if top_is_ours {
+                self.heap.pop();
+            }
         }
     }
     fn client_statistics(&self, id: ClientId) -> ClientStats {
