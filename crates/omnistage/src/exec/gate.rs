@@ -50,7 +50,11 @@ impl StageLoad {
 pub(crate) struct Gate {
     pub(crate) queued: AtomicUsize,
     pub(crate) limit: usize,
-    pub(crate) weight: u64,
+    /// The activity's weight, for shedding; changed at run time.
+    weight: AtomicU64,
+    /// The weight this gate added to its stage's `active_weight` when it became non-empty
+    /// (so a weight change in between subtracts exactly what was added).
+    weight_in_sum: AtomicU64,
     bucket: Option<GcraBucket>,
     controller: Option<Mutex<P90Controller>>,
     pub(crate) rejected: AtomicU64,
@@ -78,7 +82,8 @@ impl Gate {
         Gate {
             queued: AtomicUsize::new(0),
             limit,
-            weight: u64::from(weight),
+            weight: AtomicU64::new(u64::from(weight)),
+            weight_in_sum: AtomicU64::new(0),
             bucket,
             controller,
             rejected: AtomicU64::new(0),
@@ -95,11 +100,12 @@ impl Gate {
         }
         let total = stage.queued.fetch_add(1, Ordering::AcqRel);
         if q == 0 {
-            stage.active_weight.fetch_add(self.weight, Ordering::AcqRel);
+            self.enter_sum(stage);
         }
         if let Some(limit) = &stage.limit {
-            let active = stage.active_weight.load(Ordering::Acquire).max(self.weight);
-            if let Verdict::Reject(r) = limit.verdict(total, q, self.weight as u32, active) {
+            let weight = self.weight.load(Ordering::Relaxed);
+            let active = stage.active_weight.load(Ordering::Acquire).max(weight);
+            if let Verdict::Reject(r) = limit.verdict(total, q, weight as u32, active) {
                 self.release(stage);
                 return self.reject(r);
             }
@@ -119,8 +125,18 @@ impl Gate {
         let q = self.queued.fetch_add(1, Ordering::AcqRel);
         stage.queued.fetch_add(1, Ordering::AcqRel);
         if q == 0 {
-            stage.active_weight.fetch_add(self.weight, Ordering::AcqRel);
+            self.enter_sum(stage);
         }
+    }
+
+    fn enter_sum(&self, stage: &StageLoad) {
+        let w = self.weight.load(Ordering::Relaxed);
+        self.weight_in_sum.store(w, Ordering::Relaxed);
+        stage.active_weight.fetch_add(w, Ordering::AcqRel);
+    }
+
+    pub(crate) fn set_weight(&self, weight: u32) {
+        self.weight.store(u64::from(weight), Ordering::Relaxed);
     }
 
     fn reject(&self, r: RejectReason) -> Verdict {
@@ -139,7 +155,8 @@ impl Gate {
         debug_assert!(q >= n, "gate released more than admitted");
         stage.queued.fetch_sub(n, Ordering::AcqRel);
         if q == n {
-            stage.active_weight.fetch_sub(self.weight, Ordering::AcqRel);
+            let w = self.weight_in_sum.load(Ordering::Relaxed);
+            stage.active_weight.fetch_sub(w, Ordering::AcqRel);
         }
     }
 

@@ -101,6 +101,20 @@ impl StageConfig {
         if !(crate::sched::WEIGHT_MIN..=crate::sched::WEIGHT_MAX).contains(&self.weight) {
             return Err(format!("stage weight {} out of range", self.weight));
         }
+        match &self.predicate {
+            Predicate::Threshold => {}
+            Predicate::TokenBucket { rate_per_s, burst } => {
+                crate::admit::GcraBucket::validate(*rate_per_s, *burst)?;
+            }
+            Predicate::P90 {
+                params,
+                initial_rate_per_s,
+                burst,
+            } => {
+                params.validate()?;
+                crate::admit::GcraBucket::validate(*initial_rate_per_s, *burst)?;
+            }
+        }
         Ok(())
     }
 }
@@ -738,14 +752,22 @@ impl Runtime {
 
     /// Changes an activity's weight, cap or policy; takes effect at each worker's next decision.
     pub fn set_activity(&self, path: &str, spec: ActivitySpec) -> Result<(), RuntimeError> {
+        let weight = spec.weight;
+        let mut changed = 0;
         self.change(|t| {
             let id = t
                 .lookup(path)
                 .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             t.set(id, spec)?;
+            changed = id;
             Ok(Control::Upsert(worker::ActivityInfo::of(t, id)))
         })?;
-        // Gates take the activity weight for shedding decisions.
+        // Gates weigh activities for share-aware shedding.
+        for ((_, a), g) in self.shared.gates.read().expect("gates lock").iter() {
+            if *a == changed {
+                g.set_weight(weight);
+            }
+        }
         Ok(())
     }
 
@@ -770,6 +792,12 @@ impl Runtime {
                 .lookup(path)
                 .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             t.remove(id)?;
+            // Its gates go too, so a later send to the id is refused instead of half-accepted.
+            self.shared
+                .gates
+                .write()
+                .expect("gates lock")
+                .retain(|(_, a), _| *a != id);
             Ok(Control::Remove(id))
         })
     }

@@ -121,6 +121,8 @@ struct IoRegistration {
 pub(crate) trait Deliver: Send {
     fn deliver(self: Box<Self>, st: &mut CoreState, shared: &Shared);
     fn due_ns(&self) -> u64;
+    /// The message was admitted but will not be delivered: give its places back.
+    fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared);
 }
 
 pub(crate) struct Remote<M> {
@@ -153,6 +155,9 @@ impl<M: Send + 'static> Deliver for Remote<M> {
     }
     fn due_ns(&self) -> u64 {
         self.due_ns
+    }
+    fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared) {
+        st.drop_admitted(shared, &self.gate, self.stage);
     }
 }
 
@@ -437,9 +442,23 @@ impl CoreState {
                 }
                 Err(_) => {
                     // The activity is gone: deliver in /infra so the owner can close the source.
-                    let reg = &mut self.io[token.0];
-                    reg.activity = INFRA;
-                    reg.pending = false;
+                    self.io[token.0].activity = INFRA;
+                    match self.queue_index::<IoEvent>(shared, stage, INFRA) {
+                        Ok(q) => {
+                            let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
+                            gate.force_admit(&shared.stages[stage as usize].load);
+                            shared.core_pending[self.core].0.fetch_add(1, Ordering::AcqRel);
+                            self.push::<IoEvent>(
+                                stage,
+                                q,
+                                Envelope {
+                                    msg: event,
+                                    enq_ns: self.now_ns,
+                                },
+                            );
+                        }
+                        Err(_) => self.io[token.0].pending = false,
+                    }
                 }
             }
         }
@@ -519,6 +538,7 @@ impl CoreState {
     }
 
     fn remove_activity(&mut self, id: ActivityId) {
+        self.gate_cache.retain(|(_, a), _| *a != id);
         if let Some(a) = self.activities.get_mut(&id) {
             a.removed = true;
             // Its node stays while it has queued work; its queues drain normally.
@@ -675,12 +695,8 @@ impl CoreState {
     fn add_timer(&mut self, payload: Box<dyn Deliver>, shared: &Shared) {
         if self.timers.len() >= TIMERS_MAX {
             // Checked by local senders; a remote one that raced past the check is dropped
-            // here. Its gate place is released through the same path as other drops.
-            self.dropped += 1;
-            shared.core_pending[self.core]
-                .0
-                .fetch_sub(1, Ordering::AcqRel);
-            drop(payload);
+            // here, giving back its gate place and pending count.
+            payload.drop_admitted(self, shared);
             return;
         }
         self.timer_seq += 1;
