@@ -1,0 +1,1320 @@
+//! The server's configuration and its tenants, read from TOML and validated, and the mapping
+//! from a request's Host (or the listener it came in on) to a tenant.
+//!
+//! # Schema
+//!
+//! ```toml
+//! [server]                          # optional; every key has a default
+//! listen = ["127.0.0.1:8080"]       # one or more listeners (default 127.0.0.1:8080), ≤ 64
+//! workers = 2                       # optional, 1..=1024; omitted = one per CPU (the glue decides)
+//! connections_max = 10000           # 1..=1,000,000
+//! header_timeout_ms = 10000         # 1 ms..=1 h; slowloris guard
+//! keepalive_timeout_ms = 5000       # 1 ms..=1 h
+//! pipeline_depth_max = 16           # 1..=1024
+//! access_log = "-"                  # "-" stdout, a path, or omitted for none
+//! cache_bytes_max = 268435456       # 0..=1 TiB
+//!
+//! [[tenant]]                        # at least one, at most 10,000
+//! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
+//! hosts = ["a.example", "localhost"]  # Host values, matched without port; unique across tenants
+//! listen = []                       # listeners (from server.listen) that map to this tenant
+//!                                   # without a Host match; a listener belongs to one tenant
+//! weight = 50                       # 1..=10000, default 100
+//! docroot = "./www/a"               # relative paths: see below
+//! index = ["index.html"]            # default ["index.html"]; plain file names, ≤ 16
+//! cpu_cap = "0.5"                   # optional: cores, a number or a string, in (0, 1024]
+//! net_cap = "10MB/s"                # optional: bytes/s; units B, kB/KB, MB, GB (decimal) and
+//!                                   # KiB, MiB, GiB; "/s" required; in [1 B/s, 1 TB/s]
+//! disk_cap = "50MB/s"               # optional, as net_cap
+//! cap_kind = "token"                # "token" (default) | "leaky"
+//! cache_bytes = 67108864            # optional budget, ≤ server.cache_bytes_max
+//! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
+//! connections_max = 2000            # optional, ≤ server.connections_max
+//! synthetic = true                  # enables /_burn?us=N and /_bytes?n=N (default false)
+//!
+//! [[tenant.class]]                  # optional classes within a tenant, ≤ 64
+//! name = "gold"                     # [a-z0-9_-]{1,64}, unique within the tenant
+//! header = "x-class: gold"          # exactly one of: header = "name: value" | prefix = "/api/"
+//! weight = 80                       # 1..=10000, default 100
+//! ```
+//!
+//! Unknown keys are errors. Every error names the line and column of the offending value (or
+//! table), e.g. `line 12, column 10: weight 0 is outside 1..=10000`.
+//!
+//! Host names in `hosts` are lowercased, a trailing dot is dropped, and a port is refused (Host
+//! matching ignores ports). A tenant with neither `hosts` nor `listen` is the catch-all; there is
+//! at most one.
+//!
+//! **Relative paths** (`docroot`, `access_log`): [`load_config`] resolves them against the
+//! directory of the config file and checks that each docroot is a directory (and stores it
+//! canonicalized). [`parse_config`] has no file, so it leaves them as written (relative to the
+//! process's working directory) and does not touch the filesystem.
+//!
+//! **Tenant selection** ([`Config::tenant_for`]): a Host match first, then the tenant bound to the
+//! listener, then the catch-all. `None` means no tenant serves this request: the glue answers
+//! **421 Misdirected Request** (keep-alive allowed).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Most listeners of the server.
+pub const LISTENERS_MAX: usize = 64;
+/// Most worker threads.
+pub const WORKERS_MAX: i64 = 1024;
+/// Most connections, server-wide.
+pub const CONNECTIONS_MAX: i64 = 1_000_000;
+/// Most pipelined requests per connection.
+pub const PIPELINE_DEPTH_MAX: i64 = 1024;
+/// Longest timeout: one hour.
+pub const TIMEOUT_MS_MAX: i64 = 3_600_000;
+/// Largest cache: 1 TiB.
+pub const CACHE_BYTES_MAX: i64 = 1 << 40;
+/// Most tenants.
+pub const TENANTS_MAX: usize = 10_000;
+/// Most hosts per tenant.
+pub const HOSTS_PER_TENANT_MAX: usize = 1024;
+/// Most index file names per tenant.
+pub const INDEX_FILES_MAX: usize = 16;
+/// Most classes per tenant.
+pub const CLASSES_MAX: usize = 64;
+/// Longest tenant or class name.
+pub const NAME_BYTES_MAX: usize = 64;
+/// Longest host name.
+pub const HOST_BYTES_MAX: usize = 255;
+/// Weights lie in `WEIGHT_MIN..=WEIGHT_MAX`.
+pub const WEIGHT_MIN: i64 = 1;
+/// See [`WEIGHT_MIN`].
+pub const WEIGHT_MAX: i64 = 10_000;
+/// Weight of a tenant or class that gives none.
+pub const WEIGHT_DEFAULT: u32 = 100;
+/// Largest `cpu_cap`, in cores.
+pub const CPU_CAP_MAX: f64 = 1024.0;
+/// Largest rate cap: 1 TB/s.
+pub const RATE_BYTES_PER_S_MAX: u64 = 1_000_000_000_000;
+/// Largest config file [`load_config`] reads: 4 MiB.
+pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Server-wide settings.
+    pub server: ServerConfig,
+    /// The tenants, in file order; [`Config::tenant_for`] returns indexes into this.
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// Server-wide settings (`[server]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Addresses to listen on.
+    pub listen: Vec<SocketAddr>,
+    /// Worker threads; `None` = one per CPU.
+    pub workers: Option<usize>,
+    /// Most open connections.
+    pub connections_max: usize,
+    /// Time allowed to receive a whole request head.
+    pub header_timeout: Duration,
+    /// Time an idle keep-alive connection is kept.
+    pub keepalive_timeout: Duration,
+    /// Most requests parsed ahead on one connection.
+    pub pipeline_depth_max: usize,
+    /// Where access log lines go.
+    pub access_log: AccessLog,
+    /// The file cache's global byte limit.
+    pub cache_bytes_max: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 8080))],
+            workers: None,
+            connections_max: 10_000,
+            header_timeout: Duration::from_millis(10_000),
+            keepalive_timeout: Duration::from_millis(5_000),
+            pipeline_depth_max: 16,
+            access_log: AccessLog::Off,
+            cache_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLog {
+    /// No access log.
+    Off,
+    /// Standard output (`"-"`).
+    Stdout,
+    /// Appended to this file.
+    File(PathBuf),
+}
+
+/// How a rate cap is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapKind {
+    /// Token bucket: bursts up to the bucket, then the rate.
+    Token,
+    /// Leaky bucket: smooth, no bursts.
+    Leaky,
+}
+
+/// One tenant (`[[tenant]]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantConfig {
+    /// Unique name; the activity is `/tenants/<name>`.
+    pub name: String,
+    /// Host names (lowercase, no port) that select this tenant.
+    pub hosts: Vec<String>,
+    /// Listeners that select this tenant when no Host matched.
+    pub listen: Vec<SocketAddr>,
+    /// Share weight, 1..=10000.
+    pub weight: u32,
+    /// Directory served.
+    pub docroot: PathBuf,
+    /// Index file names tried, in order, for a directory.
+    pub index: Vec<String>,
+    /// CPU cap in cores (0.5 = half a core).
+    pub cpu_cap: Option<f64>,
+    /// Network send cap.
+    pub net_cap_bytes_per_s: Option<u64>,
+    /// Disk read cap.
+    pub disk_cap_bytes_per_s: Option<u64>,
+    /// How caps are enforced.
+    pub cap_kind: CapKind,
+    /// Cache budget.
+    pub cache_bytes: Option<u64>,
+    /// 90th-percentile response time target for admission control.
+    pub p90_target: Option<Duration>,
+    /// Most connections of this tenant.
+    pub connections_max: Option<usize>,
+    /// Whether `/_burn` and `/_bytes` are served.
+    pub synthetic: bool,
+    /// Request classes within the tenant.
+    pub classes: Vec<ClassConfig>,
+}
+
+impl TenantConfig {
+    /// The tenant's activity path, `/tenants/<name>`.
+    pub fn activity(&self) -> String {
+        format!("/tenants/{}", self.name)
+    }
+
+    /// A tenant with neither hosts nor listeners: it takes whatever no other tenant takes.
+    pub fn is_catch_all(&self) -> bool {
+        self.hosts.is_empty() && self.listen.is_empty()
+    }
+}
+
+/// A class of requests within a tenant (`[[tenant.class]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassConfig {
+    /// Unique within the tenant; the activity is `/tenants/<tenant>/<name>`.
+    pub name: String,
+    /// Which requests belong to the class.
+    pub selector: ClassSelector,
+    /// Share weight within the tenant, 1..=10000.
+    pub weight: u32,
+}
+
+/// How a request is put in a class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassSelector {
+    /// A header field `name` (lowercase) whose trimmed value equals `value`.
+    Header {
+        /// Header name, lowercase.
+        name: String,
+        /// Value compared exactly.
+        value: String,
+    },
+    /// The decoded path starts with this prefix.
+    Prefix(String),
+}
+
+impl Config {
+    /// The index in `tenants` of the tenant for a request with this (normalized) Host that
+    /// arrived on `listener` (the configured address from `server.listen`, not the socket's
+    /// local address): Host match, then listener, then catch-all; `None` → answer 421.
+    pub fn tenant_for(&self, host: Option<&str>, listener: SocketAddr) -> Option<usize> {
+        if let Some(host) = host {
+            if let Some(i) = self
+                .tenants
+                .iter()
+                .position(|t| t.hosts.iter().any(|h| h == host))
+            {
+                return Some(i);
+            }
+        }
+        if let Some(i) = self
+            .tenants
+            .iter()
+            .position(|t| t.listen.contains(&listener))
+        {
+            return Some(i);
+        }
+        self.tenants.iter().position(TenantConfig::is_catch_all)
+    }
+}
+
+/// A configuration that cannot be used, with where in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, when read by [`load_config`].
+    pub path: Option<PathBuf>,
+    /// 1-based line of the problem, when it has one.
+    pub line: Option<usize>,
+    /// 1-based column (in characters) of the problem, when it has one.
+    pub column: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(path) = &self.path {
+            write!(f, "{}: ", path.display())?;
+        }
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "line {l}, column {c}: ")?,
+            (Some(l), None) => write!(f, "line {l}: ")?,
+            _ => {}
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The configuration used without a file: one tenant `default` serving `cwd` on
+/// 127.0.0.1:8080 for any Host, weight 100, no caps, synthetic endpoints off.
+pub fn default_config(cwd: &Path) -> Config {
+    Config {
+        server: ServerConfig::default(),
+        tenants: vec![TenantConfig {
+            name: "default".into(),
+            hosts: Vec::new(),
+            listen: Vec::new(),
+            weight: WEIGHT_DEFAULT,
+            docroot: cwd.to_path_buf(),
+            index: vec!["index.html".into()],
+            cpu_cap: None,
+            net_cap_bytes_per_s: None,
+            disk_cap_bytes_per_s: None,
+            cap_kind: CapKind::Token,
+            cache_bytes: None,
+            p90_target: None,
+            connections_max: None,
+            synthetic: false,
+            classes: Vec::new(),
+        }],
+    }
+}
+
+/// Parses and validates a configuration; relative paths are kept as written.
+pub fn parse_config(text: &str) -> Result<Config, ConfigError> {
+    parse_with_base(text, None)
+}
+
+/// Reads, parses and validates a configuration file; relative docroots and access log paths
+/// resolve against the file's directory, and docroots must be directories.
+pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
+    let with_path = |mut e: ConfigError| {
+        e.path = Some(path.to_path_buf());
+        e
+    };
+    let plain = |message: String| ConfigError {
+        path: Some(path.to_path_buf()),
+        line: None,
+        column: None,
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| plain(format!("cannot read: {e}")))?;
+    if meta.len() > CONFIG_BYTES_MAX {
+        return Err(plain(format!("larger than {CONFIG_BYTES_MAX} bytes")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| plain(format!("cannot read: {e}")))?;
+    let base = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    parse_with_base(&text, Some(&base)).map_err(with_path)
+}
+
+// ---- raw, spanned form as written in the file ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    server: Option<Spanned<RawServer>>,
+    tenant: Option<Spanned<Vec<Spanned<RawTenant>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<Spanned<Vec<Spanned<String>>>>,
+    workers: Option<Spanned<i64>>,
+    connections_max: Option<Spanned<i64>>,
+    header_timeout_ms: Option<Spanned<i64>>,
+    keepalive_timeout_ms: Option<Spanned<i64>>,
+    pipeline_depth_max: Option<Spanned<i64>>,
+    access_log: Option<Spanned<String>>,
+    cache_bytes_max: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: Spanned<String>,
+    hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    listen: Option<Spanned<Vec<Spanned<String>>>>,
+    weight: Option<Spanned<i64>>,
+    docroot: Spanned<String>,
+    index: Option<Spanned<Vec<Spanned<String>>>>,
+    cpu_cap: Option<Spanned<NumberOrString>>,
+    net_cap: Option<Spanned<String>>,
+    disk_cap: Option<Spanned<String>>,
+    cap_kind: Option<Spanned<String>>,
+    cache_bytes: Option<Spanned<i64>>,
+    p90_target_ms: Option<Spanned<i64>>,
+    connections_max: Option<Spanned<i64>>,
+    synthetic: Option<bool>,
+    class: Option<Vec<Spanned<RawClass>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    name: Spanned<String>,
+    header: Option<Spanned<String>>,
+    prefix: Option<Spanned<String>>,
+    weight: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrString {
+    Number(f64),
+    String(String),
+}
+
+// ---- validation ----
+
+struct Checker<'a> {
+    text: &'a str,
+}
+
+impl Checker<'_> {
+    fn err(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        let (line, column) = line_col(self.text, span.start);
+        ConfigError {
+            path: None,
+            line: Some(line),
+            column: Some(column),
+            message: message.into(),
+        }
+    }
+
+    fn int_in(&self, v: &Spanned<i64>, key: &str, min: i64, max: i64) -> Result<i64, ConfigError> {
+        let n = *v.get_ref();
+        if n < min || n > max {
+            return Err(self.err(v.span(), format!("{key} {n} is outside {min}..={max}")));
+        }
+        Ok(n)
+    }
+
+    fn opt_int_in(
+        &self,
+        v: &Option<Spanned<i64>>,
+        key: &str,
+        min: i64,
+        max: i64,
+    ) -> Result<Option<i64>, ConfigError> {
+        v.as_ref()
+            .map(|v| self.int_in(v, key, min, max))
+            .transpose()
+    }
+
+    fn name(&self, v: &Spanned<String>, what: &str) -> Result<String, ConfigError> {
+        let s = v.get_ref();
+        let ok = !s.is_empty()
+            && s.len() <= NAME_BYTES_MAX
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !ok {
+            return Err(self.err(
+                v.span(),
+                format!("{what} name {s:?} must be 1..={NAME_BYTES_MAX} characters of [a-z0-9_-]"),
+            ));
+        }
+        Ok(s.clone())
+    }
+
+    fn addr(&self, v: &Spanned<String>) -> Result<SocketAddr, ConfigError> {
+        v.get_ref().parse().map_err(|_| {
+            self.err(
+                v.span(),
+                format!(
+                    "{:?} is not an address like 127.0.0.1:8080 or [::1]:8080",
+                    v.get_ref()
+                ),
+            )
+        })
+    }
+
+    fn rate(&self, v: &Option<Spanned<String>>, key: &str) -> Result<Option<u64>, ConfigError> {
+        v.as_ref()
+            .map(|v| parse_rate(v.get_ref()).map_err(|m| self.err(v.span(), format!("{key}: {m}"))))
+            .transpose()
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+/// Parses a rate such as `10MB/s`, `1.5 GiB/s`, `500B/s` into bytes per second.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let Some(amount) = s.strip_suffix("/s") else {
+        return Err(format!("rate {s:?} must end in /s, like \"10MB/s\""));
+    };
+    let split = amount
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(amount.len());
+    let (number, unit) = (&amount[..split], amount[split..].trim());
+    let multiplier: u64 = match unit {
+        "B" => 1,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "rate {s:?} has unit {unit:?}; use B, kB, KB, MB, GB, KiB, MiB or GiB"
+            ))
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("rate {s:?} does not start with a number"))?;
+    let bytes = (value * multiplier as f64).round();
+    if !(bytes >= 1.0 && bytes <= RATE_BYTES_PER_S_MAX as f64) {
+        return Err(format!("rate {s:?} is outside 1 B/s..=1 TB/s"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Normalizes a configured host: lowercase, no trailing dot, no port.
+fn normalize_config_host(raw: &str) -> Result<String, String> {
+    let lower = raw.trim().to_ascii_lowercase();
+    let name = lower.strip_suffix('.').unwrap_or(&lower);
+    if name.is_empty() || name.len() > HOST_BYTES_MAX {
+        return Err(format!(
+            "host {raw:?} must be 1..={HOST_BYTES_MAX} characters"
+        ));
+    }
+    if let Some(inner) = name.strip_prefix('[') {
+        let Some(inner) = inner.strip_suffix(']') else {
+            return Err(format!(
+                "host {raw:?}: an IPv6 literal is written [::1], without a port"
+            ));
+        };
+        if inner.is_empty()
+            || !inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return Err(format!("host {raw:?} is not a valid IPv6 literal"));
+        }
+        return Ok(name.to_string());
+    }
+    if name.contains(':') {
+        return Err(format!(
+            "host {raw:?}: hosts are matched without their port; drop it"
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b))
+    {
+        return Err(format!(
+            "host {raw:?} has characters a host name cannot have"
+        ));
+    }
+    Ok(name.to_string())
+}
+
+fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigError> {
+    let c = Checker { text };
+    let raw: RawConfig = toml::from_str(text).map_err(|e| {
+        let (line, column) = match e.span() {
+            Some(span) => {
+                let (l, col) = line_col(text, span.start);
+                (Some(l), Some(col))
+            }
+            None => (None, None),
+        };
+        ConfigError {
+            path: None,
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    })?;
+
+    let server = match &raw.server {
+        Some(s) => server_config(&c, s.get_ref(), base)?,
+        None => ServerConfig::default(),
+    };
+
+    let Some(raw_tenants) = &raw.tenant else {
+        return Err(ConfigError {
+            path: None,
+            line: None,
+            column: None,
+            message: "no [[tenant]]: at least one tenant is required".into(),
+        });
+    };
+    if raw_tenants.get_ref().is_empty() {
+        return Err(c.err(
+            raw_tenants.span(),
+            "no [[tenant]]: at least one tenant is required",
+        ));
+    }
+    if raw_tenants.get_ref().len() > TENANTS_MAX {
+        return Err(c.err(
+            raw_tenants.span(),
+            format!("more than {TENANTS_MAX} tenants"),
+        ));
+    }
+
+    let mut tenants = Vec::with_capacity(raw_tenants.get_ref().len());
+    let mut names = HashSet::new();
+    let mut hosts_seen: HashSet<String> = HashSet::new();
+    let mut listeners_taken: HashSet<SocketAddr> = HashSet::new();
+    let mut catch_all_seen = false;
+    for raw_tenant in raw_tenants.get_ref() {
+        let t = tenant_config(&c, raw_tenant.get_ref(), &server, base)?;
+        let rt = raw_tenant.get_ref();
+        if !names.insert(t.name.clone()) {
+            return Err(c.err(
+                rt.name.span(),
+                format!("tenant name {:?} is used twice", t.name),
+            ));
+        }
+        for (host, raw_host) in t
+            .hosts
+            .iter()
+            .zip(rt.hosts.iter().flat_map(|h| h.get_ref()))
+        {
+            if !hosts_seen.insert(host.clone()) {
+                return Err(c.err(
+                    raw_host.span(),
+                    format!("host {host:?} belongs to two tenants"),
+                ));
+            }
+        }
+        for (addr, raw_addr) in t
+            .listen
+            .iter()
+            .zip(rt.listen.iter().flat_map(|l| l.get_ref()))
+        {
+            if !listeners_taken.insert(*addr) {
+                return Err(c.err(
+                    raw_addr.span(),
+                    format!("listener {addr} is bound to two tenants"),
+                ));
+            }
+        }
+        if t.is_catch_all() {
+            if catch_all_seen {
+                return Err(c.err(
+                    raw_tenant.span(),
+                    format!(
+                        "tenant {:?} has neither hosts nor listen, and another tenant is already the catch-all",
+                        t.name
+                    ),
+                ));
+            }
+            catch_all_seen = true;
+        }
+        tenants.push(t);
+    }
+    Ok(Config { server, tenants })
+}
+
+fn server_config(
+    c: &Checker<'_>,
+    s: &RawServer,
+    base: Option<&Path>,
+) -> Result<ServerConfig, ConfigError> {
+    let d = ServerConfig::default();
+    let listen = match &s.listen {
+        Some(list) => {
+            if list.get_ref().is_empty() || list.get_ref().len() > LISTENERS_MAX {
+                return Err(c.err(
+                    list.span(),
+                    format!("listen must have 1..={LISTENERS_MAX} addresses"),
+                ));
+            }
+            let mut out = Vec::new();
+            for a in list.get_ref() {
+                let addr = c.addr(a)?;
+                if out.contains(&addr) {
+                    return Err(c.err(a.span(), format!("listener {addr} is given twice")));
+                }
+                out.push(addr);
+            }
+            out
+        }
+        None => d.listen,
+    };
+    let ms =
+        |v: &Option<Spanned<i64>>, key: &str, default: Duration| -> Result<Duration, ConfigError> {
+            Ok(c.opt_int_in(v, key, 1, TIMEOUT_MS_MAX)?
+                .map_or(default, |n| Duration::from_millis(n as u64)))
+        };
+    let access_log = match &s.access_log {
+        None => AccessLog::Off,
+        Some(v) if v.get_ref() == "-" => AccessLog::Stdout,
+        Some(v) if v.get_ref().trim().is_empty() => {
+            return Err(c.err(
+                v.span(),
+                "access_log is empty: use \"-\" for stdout or omit it",
+            ))
+        }
+        Some(v) => AccessLog::File(rebase(base, Path::new(v.get_ref()))),
+    };
+    Ok(ServerConfig {
+        listen,
+        workers: c
+            .opt_int_in(&s.workers, "workers", 1, WORKERS_MAX)?
+            .map(|n| n as usize),
+        connections_max: c
+            .opt_int_in(&s.connections_max, "connections_max", 1, CONNECTIONS_MAX)?
+            .map_or(d.connections_max, |n| n as usize),
+        header_timeout: ms(&s.header_timeout_ms, "header_timeout_ms", d.header_timeout)?,
+        keepalive_timeout: ms(
+            &s.keepalive_timeout_ms,
+            "keepalive_timeout_ms",
+            d.keepalive_timeout,
+        )?,
+        pipeline_depth_max: c
+            .opt_int_in(
+                &s.pipeline_depth_max,
+                "pipeline_depth_max",
+                1,
+                PIPELINE_DEPTH_MAX,
+            )?
+            .map_or(d.pipeline_depth_max, |n| n as usize),
+        access_log,
+        cache_bytes_max: c
+            .opt_int_in(&s.cache_bytes_max, "cache_bytes_max", 0, CACHE_BYTES_MAX)?
+            .map_or(d.cache_bytes_max, |n| n as u64),
+    })
+}
+
+fn rebase(base: Option<&Path>, p: &Path) -> PathBuf {
+    match base {
+        Some(b) if p.is_relative() => b.join(p),
+        _ => p.to_path_buf(),
+    }
+}
+
+fn tenant_config(
+    c: &Checker<'_>,
+    t: &RawTenant,
+    server: &ServerConfig,
+    base: Option<&Path>,
+) -> Result<TenantConfig, ConfigError> {
+    let name = c.name(&t.name, "tenant")?;
+
+    let mut hosts = Vec::new();
+    if let Some(list) = &t.hosts {
+        if list.get_ref().len() > HOSTS_PER_TENANT_MAX {
+            return Err(c.err(
+                list.span(),
+                format!("more than {HOSTS_PER_TENANT_MAX} hosts"),
+            ));
+        }
+        for h in list.get_ref() {
+            let host = normalize_config_host(h.get_ref()).map_err(|m| c.err(h.span(), m))?;
+            if hosts.contains(&host) {
+                return Err(c.err(h.span(), format!("host {host:?} is given twice")));
+            }
+            hosts.push(host);
+        }
+    }
+
+    let mut listen = Vec::new();
+    for a in t.listen.iter().flat_map(|l| l.get_ref()) {
+        let addr = c.addr(a)?;
+        if !server.listen.contains(&addr) {
+            return Err(c.err(a.span(), format!("listener {addr} is not in server.listen")));
+        }
+        if listen.contains(&addr) {
+            return Err(c.err(a.span(), format!("listener {addr} is given twice")));
+        }
+        listen.push(addr);
+    }
+
+    let weight = c
+        .opt_int_in(&t.weight, "weight", WEIGHT_MIN, WEIGHT_MAX)?
+        .map_or(WEIGHT_DEFAULT, |n| n as u32);
+
+    let docroot_raw = t.docroot.get_ref();
+    if docroot_raw.trim().is_empty() {
+        return Err(c.err(t.docroot.span(), "docroot is empty"));
+    }
+    let mut docroot = rebase(base, Path::new(docroot_raw));
+    if base.is_some() {
+        let canonical = docroot
+            .canonicalize()
+            .ok()
+            .filter(|p| p.is_dir())
+            .ok_or_else(|| {
+                c.err(
+                    t.docroot.span(),
+                    format!("docroot {} is not a directory", docroot.display()),
+                )
+            })?;
+        docroot = canonical;
+    }
+
+    let index = match &t.index {
+        None => vec!["index.html".to_string()],
+        Some(list) => {
+            if list.get_ref().len() > INDEX_FILES_MAX {
+                return Err(c.err(
+                    list.span(),
+                    format!("more than {INDEX_FILES_MAX} index files"),
+                ));
+            }
+            let mut out = Vec::new();
+            for f in list.get_ref() {
+                let s = f.get_ref();
+                if s.is_empty() || s == "." || s == ".." || s.contains(['/', '\\', '\0']) {
+                    return Err(c.err(f.span(), format!("index {s:?} must be a plain file name")));
+                }
+                out.push(s.clone());
+            }
+            out
+        }
+    };
+
+    let cpu_cap = match &t.cpu_cap {
+        None => None,
+        Some(v) => {
+            let n = match v.get_ref() {
+                NumberOrString::Number(n) => Some(*n),
+                NumberOrString::String(s) => s.trim().parse::<f64>().ok(),
+            };
+            match n {
+                Some(n) if n.is_finite() && n > 0.0 && n <= CPU_CAP_MAX => Some(n),
+                _ => {
+                    return Err(c.err(
+                        v.span(),
+                        format!(
+                            "cpu_cap must be a number of cores in (0, {CPU_CAP_MAX}], like \"0.5\""
+                        ),
+                    ))
+                }
+            }
+        }
+    };
+
+    let cap_kind = match &t.cap_kind {
+        None => CapKind::Token,
+        Some(v) => match v.get_ref().as_str() {
+            "token" => CapKind::Token,
+            "leaky" => CapKind::Leaky,
+            other => {
+                return Err(c.err(
+                    v.span(),
+                    format!("cap_kind {other:?} must be \"token\" or \"leaky\""),
+                ))
+            }
+        },
+    };
+
+    let cache_max = i64::try_from(server.cache_bytes_max).unwrap_or(CACHE_BYTES_MAX);
+    let conn_max = i64::try_from(server.connections_max).unwrap_or(CONNECTIONS_MAX);
+
+    let mut classes: Vec<ClassConfig> = Vec::new();
+    if let Some(list) = &t.class {
+        if list.len() > CLASSES_MAX {
+            return Err(c.err(
+                list[CLASSES_MAX].span(),
+                format!("more than {CLASSES_MAX} classes"),
+            ));
+        }
+        for rc in list {
+            let class = class_config(c, rc)?;
+            if classes.iter().any(|k| k.name == class.name) {
+                return Err(c.err(
+                    rc.get_ref().name.span(),
+                    format!(
+                        "class name {:?} is used twice in tenant {name:?}",
+                        class.name
+                    ),
+                ));
+            }
+            classes.push(class);
+        }
+    }
+
+    Ok(TenantConfig {
+        hosts,
+        listen,
+        weight,
+        docroot,
+        index,
+        cpu_cap,
+        net_cap_bytes_per_s: c.rate(&t.net_cap, "net_cap")?,
+        disk_cap_bytes_per_s: c.rate(&t.disk_cap, "disk_cap")?,
+        cap_kind,
+        cache_bytes: c
+            .opt_int_in(&t.cache_bytes, "cache_bytes", 0, cache_max)?
+            .map(|n| n as u64),
+        p90_target: c
+            .opt_int_in(&t.p90_target_ms, "p90_target_ms", 1, TIMEOUT_MS_MAX)?
+            .map(|n| Duration::from_millis(n as u64)),
+        connections_max: c
+            .opt_int_in(&t.connections_max, "connections_max", 1, conn_max)?
+            .map(|n| n as usize),
+        synthetic: t.synthetic.unwrap_or(false),
+        classes,
+        name,
+    })
+}
+
+fn class_config(c: &Checker<'_>, rc: &Spanned<RawClass>) -> Result<ClassConfig, ConfigError> {
+    let r = rc.get_ref();
+    let name = c.name(&r.name, "class")?;
+    let selector = match (&r.header, &r.prefix) {
+        (Some(h), None) => {
+            let Some((n, v)) = h.get_ref().split_once(':') else {
+                return Err(c.err(h.span(), "header must be \"name: value\""));
+            };
+            let (n, v) = (n.trim(), v.trim());
+            let token = !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token || v.is_empty() {
+                return Err(c.err(
+                    h.span(),
+                    "header must be \"name: value\" with a token name and a value",
+                ));
+            }
+            ClassSelector::Header {
+                name: n.to_ascii_lowercase(),
+                value: v.to_string(),
+            }
+        }
+        (None, Some(p)) => {
+            if !p.get_ref().starts_with('/') {
+                return Err(c.err(p.span(), "prefix must start with /"));
+            }
+            ClassSelector::Prefix(p.get_ref().clone())
+        }
+        _ => {
+            return Err(c.err(
+                rc.span(),
+                format!("class {name:?} needs exactly one of header or prefix"),
+            ))
+        }
+    };
+    let weight = c
+        .opt_int_in(&r.weight, "weight", WEIGHT_MIN, WEIGHT_MAX)?
+        .map_or(WEIGHT_DEFAULT, |n| n as u32);
+    Ok(ClassConfig {
+        name,
+        selector,
+        weight,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+[server]
+listen = ["127.0.0.1:8080", "127.0.0.1:8081"]
+workers = 2
+connections_max = 10000
+header_timeout_ms = 10000
+keepalive_timeout_ms = 5000
+pipeline_depth_max = 16
+access_log = "-"
+cache_bytes_max = 268435456
+
+[[tenant]]
+name = "a"
+hosts = ["A.Example", "localhost."]
+weight = 50
+docroot = "./www/a"
+index = ["index.html", "index.htm"]
+cpu_cap = "0.5"
+net_cap = "10MB/s"
+disk_cap = "50MB/s"
+cap_kind = "leaky"
+cache_bytes = 67108864
+p90_target_ms = 50
+connections_max = 2000
+synthetic = true
+[[tenant.class]]
+name = "gold"
+header = "X-Class: gold"
+weight = 80
+[[tenant.class]]
+name = "api"
+prefix = "/api/"
+
+[[tenant]]
+name = "b"
+listen = ["127.0.0.1:8081"]
+docroot = "/srv/b"
+cpu_cap = 1.5
+
+[[tenant]]
+name = "c"
+docroot = "www/c"
+cpu_cap = 2
+"#;
+
+    fn err(text: &str) -> ConfigError {
+        parse_config(text).expect_err("should be refused")
+    }
+
+    #[test]
+    fn full_example() {
+        let cfg = parse_config(FULL).unwrap();
+        let s = &cfg.server;
+        assert_eq!(
+            s.listen,
+            vec![
+                "127.0.0.1:8080".parse().unwrap(),
+                "127.0.0.1:8081".parse().unwrap()
+            ]
+        );
+        assert_eq!(s.workers, Some(2));
+        assert_eq!(s.connections_max, 10_000);
+        assert_eq!(s.header_timeout, Duration::from_secs(10));
+        assert_eq!(s.keepalive_timeout, Duration::from_secs(5));
+        assert_eq!(s.pipeline_depth_max, 16);
+        assert_eq!(s.access_log, AccessLog::Stdout);
+        assert_eq!(s.cache_bytes_max, 268_435_456);
+        let a = &cfg.tenants[0];
+        assert_eq!(a.name, "a");
+        assert_eq!(a.activity(), "/tenants/a");
+        assert_eq!(a.hosts, vec!["a.example", "localhost"]);
+        assert_eq!(a.weight, 50);
+        assert_eq!(a.docroot, PathBuf::from("./www/a"));
+        assert_eq!(a.index, vec!["index.html", "index.htm"]);
+        assert_eq!(a.cpu_cap, Some(0.5));
+        assert_eq!(a.net_cap_bytes_per_s, Some(10_000_000));
+        assert_eq!(a.disk_cap_bytes_per_s, Some(50_000_000));
+        assert_eq!(a.cap_kind, CapKind::Leaky);
+        assert_eq!(a.cache_bytes, Some(67_108_864));
+        assert_eq!(a.p90_target, Some(Duration::from_millis(50)));
+        assert_eq!(a.connections_max, Some(2000));
+        assert!(a.synthetic);
+        assert_eq!(
+            a.classes,
+            vec![
+                ClassConfig {
+                    name: "gold".into(),
+                    selector: ClassSelector::Header {
+                        name: "x-class".into(),
+                        value: "gold".into()
+                    },
+                    weight: 80
+                },
+                ClassConfig {
+                    name: "api".into(),
+                    selector: ClassSelector::Prefix("/api/".into()),
+                    weight: 100
+                },
+            ]
+        );
+        let b = &cfg.tenants[1];
+        assert_eq!(b.weight, WEIGHT_DEFAULT);
+        assert_eq!(b.cpu_cap, Some(1.5));
+        assert_eq!(b.cap_kind, CapKind::Token);
+        assert!(!b.synthetic);
+        assert_eq!(b.index, vec!["index.html"]);
+        assert!(cfg.tenants[2].is_catch_all());
+        assert_eq!(cfg.tenants[2].cpu_cap, Some(2.0));
+    }
+
+    #[test]
+    fn minimal_uses_defaults() {
+        let cfg = parse_config("[[tenant]]\nname = \"x\"\ndocroot = \".\"\n").unwrap();
+        assert_eq!(cfg.server, ServerConfig::default());
+        assert_eq!(cfg.server.access_log, AccessLog::Off);
+        assert_eq!(cfg.tenants.len(), 1);
+    }
+
+    #[test]
+    fn tenant_selection() {
+        let cfg = parse_config(FULL).unwrap();
+        let l0: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let l1: SocketAddr = "127.0.0.1:8081".parse().unwrap();
+        assert_eq!(cfg.tenant_for(Some("a.example"), l0), Some(0));
+        assert_eq!(
+            cfg.tenant_for(Some("localhost"), l1),
+            Some(0),
+            "host beats listener"
+        );
+        assert_eq!(cfg.tenant_for(Some("other"), l1), Some(1));
+        assert_eq!(cfg.tenant_for(None, l1), Some(1));
+        assert_eq!(cfg.tenant_for(Some("other"), l0), Some(2), "catch-all");
+        assert_eq!(cfg.tenant_for(None, l0), Some(2));
+
+        let no_catch_all =
+            parse_config("[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \".\"\n")
+                .unwrap();
+        assert_eq!(no_catch_all.tenant_for(Some("a.test"), l0), Some(0));
+        assert_eq!(no_catch_all.tenant_for(Some("b.test"), l0), None);
+        assert_eq!(no_catch_all.tenant_for(None, l0), None);
+    }
+
+    #[test]
+    fn default_config_serves_cwd() {
+        let cfg = default_config(Path::new("/tmp/site"));
+        assert_eq!(
+            cfg.server.listen,
+            vec![SocketAddr::from(([127, 0, 0, 1], 8080))]
+        );
+        assert_eq!(cfg.tenants.len(), 1);
+        let t = &cfg.tenants[0];
+        assert_eq!(t.name, "default");
+        assert_eq!(t.docroot, PathBuf::from("/tmp/site"));
+        assert_eq!(t.weight, 100);
+        assert!(!t.synthetic);
+        assert!(t.hosts.is_empty());
+        assert_eq!(
+            cfg.tenant_for(Some("anything"), "10.0.0.1:1".parse().unwrap()),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let text = "[[tenant]]\nname = \"a\"\ndocroot = \".\"\nweight = 0\n";
+        let e = err(text);
+        assert_eq!(e.line, Some(4));
+        assert_eq!(e.column, Some(10));
+        assert_eq!(
+            e.to_string(),
+            "line 4, column 10: weight 0 is outside 1..=10000"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_with_lines() {
+        let e = err("[server]\nlisten = [\"127.0.0.1:1\"]\nworkerz = 2\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("workerz"), "{e}");
+        let e = err("[[tenant]]\nname = \"a\"\ndocroot = \".\"\ncolour = \"red\"\n");
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = err("[[tenant]]\nname = \"a\"\ndocroot = \".\"\n[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\nx = 1\n");
+        assert_eq!(e.line, Some(7), "{e}");
+        let e = err("[serve]\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n");
+        assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn syntax_and_type_errors_have_lines() {
+        let e = err("[[tenant]]\nname = \"a\"\ndocroot = \".\"\nweight = \"heavy\"\n");
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = err("[[tenant]]\nname = \"a\"\ndocroot = \n");
+        assert_eq!(e.line, Some(3), "{e}");
+        let e = err("[[tenant]]\nname = \"a\"\n");
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.contains("docroot"), "{e}");
+    }
+
+    #[test]
+    fn validation_rules() {
+        let tenant = |extra: &str| format!("[[tenant]]\nname = \"a\"\ndocroot = \".\"\n{extra}\n");
+        let cases: Vec<(String, usize, &str)> = vec![
+            ("".into(), 0, "at least one tenant"),
+            ("[server]\nworkers = 2\n".into(), 0, "at least one tenant"),
+            ("tenant = []\n".into(), 1, "at least one tenant"),
+            ("[[tenant]]\nname = \"A\"\ndocroot = \".\"\n".into(), 2, "[a-z0-9_-]"),
+            ("[[tenant]]\nname = \"\"\ndocroot = \".\"\n".into(), 2, "[a-z0-9_-]"),
+            ("[[tenant]]\nname = \"a b\"\ndocroot = \".\"\n".into(), 2, "[a-z0-9_-]"),
+            (format!("{}{}", tenant("hosts = [\"x\"]"), "[[tenant]]\nname = \"a\"\ndocroot = \".\"\n"), 6, "used twice"),
+            (
+                format!("{}{}", tenant("hosts = [\"x.test\"]"), "[[tenant]]\nname = \"b\"\nhosts = [\"X.TEST\"]\ndocroot = \".\"\n"),
+                7,
+                "two tenants",
+            ),
+            (tenant("hosts = [\"x.test\", \"x.test\"]"), 4, "twice"),
+            (tenant("hosts = [\"x.test:8080\"]"), 4, "port"),
+            (tenant("hosts = [\"x/y\"]"), 4, "characters"),
+            (tenant("hosts = [\"\"]"), 4, "1..=255"),
+            (tenant("weight = 10001"), 4, "weight 10001 is outside 1..=10000"),
+            (tenant("weight = -1"), 4, "outside"),
+            (tenant("net_cap = \"10MB\""), 4, "/s"),
+            (tenant("net_cap = \"10Mb/s\""), 4, "unit"),
+            (tenant("disk_cap = \"fast/s\""), 4, "unit"),
+            (tenant("disk_cap = \".MB/s\""), 4, "number"),
+            (tenant("disk_cap = \"0MB/s\""), 4, "outside"),
+            (tenant("net_cap = \"2TB/s\""), 4, "unit"),
+            (tenant("net_cap = \"2000GB/s\""), 4, "outside"),
+            (tenant("cpu_cap = \"half\""), 4, "cpu_cap"),
+            (tenant("cpu_cap = 0"), 4, "cpu_cap"),
+            (tenant("cpu_cap = -0.5"), 4, "cpu_cap"),
+            (tenant("cpu_cap = 2000"), 4, "cpu_cap"),
+            (tenant("cap_kind = \"bucket\""), 4, "token"),
+            (tenant("cache_bytes = 999999999999"), 4, "outside"),
+            (tenant("p90_target_ms = 0"), 4, "outside"),
+            (tenant("connections_max = 10001"), 4, "outside"),
+            (tenant("index = [\"../x\"]"), 4, "plain file name"),
+            (tenant("index = [\"\"]"), 4, "plain file name"),
+            (tenant("listen = [\"127.0.0.1:9999\"]"), 4, "not in server.listen"),
+            (tenant("listen = [\"nonsense\"]"), 4, "not an address"),
+            ("[[tenant]]\nname = \"a\"\ndocroot = \"\"\n".into(), 3, "docroot is empty"),
+            (format!("[server]\nlisten = [\"localhost:80\"]\n{}", tenant("")), 2, "not an address"),
+            (format!("[server]\nlisten = []\n{}", tenant("")), 2, "1..=64"),
+            (format!("[server]\nlisten = [\"127.0.0.1:1\", \"127.0.0.1:1\"]\n{}", tenant("")), 2, "twice"),
+            (format!("[server]\nconnections_max = 1000001\n{}", tenant("")), 2, "outside 1..=1000000"),
+            (format!("[server]\nconnections_max = 0\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\npipeline_depth_max = 1025\n{}", tenant("")), 2, "outside 1..=1024"),
+            (format!("[server]\nheader_timeout_ms = 0\n{}", tenant("")), 2, "outside 1..=3600000"),
+            (format!("[server]\nkeepalive_timeout_ms = 3600001\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\nworkers = 0\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\ncache_bytes_max = -1\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\naccess_log = \"\"\n{}", tenant("")), 2, "empty"),
+            (format!("{}{}", tenant(""), "[[tenant]]\nname = \"b\"\ndocroot = \".\"\n"), 5, "catch-all"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nweight = 5"), 4, "exactly one"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nheader = \"a: b\"\nprefix = \"/\""), 4, "exactly one"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nheader = \"nocolon\""), 6, "name: value"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nheader = \"x:\""), 6, "name: value"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"api\""), 6, "start with /"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\nweight = 0"), 7, "outside"),
+            (
+                tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/a\"\n[[tenant.class]]\nname = \"g\"\nprefix = \"/b\""),
+                8,
+                "used twice",
+            ),
+        ];
+        for (text, line, needle) in cases {
+            let e = err(&text);
+            let want_line = (line != 0).then_some(line);
+            assert_eq!(e.line, want_line, "{text}\n→ {e}");
+            assert!(
+                e.message.contains(needle),
+                "{text}\n→ {e} (wanted {needle:?})"
+            );
+        }
+    }
+
+    #[test]
+    fn listeners_bind_once() {
+        let text = "[server]\nlisten = [\"127.0.0.1:1\", \"[::1]:2\"]\n\
+            [[tenant]]\nname = \"a\"\nlisten = [\"127.0.0.1:1\"]\ndocroot = \".\"\n\
+            [[tenant]]\nname = \"b\"\nlisten = [\"127.0.0.1:1\"]\ndocroot = \".\"\n";
+        let e = err(text);
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.message.contains("two tenants"), "{e}");
+        let ok = text.replace(
+            "name = \"b\"\nlisten = [\"127.0.0.1:1\"]",
+            "name = \"b\"\nlisten = [\"[::1]:2\"]",
+        );
+        let cfg = parse_config(&ok).unwrap();
+        assert_eq!(cfg.tenant_for(None, "[::1]:2".parse().unwrap()), Some(1));
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("10MB/s"), Ok(10_000_000));
+        assert_eq!(parse_rate("10 MB/s"), Ok(10_000_000));
+        assert_eq!(parse_rate("1.5GiB/s"), Ok(1_610_612_736));
+        assert_eq!(parse_rate("500B/s"), Ok(500));
+        assert_eq!(parse_rate("64KiB/s"), Ok(65_536));
+        assert_eq!(parse_rate("64kB/s"), Ok(64_000));
+        assert_eq!(parse_rate("64KB/s"), Ok(64_000));
+        assert_eq!(parse_rate("2MiB/s"), Ok(2_097_152));
+        assert_eq!(parse_rate("1GB/s"), Ok(1_000_000_000));
+        assert_eq!(parse_rate("1000GB/s"), Ok(RATE_BYTES_PER_S_MAX));
+        for bad in [
+            "",
+            "/s",
+            "MB/s",
+            "10",
+            "10MB",
+            "10 mb/s",
+            "0.1B/s",
+            "1.2.3MB/s",
+            "-1MB/s",
+            "NaNMB/s",
+        ] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn load_resolves_relative_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir_all(root.join("www/a")).unwrap();
+        let cfg_path = root.join("site.toml");
+        std::fs::write(
+            &cfg_path,
+            "[server]\naccess_log = \"logs/access.log\"\n[[tenant]]\nname = \"a\"\ndocroot = \"./www/a\"\n",
+        )
+        .unwrap();
+        let cfg = load_config(&cfg_path).unwrap();
+        assert_eq!(cfg.tenants[0].docroot, root.join("www/a"));
+        assert_eq!(
+            cfg.server.access_log,
+            AccessLog::File(root.join("logs/access.log"))
+        );
+
+        std::fs::write(
+            &cfg_path,
+            "[[tenant]]\nname = \"a\"\n\ndocroot = \"./www/missing\"\n",
+        )
+        .unwrap();
+        let e = load_config(&cfg_path).unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert_eq!(e.path.as_deref(), Some(cfg_path.as_path()));
+        assert!(
+            e.to_string().starts_with(&format!(
+                "{}: line 4, column 11: docroot",
+                cfg_path.display()
+            )),
+            "{e}"
+        );
+
+        let e = load_config(&root.join("nope.toml")).unwrap_err();
+        assert!(e.message.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn line_columns() {
+        assert_eq!(line_col("abc", 0), (1, 1));
+        assert_eq!(line_col("abc\ndef", 5), (2, 2));
+        assert_eq!(line_col("é\nx", 2), (1, 2));
+        assert_eq!(line_col("ab", 99), (1, 3));
+    }
+}

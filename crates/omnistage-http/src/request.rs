@@ -1,0 +1,956 @@
+//! HTTP/1.x request heads: turning the bytes received on a connection into a [`Request`], or
+//! saying that more bytes are needed, or refusing them with an [`HttpError`].
+//!
+//! [`parse`] is pure and never blocks or allocates beyond the [`Request`] it returns; call it
+//! again with the whole buffered prefix each time more bytes arrive. On `Complete`, `consumed`
+//! bytes belong to this request (the head; GET and HEAD have no body here) and the rest of the
+//! buffer is the next pipelined request.
+//!
+//! Rules, each tested by feeding bytes:
+//!
+//! - The target longer than `uri_bytes_max` → 414, detected as soon as the bytes seen prove it,
+//!   even while the request is still partial.
+//! - The head (request line and header fields up to the blank line) longer than
+//!   `header_bytes_max` → 431, also on a partial buffer; more than `headers_max` fields → 431.
+//! - A version other than HTTP/1.0 or HTTP/1.1 (`HTTP/2.0`, `HTTP/1.2`) → 505; anything else
+//!   malformed → 400.
+//! - `Content-Length` together with `Transfer-Encoding`, more than one `Content-Length` field
+//!   (even with equal values), a list value or a non-numeric value → 400 (`BadFraming`).
+//! - GET and HEAD may carry no body: only `Content-Length: 0` is accepted; any other length and
+//!   any `Transfer-Encoding` → 400 (`BodyNotAllowed`). We never read bodies, so we cannot step
+//!   over one.
+//! - Methods are case-sensitive: only `GET` and `HEAD` are served. Another method **without a
+//!   body** parses to [`Method::Other`] and the caller answers 501 (with `Allow: GET, HEAD`) and
+//!   may keep the connection. Another method **with a body**, or a method token longer than
+//!   [`METHOD_BYTES_MAX`], is `HttpError::NotImplemented` (501, close).
+//! - HTTP/1.1 requires exactly one `Host`; HTTP/1.0 allows none; two `Host` fields → 400.
+//!   `host` is lowercased, its port and one trailing dot stripped. For an absolute-form target
+//!   (`GET http://a.example/x`), the target's authority replaces the `Host` field (RFC 9112 §3.2.2).
+//! - `keep_alive`: HTTP/1.1 defaults to true unless a `Connection` field lists `close`;
+//!   HTTP/1.0 defaults to false unless it lists `keep-alive` (and not `close`).
+//!
+//! Every error returned by [`parse`] is a framing error: answer it and close the connection
+//! ([`HttpError::closes_connection`] is true for all of them).
+
+pub use crate::error::HttpError;
+
+/// Longest method token accepted; a longer one is answered 501 without waiting for the rest.
+pub const METHOD_BYTES_MAX: usize = 32;
+/// Longest host name (without port) accepted in `Host` or an absolute-form target.
+pub const HOST_BYTES_MAX: usize = 255;
+/// Upper bound on `Limits::headers_max`: the header slots live on the stack.
+pub const HEADERS_CAP: usize = 256;
+
+/// Default for [`Limits::header_bytes_max`]: 16 KiB.
+pub const HEADER_BYTES_MAX_DEFAULT: usize = 16 * 1024;
+/// Default for [`Limits::uri_bytes_max`]: 8 KiB.
+pub const URI_BYTES_MAX_DEFAULT: usize = 8 * 1024;
+/// Default for [`Limits::headers_max`].
+pub const HEADERS_MAX_DEFAULT: usize = 64;
+
+/// Size limits applied while parsing a request head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest head (request line, header fields and the blank line), in bytes → 431.
+    pub header_bytes_max: usize,
+    /// Longest request target, in bytes → 414.
+    pub uri_bytes_max: usize,
+    /// Most header fields → 431. Values above [`HEADERS_CAP`] are treated as [`HEADERS_CAP`].
+    pub headers_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_bytes_max: HEADER_BYTES_MAX_DEFAULT,
+            uri_bytes_max: URI_BYTES_MAX_DEFAULT,
+            headers_max: HEADERS_MAX_DEFAULT,
+        }
+    }
+}
+
+/// The request method, as far as this server cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// `GET`
+    Get,
+    /// `HEAD`
+    Head,
+    /// Anything else (the raw token is in `Request::method_raw`); answer 501.
+    Other,
+}
+
+/// A parsed request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The method, classified.
+    pub method: Method,
+    /// The method token as received.
+    pub method_raw: String,
+    /// The request target as received (not decoded; see [`crate::path::decode_target`]).
+    pub target: String,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub version_minor: u8,
+    /// The host, lowercased, port and trailing dot stripped; `None` if absent or empty.
+    pub host: Option<String>,
+    /// Whether the connection may carry another request after this one.
+    pub keep_alive: bool,
+    /// `If-None-Match`, several fields joined with `", "`.
+    pub if_none_match: Option<String>,
+    /// `If-Modified-Since`; `None` when absent or sent more than once.
+    pub if_modified_since: Option<String>,
+    /// `If-Range`; `None` when absent or sent more than once.
+    pub if_range: Option<String>,
+    /// `Range`, several fields joined with `", "` (which makes it a multi-range, ignored).
+    pub range: Option<String>,
+    /// Every header field in order: name lowercased, value trimmed (invalid UTF-8 replaced).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Request {
+    /// The value of the first header field named `name` (give it in lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What [`parse`] made of the buffered bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParseOutcome {
+    /// A whole head; `consumed` bytes of the buffer belong to it.
+    Complete {
+        /// The request.
+        request: Request,
+        /// Bytes of the buffer taken by this request.
+        consumed: usize,
+    },
+    /// The head is not complete yet and nothing proves it bad: read more.
+    Partial,
+    /// The bytes are refused; answer `status()` and close.
+    Error(HttpError),
+}
+
+/// Parses the request head at the start of `buf`.
+pub fn parse(buf: &[u8], limits: &Limits) -> ParseOutcome {
+    match parse_inner(buf, limits) {
+        Ok(Some((request, consumed))) => ParseOutcome::Complete { request, consumed },
+        Ok(None) => ParseOutcome::Partial,
+        Err(e) => ParseOutcome::Error(e),
+    }
+}
+
+fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, HttpError> {
+    let headers_max = limits.headers_max.min(HEADERS_CAP);
+    let mut slots = [httparse::EMPTY_HEADER; HEADERS_CAP];
+    let mut req = httparse::Request::new(&mut slots[..headers_max]);
+    let status = match req.parse(buf) {
+        Ok(s) => s,
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::TooManyHeaders),
+        Err(httparse::Error::Version) => return Err(version_error(buf)),
+        Err(_) => {
+            // A malformed line may also be an overlong one still arriving; prefer the size
+            // errors when the bytes already prove them.
+            check_partial_sizes(buf, limits)?;
+            return Err(HttpError::BadRequest("malformed request head"));
+        }
+    };
+    let consumed = match status {
+        httparse::Status::Partial => {
+            check_partial_sizes(buf, limits)?;
+            return Ok(None);
+        }
+        httparse::Status::Complete(n) => n,
+    };
+
+    let method_raw = req.method.unwrap_or_default();
+    let target = req.path.unwrap_or_default();
+    if method_raw.len() > METHOD_BYTES_MAX {
+        return Err(HttpError::NotImplemented);
+    }
+    if target.len() > limits.uri_bytes_max {
+        return Err(HttpError::UriTooLong);
+    }
+    if consumed > limits.header_bytes_max {
+        return Err(HttpError::HeaderTooLarge);
+    }
+    let version_minor = match req.version {
+        Some(0) => 0,
+        Some(1) => 1,
+        _ => return Err(HttpError::VersionNotSupported),
+    };
+    let method = match method_raw {
+        "GET" => Method::Get,
+        "HEAD" => Method::Head,
+        _ => Method::Other,
+    };
+
+    let mut headers = Vec::with_capacity(req.headers.len());
+    let mut host_field: Option<String> = None;
+    let mut host_count = 0usize;
+    let mut content_length: Option<u64> = None;
+    let mut transfer_encoding = false;
+    let mut conn_close = false;
+    let mut conn_keep_alive = false;
+    let mut if_none_match: Option<String> = None;
+    let mut if_modified_since = Single::Absent;
+    let mut if_range = Single::Absent;
+    let mut range: Option<String> = None;
+
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        let value = String::from_utf8_lossy(h.value).trim().to_string();
+        match name.as_str() {
+            "host" => {
+                host_count += 1;
+                host_field = Some(value.clone());
+            }
+            "content-length" => {
+                if content_length.is_some() {
+                    return Err(HttpError::BadFraming("more than one Content-Length"));
+                }
+                content_length = Some(parse_content_length(&value)?);
+            }
+            "transfer-encoding" => transfer_encoding = true,
+            "connection" => {
+                for token in value.split(',').map(str::trim) {
+                    if token.eq_ignore_ascii_case("close") {
+                        conn_close = true;
+                    } else if token.eq_ignore_ascii_case("keep-alive") {
+                        conn_keep_alive = true;
+                    }
+                }
+            }
+            "if-none-match" => append_list(&mut if_none_match, &value),
+            "if-modified-since" => if_modified_since.see(&value),
+            "if-range" => if_range.see(&value),
+            "range" => append_list(&mut range, &value),
+            _ => {}
+        }
+        headers.push((name, value));
+    }
+
+    if transfer_encoding && content_length.is_some() {
+        return Err(HttpError::BadFraming(
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    let has_body = transfer_encoding || content_length.is_some_and(|n| n > 0);
+    if has_body {
+        return Err(match method {
+            Method::Get | Method::Head => HttpError::BodyNotAllowed,
+            Method::Other => HttpError::NotImplemented,
+        });
+    }
+
+    if host_count > 1 {
+        return Err(HttpError::BadRequest("more than one Host"));
+    }
+    if version_minor == 1 && host_count == 0 {
+        return Err(HttpError::BadRequest("HTTP/1.1 request without Host"));
+    }
+    let mut host = match host_field {
+        Some(v) => normalize_host(&v)?,
+        None => None,
+    };
+    if let Some(authority) = absolute_form_authority(target) {
+        host = normalize_host(authority)?;
+        if host.is_none() {
+            return Err(HttpError::BadRequest("absolute-form target without host"));
+        }
+    }
+
+    let keep_alive = if conn_close {
+        false
+    } else {
+        version_minor == 1 || conn_keep_alive
+    };
+
+    let request = Request {
+        method,
+        method_raw: method_raw.to_string(),
+        target: target.to_string(),
+        version_minor,
+        host,
+        keep_alive,
+        if_none_match,
+        if_modified_since: if_modified_since.into_option(),
+        if_range: if_range.into_option(),
+        range,
+        headers,
+    };
+    Ok(Some((request, consumed)))
+}
+
+/// A header that must appear at most once: a repeat makes it unusable (ignored).
+enum Single {
+    Absent,
+    One(String),
+    Repeated,
+}
+
+impl Single {
+    fn see(&mut self, value: &str) {
+        *self = match self {
+            Single::Absent => Single::One(value.to_string()),
+            _ => Single::Repeated,
+        };
+    }
+
+    fn into_option(self) -> Option<String> {
+        match self {
+            Single::One(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+fn append_list(slot: &mut Option<String>, value: &str) {
+    match slot {
+        Some(existing) => {
+            existing.push_str(", ");
+            existing.push_str(value);
+        }
+        None => *slot = Some(value.to_string()),
+    }
+}
+
+/// Longest `Content-Length` value accepted, in digits (u64 holds 19 full digits).
+const CONTENT_LENGTH_DIGITS_MAX: usize = 19;
+
+fn parse_content_length(value: &str) -> Result<u64, HttpError> {
+    if value.is_empty()
+        || value.len() > CONTENT_LENGTH_DIGITS_MAX
+        || !value.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(HttpError::BadFraming("invalid Content-Length"));
+    }
+    value
+        .parse::<u64>()
+        .map_err(|_| HttpError::BadFraming("invalid Content-Length"))
+}
+
+/// The authority of an `http://` absolute-form target, if the target has that form.
+fn absolute_form_authority(target: &str) -> Option<&str> {
+    let scheme = "http://";
+    if target.len() < scheme.len() || !target[..scheme.len()].eq_ignore_ascii_case(scheme) {
+        return None;
+    }
+    let rest = &target[scheme.len()..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Lowercases a `Host` value and strips its port and one trailing dot. Empty → `None`.
+fn normalize_host(raw: &str) -> Result<Option<String>, HttpError> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let (name, port) = if raw.starts_with('[') {
+        let close = raw
+            .find(']')
+            .ok_or(HttpError::BadRequest("unterminated IPv6 literal in host"))?;
+        let inner = &raw[1..close];
+        if inner.is_empty()
+            || !inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+        {
+            return Err(HttpError::BadRequest("invalid IPv6 literal in host"));
+        }
+        (&raw[..=close], &raw[close + 1..])
+    } else {
+        match raw.find(':') {
+            Some(i) => (&raw[..i], &raw[i..]),
+            None => (raw, ""),
+        }
+    };
+    if !port.is_empty() {
+        let digits = port
+            .strip_prefix(':')
+            .ok_or(HttpError::BadRequest("invalid host"))?;
+        if digits.len() > 5 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(HttpError::BadRequest("invalid port in host"));
+        }
+    }
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > HOST_BYTES_MAX {
+        return Err(HttpError::BadRequest("invalid host"));
+    }
+    if !name.starts_with('[') && !name.bytes().all(is_reg_name_byte) {
+        return Err(HttpError::BadRequest("invalid character in host"));
+    }
+    Ok(Some(name.to_ascii_lowercase()))
+}
+
+/// RFC 3986 reg-name: unreserved, pct-encoded and sub-delims.
+fn is_reg_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'%'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+        )
+}
+
+/// httparse refuses any version but 1.0 and 1.1 with `Error::Version`. A well-formed
+/// `HTTP/<digit>.<digit>` (or `HTTP/<digit>`) is a version we do not support → 505;
+/// anything else in that place is malformed → 400.
+fn version_error(buf: &[u8]) -> HttpError {
+    let line = skip_leading_newlines(buf);
+    let line = match line.iter().position(|&b| b == b'\r' || b == b'\n') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    let version = match line.iter().rposition(|&b| b == b' ') {
+        Some(i) => &line[i + 1..],
+        None => line,
+    };
+    let Some(rest) = version.strip_prefix(b"HTTP/") else {
+        return HttpError::BadRequest("malformed HTTP version");
+    };
+    let plausible = match rest {
+        [] => true, // still arriving
+        [major] => major.is_ascii_digit(),
+        [major, b'.'] => major.is_ascii_digit(),
+        [major, b'.', minor] => major.is_ascii_digit() && minor.is_ascii_digit(),
+        _ => false,
+    };
+    if plausible {
+        HttpError::VersionNotSupported
+    } else {
+        HttpError::BadRequest("malformed HTTP version")
+    }
+}
+
+fn skip_leading_newlines(buf: &[u8]) -> &[u8] {
+    let start = buf
+        .iter()
+        .position(|&b| b != b'\r' && b != b'\n')
+        .unwrap_or(buf.len());
+    &buf[start..]
+}
+
+/// On a partial (or malformed) head, refuse it already when the bytes seen prove a limit broken.
+fn check_partial_sizes(buf: &[u8], limits: &Limits) -> Result<(), HttpError> {
+    let line = skip_leading_newlines(buf);
+    let line = match line.iter().position(|&b| b == b'\n') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    match line.iter().position(|&b| b == b' ') {
+        Some(sp) => {
+            let after = &line[sp + 1..];
+            let target_len = after
+                .iter()
+                .position(|&b| b == b' ' || b == b'\r')
+                .unwrap_or(after.len());
+            if target_len > limits.uri_bytes_max {
+                return Err(HttpError::UriTooLong);
+            }
+        }
+        None => {
+            if line.len() > METHOD_BYTES_MAX {
+                return Err(HttpError::NotImplemented);
+            }
+        }
+    }
+    if buf.len() > limits.header_bytes_max {
+        return Err(HttpError::HeaderTooLarge);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim() -> Limits {
+        Limits::default()
+    }
+
+    fn complete(bytes: &[u8]) -> (Request, usize) {
+        match parse(bytes, &lim()) {
+            ParseOutcome::Complete { request, consumed } => (request, consumed),
+            other => panic!(
+                "expected Complete for {:?}, got {other:?}",
+                String::from_utf8_lossy(bytes)
+            ),
+        }
+    }
+
+    fn error(bytes: &[u8]) -> HttpError {
+        error_with(bytes, &lim())
+    }
+
+    fn error_with(bytes: &[u8], limits: &Limits) -> HttpError {
+        match parse(bytes, limits) {
+            ParseOutcome::Error(e) => e,
+            other => panic!(
+                "expected Error for {:?}, got {other:?}",
+                String::from_utf8_lossy(bytes)
+            ),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let l = Limits::default();
+        assert_eq!(l.header_bytes_max, 16384);
+        assert_eq!(l.uri_bytes_max, 8192);
+        assert_eq!(l.headers_max, 64);
+    }
+
+    #[test]
+    fn simple_get() {
+        let bytes =
+            b"GET /index.html?x=1 HTTP/1.1\r\nHost: A.Example:8080\r\nUser-Agent: t\r\n\r\n";
+        let (r, n) = complete(bytes);
+        assert_eq!(n, bytes.len());
+        assert_eq!(r.method, Method::Get);
+        assert_eq!(r.method_raw, "GET");
+        assert_eq!(r.target, "/index.html?x=1");
+        assert_eq!(r.version_minor, 1);
+        assert_eq!(r.host.as_deref(), Some("a.example"));
+        assert!(r.keep_alive);
+        assert_eq!(r.if_none_match, None);
+        assert_eq!(r.range, None);
+        assert_eq!(
+            r.headers,
+            vec![
+                ("host".to_string(), "A.Example:8080".to_string()),
+                ("user-agent".to_string(), "t".to_string())
+            ]
+        );
+        assert_eq!(r.header("user-agent"), Some("t"));
+    }
+
+    #[test]
+    fn head_and_other_methods() {
+        let (r, _) = complete(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.method, Method::Head);
+        let (r, _) = complete(b"DELETE /x HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.method, Method::Other);
+        assert_eq!(r.method_raw, "DELETE");
+        assert!(r.keep_alive);
+        // Methods are case-sensitive.
+        let (r, _) = complete(b"get / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.method, Method::Other);
+        // A method with a body cannot be skipped: 501 and close.
+        assert_eq!(
+            error(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"),
+            HttpError::NotImplemented
+        );
+        assert_eq!(
+            error(b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            HttpError::NotImplemented
+        );
+        // Body-less POST is Other.
+        let (r, _) = complete(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(r.method, Method::Other);
+    }
+
+    #[test]
+    fn overlong_method() {
+        let long = "A".repeat(METHOD_BYTES_MAX + 1);
+        let complete_req = format!("{long} / HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(error(complete_req.as_bytes()), HttpError::NotImplemented);
+        // Still partial, no space yet: refused early.
+        assert_eq!(error(long.as_bytes()), HttpError::NotImplemented);
+        // Exactly at the limit, partial: wait.
+        let at = "A".repeat(METHOD_BYTES_MAX);
+        assert_eq!(parse(at.as_bytes(), &lim()), ParseOutcome::Partial);
+    }
+
+    #[test]
+    fn partial_heads() {
+        let full = b"GET /a HTTP/1.1\r\nHost: a\r\nAccept: */*\r\n\r\n";
+        for cut in 0..full.len() {
+            assert_eq!(
+                parse(&full[..cut], &lim()),
+                ParseOutcome::Partial,
+                "cut at {cut}"
+            );
+        }
+        let (_, n) = complete(full);
+        assert_eq!(n, full.len());
+    }
+
+    #[test]
+    fn pipelined_requests_consume_one_at_a_time() {
+        let bytes = b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nGET /3";
+        let (r1, n1) = complete(bytes);
+        assert_eq!(r1.target, "/1");
+        let (r2, n2) = complete(&bytes[n1..]);
+        assert_eq!(r2.target, "/2");
+        assert_eq!(parse(&bytes[n1 + n2..], &lim()), ParseOutcome::Partial);
+    }
+
+    #[test]
+    fn leading_empty_lines_are_skipped() {
+        let bytes = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        let (r, n) = complete(bytes);
+        assert_eq!(r.target, "/");
+        assert_eq!(n, bytes.len());
+    }
+
+    #[test]
+    fn keep_alive_rules() {
+        let cases: [(&[u8], bool); 8] = [
+            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", true),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, Close\r\n\r\n",
+                false,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+                true,
+            ),
+            (b"GET / HTTP/1.0\r\n\r\n", false),
+            (b"GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", true),
+            (
+                b"GET / HTTP/1.0\r\nConnection: keep-alive, close\r\n\r\n",
+                false,
+            ),
+            (
+                b"GET / HTTP/1.0\r\nConnection: foo\r\nConnection: keep-alive\r\n\r\n",
+                true,
+            ),
+        ];
+        for (bytes, ka) in cases {
+            let (r, _) = complete(bytes);
+            assert_eq!(r.keep_alive, ka, "{:?}", String::from_utf8_lossy(bytes));
+        }
+    }
+
+    #[test]
+    fn host_rules() {
+        let host = |bytes: &[u8]| complete(bytes).0.host;
+        assert_eq!(host(b"GET / HTTP/1.0\r\n\r\n"), None);
+        assert_eq!(host(b"GET / HTTP/1.1\r\nHost: \r\n\r\n"), None);
+        assert_eq!(
+            host(b"GET / HTTP/1.1\r\nHost: EXAMPLE.com.\r\n\r\n").as_deref(),
+            Some("example.com")
+        );
+        assert_eq!(
+            host(b"GET / HTTP/1.1\r\nHost: [::1]:8080\r\n\r\n").as_deref(),
+            Some("[::1]")
+        );
+        assert_eq!(
+            host(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:80\r\n\r\n").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(
+            host(b"GET / HTTP/1.1\r\nHost: a.test:\r\n\r\n").as_deref(),
+            Some("a.test")
+        );
+        // Absolute-form overrides Host.
+        assert_eq!(
+            host(b"GET http://B.Test:81/x HTTP/1.1\r\nHost: a.test\r\n\r\n").as_deref(),
+            Some("b.test")
+        );
+        let bad: [&[u8]; 8] = [
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a:b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: [zz]\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+            b"GET http:///x HTTP/1.1\r\nHost: a\r\n\r\n",
+        ];
+        for bytes in bad {
+            let e = error(bytes);
+            assert_eq!(e.status(), 400, "{:?}", String::from_utf8_lossy(bytes));
+            assert!(e.closes_connection());
+        }
+        let long = format!(
+            "GET / HTTP/1.1\r\nHost: {}\r\n\r\n",
+            "a".repeat(HOST_BYTES_MAX + 1)
+        );
+        assert_eq!(error(long.as_bytes()).status(), 400);
+    }
+
+    #[test]
+    fn conditional_and_range_fields() {
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"x\"\r\nif-none-match: \"y\"\r\n\
+              If-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\nRange: bytes=0-1\r\nIf-Range: \"x\"\r\n\r\n",
+        );
+        assert_eq!(r.if_none_match.as_deref(), Some("\"x\", \"y\""));
+        assert_eq!(
+            r.if_modified_since.as_deref(),
+            Some("Sun, 06 Nov 1994 08:49:37 GMT")
+        );
+        assert_eq!(r.range.as_deref(), Some("bytes=0-1"));
+        assert_eq!(r.if_range.as_deref(), Some("\"x\""));
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-Modified-Since: a\r\nIf-Modified-Since: b\r\n\
+              Range: bytes=0-1\r\nRange: bytes=3-4\r\n\r\n",
+        );
+        assert_eq!(r.if_modified_since, None);
+        assert_eq!(r.range.as_deref(), Some("bytes=0-1, bytes=3-4"));
+    }
+
+    #[test]
+    fn uri_too_long() {
+        let limits = Limits {
+            uri_bytes_max: 100,
+            ..Limits::default()
+        };
+        let at = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "x".repeat(99));
+        assert!(matches!(
+            parse(at.as_bytes(), &limits),
+            ParseOutcome::Complete { .. }
+        ));
+        let over = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "x".repeat(100));
+        assert_eq!(error_with(over.as_bytes(), &limits), HttpError::UriTooLong);
+        // Partial, no CRLF yet, target still arriving: refused once it is provably too long.
+        let partial = format!("GET /{}", "x".repeat(100));
+        assert_eq!(
+            error_with(partial.as_bytes(), &limits),
+            HttpError::UriTooLong
+        );
+        let partial_ok = format!("GET /{}", "x".repeat(99));
+        assert_eq!(parse(partial_ok.as_bytes(), &limits), ParseOutcome::Partial);
+        // The request line is done, headers still arriving.
+        let partial_line = format!("GET /{} HTTP/1.1\r\nHost: a", "x".repeat(100));
+        assert_eq!(
+            error_with(partial_line.as_bytes(), &limits),
+            HttpError::UriTooLong
+        );
+        // 414 wins over 431 when the target alone is the problem.
+        let small = Limits {
+            uri_bytes_max: 100,
+            header_bytes_max: 64,
+            headers_max: 8,
+        };
+        assert_eq!(
+            error_with(partial.as_bytes(), &small),
+            HttpError::UriTooLong
+        );
+        // Default limits with a huge target.
+        let huge = format!("GET /{}", "x".repeat(URI_BYTES_MAX_DEFAULT + 1));
+        assert_eq!(error(huge.as_bytes()), HttpError::UriTooLong);
+    }
+
+    #[test]
+    fn header_section_too_large() {
+        let limits = Limits {
+            header_bytes_max: 200,
+            ..Limits::default()
+        };
+        // Partial and already over the limit.
+        let partial = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}", "v".repeat(200));
+        assert_eq!(
+            error_with(partial.as_bytes(), &limits),
+            HttpError::HeaderTooLarge
+        );
+        // Complete in one read but over the limit.
+        let whole = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Big: {}\r\n\r\n",
+            "v".repeat(200)
+        );
+        assert_eq!(
+            error_with(whole.as_bytes(), &limits),
+            HttpError::HeaderTooLarge
+        );
+        // Under the limit, with a large pipelined tail after it: fine.
+        let ok = format!("GET / HTTP/1.1\r\nHost: a\r\n\r\n{}", "G".repeat(500));
+        assert!(matches!(
+            parse(ok.as_bytes(), &limits),
+            ParseOutcome::Complete { consumed: 27, .. }
+        ));
+        assert_eq!(HttpError::HeaderTooLarge.status(), 431);
+        // Boundaries: a head of exactly the limit passes; one byte more does not, whether the
+        // bytes are complete or still arriving.
+        let exact = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
+        let at = Limits {
+            header_bytes_max: exact.len(),
+            ..Limits::default()
+        };
+        assert!(matches!(parse(exact, &at), ParseOutcome::Complete { .. }));
+        let below = Limits {
+            header_bytes_max: exact.len() - 1,
+            ..Limits::default()
+        };
+        assert_eq!(error_with(exact, &below), HttpError::HeaderTooLarge);
+        let partial = &exact[..exact.len() - 1];
+        let at_partial = Limits {
+            header_bytes_max: partial.len(),
+            ..Limits::default()
+        };
+        assert_eq!(parse(partial, &at_partial), ParseOutcome::Partial);
+        let below_partial = Limits {
+            header_bytes_max: partial.len() - 1,
+            ..Limits::default()
+        };
+        assert_eq!(
+            error_with(partial, &below_partial),
+            HttpError::HeaderTooLarge
+        );
+    }
+
+    #[test]
+    fn too_many_headers() {
+        let limits = Limits {
+            headers_max: 4,
+            ..Limits::default()
+        };
+        let mut four = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+        for i in 0..3 {
+            four.push_str(&format!("X-{i}: v\r\n"));
+        }
+        let mut five = four.clone();
+        four.push_str("\r\n");
+        assert!(matches!(
+            parse(four.as_bytes(), &limits),
+            ParseOutcome::Complete { .. }
+        ));
+        five.push_str("X-4: v\r\n");
+        // Detected before the blank line arrives.
+        assert_eq!(
+            error_with(five.as_bytes(), &limits),
+            HttpError::TooManyHeaders
+        );
+        five.push_str("\r\n");
+        let e = error_with(five.as_bytes(), &limits);
+        assert_eq!(e, HttpError::TooManyHeaders);
+        assert_eq!(e.status(), 431);
+        // headers_max above the cap is clamped, not a panic.
+        let huge = Limits {
+            headers_max: usize::MAX,
+            ..Limits::default()
+        };
+        assert!(matches!(
+            parse(four.as_bytes(), &huge),
+            ParseOutcome::Complete { .. }
+        ));
+    }
+
+    #[test]
+    fn malformed_is_400() {
+        let bad: [&[u8]; 9] = [
+            b"GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n",
+            b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTX/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1x\r\nHost: a\r\n\r\n",
+            b"GET /\x01 HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX\x00: a\r\n\r\n",
+        ];
+        for bytes in bad {
+            let e = error(bytes);
+            assert_eq!(
+                e.status(),
+                400,
+                "{:?} gave {e:?}",
+                String::from_utf8_lossy(bytes)
+            );
+            assert!(e.closes_connection());
+        }
+    }
+
+    #[test]
+    fn versions() {
+        for bytes in [
+            &b"GET / HTTP/2.0\r\nHost: a\r\n\r\n"[..],
+            b"GET / HTTP/1.2\r\nHost: a\r\n\r\n",
+            b"GET / HTTP/3.0\r\n",
+            b"GET / HTTP/2",
+            b"GET / HTTP/0.9\r\n\r\n",
+        ] {
+            assert_eq!(
+                error(bytes),
+                HttpError::VersionNotSupported,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        assert_eq!(HttpError::VersionNotSupported.status(), 505);
+        let (r, _) = complete(b"GET / HTTP/1.0\r\n\r\n");
+        assert_eq!(r.version_minor, 0);
+    }
+
+    #[test]
+    fn framing_conflicts() {
+        let cases: [&[u8]; 7] = [
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 5\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0, 0\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        ];
+        for bytes in cases {
+            let e = error(bytes);
+            assert!(
+                matches!(e, HttpError::BadFraming(_)),
+                "{:?} gave {e:?}",
+                String::from_utf8_lossy(bytes)
+            );
+            assert_eq!(e.status(), 400);
+            assert!(e.closes_connection());
+        }
+    }
+
+    #[test]
+    fn bodies_on_get_and_head() {
+        let (r, _) = complete(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n");
+        assert_eq!(r.method, Method::Get);
+        for bytes in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx"[..],
+            b"HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"GET / HTTP/1.0\r\nTransfer-Encoding: identity\r\n\r\n",
+        ] {
+            let e = error(bytes);
+            assert_eq!(
+                e,
+                HttpError::BodyNotAllowed,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+            assert_eq!(e.status(), 400);
+        }
+    }
+
+    #[test]
+    fn every_parse_error_closes() {
+        // Fuzz-ish: every prefix and every single-byte corruption of a valid request either
+        // parses, is partial, or errors with a closing error; never panics.
+        let good = b"GET /a/b?c=d HTTP/1.1\r\nHost: a.test:80\r\nRange: bytes=0-1\r\nConnection: close\r\n\r\n";
+        for i in 0..good.len() {
+            for b in [0u8, b' ', b'\r', b'\n', b':', 0xff, b'/'] {
+                let mut v = good.to_vec();
+                v[i] = b;
+                if let ParseOutcome::Error(e) = parse(&v, &lim()) {
+                    assert!(e.closes_connection());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,1075 @@
+//! `server`: the multi-tenant HTTP server as stages on the omnistage runtime.
+//!
+//! Stages (all per core; a connection lives on the core that accepted it):
+//!
+//! ```text
+//! http.boot ──── takes this core's listening sockets and registers them       (/infra)
+//! http.accept ── listener readiness: accept, register the connection          (/infra)
+//! http.conn ──── connection readiness: read (lazily, in the connection's
+//!                activity), parse, pick the tenant, queue the request,
+//!                write what is pending                                         (tenant)
+//! http.work ──── a request in its tenant's activity: files, synthetic
+//!                endpoints, errors; its gate turns overload into 503           (tenant)
+//! http.timer ─── header and keep-alive deadlines; access-log flushes           (any)
+//! ```
+//!
+//! Receive is lazy (QLinux's LRP): the first request of a connection is read and parsed in
+//! `/infra` (nobody knows the tenant before the Host header); from then on the connection's
+//! readiness is delivered in its tenant's activity, so a tenant over its share leaves its bytes
+//! in the kernel and TCP flow control slows its clients, not the others.
+//!
+//! Per-core server state lives in a thread-local: each worker thread runs the handlers of its
+//! own core only, and handlers never call each other (they send messages), so a `RefCell`
+//! borrow is never held across another.
+
+use crate::cond::{self, RangeOutcome};
+use crate::config::{AccessLog, CapKind, Config};
+use crate::path;
+use crate::request::{self, Limits, Method, ParseOutcome, Request};
+use crate::response::{self, DateCache};
+use crate::synthetic::{self, Synthetic};
+use crate::HttpError;
+use omnistage::account::ActivityId;
+use omnistage::activity::{ActivitySpec, INFRA};
+use omnistage::exec::{
+    Affinity, Ctx, IoEvent, IoHandle, Runtime, SendError, SendOpts, StageConfig, StageRef,
+};
+use omnistage::sched::{ShaperKind, ShaperSpec};
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+/// Bytes read from a socket per read call.
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// Files up to this size are read whole into the response; larger ones are streamed.
+const INLINE_FILE_BYTES_MAX: u64 = 256 * 1024;
+/// Bytes of a streamed body read from the file per step: the flow's credit window, so a
+/// connection never has more than this (plus one response head) in memory, whatever the file.
+const FLOW_CHUNK_BYTES: usize = 64 * 1024;
+/// Most flow chunks sent per dispatch before yielding to the scheduler (fairness between
+/// tenants streaming large files).
+const FLOW_CHUNKS_PER_DISPATCH: usize = 4;
+/// Most connections accepted per listener event before yielding.
+const ACCEPTS_PER_EVENT_MAX: usize = 128;
+/// Pending output above which a connection stops parsing pipelined requests (backpressure).
+const OUT_PENDING_BYTES_MAX: usize = 1 << 20;
+/// Access log bytes buffered per core before a write.
+const LOG_BUFFER_BYTES: usize = 32 * 1024;
+/// How often each core flushes its access log buffer.
+const LOG_FLUSH_INTERVAL_NS: u64 = 1_000_000_000;
+/// Requests queued per tenant (per work-stage queue, all cores) before new ones get 503.
+const WORK_QUEUE_PER_TENANT: usize = 4096;
+/// `Retry-After` seconds sent with 503.
+const RETRY_AFTER_S: &str = "1";
+/// Generated body bytes for `/_bytes`.
+const PATTERN: &[u8; 64] = b"omnistage-omnistage-omnistage-omnistage-omnistage-omnistage-omn\n";
+
+/// What the operator may set beyond the config file.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Pin workers to CPUs.
+    pub pin: bool,
+    /// Override the worker count of the config.
+    pub workers: Option<usize>,
+    /// Scheduling bypass (FIFO, no accounting): the baseline for overhead experiments.
+    pub bypass: bool,
+}
+
+/// Counters of the whole server (all cores).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub accepted: AtomicU64,
+    pub refused_connections: AtomicU64,
+    pub open_connections: AtomicUsize,
+    pub requests: AtomicU64,
+    pub rejected_503: AtomicU64,
+    pub errors_4xx: AtomicU64,
+    pub errors_5xx: AtomicU64,
+    pub timeouts: AtomicU64,
+    /// Requests whose handler panicked (answered 500).
+    pub panics: AtomicU64,
+}
+
+/// One tenant as the running server knows it.
+struct TenantRuntime {
+    activity: ActivityId,
+    path: String,
+    open: AtomicUsize,
+}
+
+/// State shared by every core of one server.
+struct ServerShared {
+    config: RwLock<Arc<Config>>,
+    config_version: AtomicU64,
+    tenants: RwLock<Vec<Arc<TenantRuntime>>>,
+    stats: ServerStats,
+    /// Listening sockets, per core, taken by that core's boot message.
+    listeners: Mutex<Vec<Vec<TcpListener>>>,
+    burn_iters_per_us: f64,
+    draining: AtomicBool,
+    log: Option<Mutex<Box<dyn Write + Send>>>,
+}
+
+/// The stages of one server, handed to handlers.
+#[derive(Clone, Copy)]
+struct Stages {
+    accept: StageRef<IoEvent>,
+    conn: StageRef<IoEvent>,
+    work: StageRef<Work>,
+    timer: StageRef<Tick>,
+}
+
+enum Boot {
+    Start,
+    Drain,
+}
+
+/// A request handed to the work stage in its tenant's activity.
+enum Work {
+    Request { key: u64, request: Box<Request> },
+    /// Continue streaming a body (after yielding).
+    Continue { key: u64 },
+}
+
+enum Tick {
+    Deadline { key: u64 },
+    LogFlush,
+}
+
+struct Body {
+    file: File,
+    offset: u64,
+    remaining: u64,
+}
+
+struct Conn {
+    stream: mio::net::TcpStream,
+    handle: IoHandle,
+    peer: SocketAddr,
+    local: SocketAddr,
+    generation: u32,
+    tenant: Option<usize>,
+    activity: ActivityId,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    out_pos: usize,
+    body: Option<Body>,
+    /// A request is with the work stage; parse no further until it answers.
+    busy: bool,
+    /// Close once the output is flushed.
+    closing: bool,
+    /// When the request being received started (its first byte, or the accept).
+    request_start_ns: u64,
+    last_active_ns: u64,
+    requests: u64,
+}
+
+struct CoreServer {
+    shared: Arc<ServerShared>,
+    stages: Stages,
+    config: Arc<Config>,
+    config_version: u64,
+    conns: Vec<Option<Conn>>,
+    free: Vec<u32>,
+    generations: Vec<u32>,
+    listeners: Vec<(mio::net::TcpListener, IoHandle, SocketAddr)>,
+    date: DateCache,
+    log: Vec<u8>,
+    limits: Limits,
+}
+
+thread_local! {
+    static CORE: RefCell<Option<CoreServer>> = const { RefCell::new(None) };
+}
+
+fn with_core<R>(f: impl FnOnce(&mut CoreServer) -> R) -> Option<R> {
+    CORE.with(|c| c.borrow_mut().as_mut().map(f))
+}
+
+fn key_of(slot: u32, generation: u32) -> u64 {
+    u64::from(generation) << 32 | u64::from(slot)
+}
+
+/// A running server.
+pub struct Server {
+    rt: Runtime,
+    shared: Arc<ServerShared>,
+    boot: StageRef<Boot>,
+    local_addrs: Vec<SocketAddr>,
+}
+
+/// Spins the CPU for about `iters` rounds (fixed work for `/_burn`).
+#[inline(never)]
+pub fn burn(iters: u64) -> u64 {
+    let mut x = std::hint::black_box(0x2545_F491_4F6C_DD1Du64);
+    for _ in 0..iters {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    std::hint::black_box(x)
+}
+
+fn calibrate_burn() -> f64 {
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let n = 1_000_000;
+            let t = std::time::Instant::now();
+            burn(n);
+            n as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e6
+        })
+        .collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[2]
+}
+
+fn bind_reuseport(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
+    rate_per_s.map(|r| ShaperSpec {
+        kind,
+        rate_per_s: r.max(1.0) as u64,
+        // A token bucket may burst 10 ms of its rate.
+        burst: (r / 100.0).max(1.0) as u64,
+    })
+}
+
+/// Creates or updates the activities of `config`'s tenants; returns them in config order.
+fn apply_tenants(rt: &Runtime, config: &Config, old: &[Arc<TenantRuntime>]) -> Result<Vec<Arc<TenantRuntime>>, String> {
+    if rt.activity_id("/tenants").is_none() {
+        rt.create_activity("/tenants", ActivitySpec::default())
+            .map_err(|e| e.to_string())?;
+    }
+    let mut out = Vec::with_capacity(config.tenants.len());
+    for t in &config.tenants {
+        let path = format!("/tenants/{}", t.name);
+        let kind = match t.cap_kind {
+            CapKind::Token => ShaperKind::Token,
+            CapKind::Leaky => ShaperKind::Leaky,
+        };
+        let spec = ActivitySpec {
+            weight: t.weight,
+            cap: shaper_of(t.cpu_cap.map(|f| f * 1e9), kind),
+            ..Default::default()
+        };
+        let activity = match rt.activity_id(&path) {
+            Some(id) => {
+                rt.set_activity(&path, spec).map_err(|e| e.to_string())?;
+                id
+            }
+            None => rt.create_activity(&path, spec).map_err(|e| e.to_string())?,
+        };
+        let open = old
+            .iter()
+            .find(|o| o.path == path)
+            .map(|o| o.open.load(Ordering::Relaxed))
+            .unwrap_or(0);
+        out.push(Arc::new(TenantRuntime {
+            activity,
+            path,
+            open: AtomicUsize::new(open),
+        }));
+    }
+    Ok(out)
+}
+
+impl Server {
+    /// Binds the listeners and starts the workers.
+    pub fn start(config: Config, opts: ServerOptions) -> Result<Server, String> {
+        let workers = opts
+            .workers
+            .or(config.server.workers)
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        // One listening socket per (address, worker) with SO_REUSEPORT, so the kernel spreads
+        // connections over the cores; a port 0 is resolved by the first bind.
+        let mut per_core: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
+        let mut local_addrs = Vec::new();
+        for &addr in &config.server.listen {
+            let first = bind_reuseport(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let actual = first.local_addr().map_err(|e| e.to_string())?;
+            local_addrs.push(actual);
+            per_core[0].push(first);
+            for listeners in per_core.iter_mut().skip(1) {
+                listeners.push(bind_reuseport(actual).map_err(|e| format!("cannot listen on {actual}: {e}"))?);
+            }
+        }
+        let log: Option<Mutex<Box<dyn Write + Send>>> = match &config.server.access_log {
+            AccessLog::Off => None,
+            AccessLog::Stdout => Some(Mutex::new(Box::new(std::io::stdout()))),
+            AccessLog::File(p) => Some(Mutex::new(Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| format!("cannot open access log {}: {e}", p.display()))?,
+            ))),
+        };
+        let shared = Arc::new(ServerShared {
+            config: RwLock::new(Arc::new(config.clone())),
+            config_version: AtomicU64::new(0),
+            tenants: RwLock::new(Vec::new()),
+            stats: ServerStats::default(),
+            listeners: Mutex::new(per_core),
+            burn_iters_per_us: calibrate_burn(),
+            draining: AtomicBool::new(false),
+            log,
+        });
+        let mut b = Runtime::builder().workers(workers).pin(opts.pin).bypass(opts.bypass);
+        let stages_cell: Arc<std::sync::OnceLock<Stages>> = Arc::new(std::sync::OnceLock::new());
+        let boot = {
+            let shared = shared.clone();
+            let cell = stages_cell.clone();
+            b.stage::<Boot, _, _>("http.boot", StageConfig::default(), move |_core| {
+                let shared = shared.clone();
+                let cell = cell.clone();
+                move |ctx: &mut Ctx<'_>, m: Boot| on_boot(ctx, m, &shared, &cell)
+            })
+            .map_err(|e| e.to_string())?
+        };
+        let accept = b
+            .stage::<IoEvent, _, _>("http.accept", StageConfig::default(), |_| on_accept)
+            .map_err(|e| e.to_string())?;
+        let conn = b
+            .stage::<IoEvent, _, _>("http.conn", StageConfig { batch_max: 4, ..Default::default() }, |_| on_conn)
+            .map_err(|e| e.to_string())?;
+        let work_cfg = StageConfig {
+            batch_max: 4,
+            queue_limit: WORK_QUEUE_PER_TENANT,
+            ..Default::default()
+        };
+        let work = b
+            .stage::<Work, _, _>("http.work", work_cfg, |_| on_work)
+            .map_err(|e| e.to_string())?;
+        let timer = b
+            .stage::<Tick, _, _>("http.timer", StageConfig::default(), |_| on_tick)
+            .map_err(|e| e.to_string())?;
+        let stages = Stages {
+            accept,
+            conn,
+            work,
+            timer,
+        };
+        stages_cell.set(stages).map_err(|_| "stages set twice")?;
+        let rt = b.start().map_err(|e| e.to_string())?;
+        let tenants = apply_tenants(&rt, &config, &[])?;
+        *shared.tenants.write().expect("tenants lock") = tenants;
+        for core in 0..workers {
+            rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Start)
+                .map_err(|e| format!("cannot start core {core}: {e}"))?;
+        }
+        Ok(Server {
+            rt,
+            shared,
+            boot,
+            local_addrs,
+        })
+    }
+
+    /// The addresses actually listened on (port 0 resolved).
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
+    /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
+    pub fn reload(&self, config: Config) -> Result<(), String> {
+        let same_listen = self.shared.config.read().expect("config lock").server.listen == config.server.listen;
+        let old = self.shared.tenants.read().expect("tenants lock").clone();
+        let tenants = apply_tenants(&self.rt, &config, &old)?;
+        *self.shared.tenants.write().expect("tenants lock") = tenants;
+        *self.shared.config.write().expect("config lock") = Arc::new(config);
+        self.shared.config_version.fetch_add(1, Ordering::Release);
+        if same_listen {
+            Ok(())
+        } else {
+            Err("reloaded, but listen addresses change only on restart".into())
+        }
+    }
+
+    /// Stops accepting, lets open connections finish for up to `grace`, then stops.
+    pub fn drain(self, grace: Duration) {
+        self.shared.draining.store(true, Ordering::Release);
+        let boot = self.boot;
+        for core in 0..self.rt.workers() {
+            let _ = self.rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
+        }
+        let deadline = std::time::Instant::now() + grace;
+        while std::time::Instant::now() < deadline
+            && self.shared.stats.open_connections.load(Ordering::Acquire) > 0
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.rt.shutdown();
+        flush_log_all(&self.shared);
+    }
+}
+
+fn flush_log_all(shared: &ServerShared) {
+    if let Some(log) = &shared.log {
+        if let Ok(mut w) = log.lock() {
+            let _ = w.flush();
+        }
+    }
+}
+
+impl CoreServer {
+    fn refresh_config(&mut self) {
+        let v = self.shared.config_version.load(Ordering::Acquire);
+        if v != self.config_version {
+            self.config = self.shared.config.read().expect("config lock").clone();
+            self.config_version = v;
+        }
+    }
+
+    fn conn(&mut self, key: u64) -> Option<&mut Conn> {
+        let slot = (key & 0xFFFF_FFFF) as usize;
+        let generation = (key >> 32) as u32;
+        match self.conns.get_mut(slot) {
+            Some(Some(c)) if c.generation == generation => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Reserves a connection slot; returns (slot, generation). `fill` or `release` must follow.
+    fn reserve(&mut self) -> (u32, u32) {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(None);
+                self.generations.push(0);
+                (self.conns.len() - 1) as u32
+            }
+        };
+        let generation = self.generations[slot as usize].wrapping_add(1);
+        self.generations[slot as usize] = generation;
+        (slot, generation)
+    }
+
+    fn release(&mut self, slot: u32) {
+        self.conns[slot as usize] = None;
+        self.free.push(slot);
+    }
+
+    fn flush_log(&mut self) {
+        if self.log.is_empty() {
+            return;
+        }
+        if let Some(log) = &self.shared.log {
+            if let Ok(mut w) = log.lock() {
+                let _ = w.write_all(&self.log);
+            }
+        }
+        self.log.clear();
+    }
+}
+
+fn on_boot(ctx: &mut Ctx<'_>, m: Boot, shared: &Arc<ServerShared>, stages: &std::sync::OnceLock<Stages>) {
+    let stages = *stages.get().expect("stages set before start");
+    match m {
+        Boot::Start => {
+            let config = shared.config.read().expect("config lock").clone();
+            let core = ctx.core();
+            let taken = std::mem::take(&mut shared.listeners.lock().expect("listeners lock")[core]);
+            let mut listeners = Vec::new();
+            for (i, l) in taken.into_iter().enumerate() {
+                // Tenants are bound to listeners by the address as configured (port 0 too).
+                let addr = config.server.listen[i];
+                let mut l = mio::net::TcpListener::from_std(l);
+                match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, listeners.len() as u64) {
+                    Ok(h) => listeners.push((l, h, addr)),
+                    Err(e) => eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}"),
+                }
+            }
+            let limits = Limits::default();
+            CORE.with(|c| {
+                *c.borrow_mut() = Some(CoreServer {
+                    shared: shared.clone(),
+                    stages,
+                    config,
+                    config_version: shared.config_version.load(Ordering::Acquire),
+                    conns: Vec::new(),
+                    free: Vec::new(),
+                    generations: Vec::new(),
+                    listeners,
+                    date: DateCache::new(),
+                    log: Vec::with_capacity(LOG_BUFFER_BYTES),
+                    limits,
+                })
+            });
+            let _ = ctx.send_after(&stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+        }
+        Boot::Drain => {
+            with_core(|cs| {
+                for (mut l, h, _) in cs.listeners.drain(..) {
+                    let _ = ctx.io_deregister(h, &mut l);
+                }
+            });
+        }
+    }
+}
+
+
+fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
+    with_core(|cs| {
+        let idx = ev.user as usize;
+        let now = ctx.now_ns();
+        for n in 0..=ACCEPTS_PER_EVENT_MAX {
+            if n == ACCEPTS_PER_EVENT_MAX {
+                // More may be waiting: come back after others had their turn.
+                let _ = ctx.send(&cs.stages.accept, ev);
+                break;
+            }
+            let Some((listener, _, local)) = cs.listeners.get(idx) else {
+                return;
+            };
+            let local = *local;
+            let (mut stream, peer) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // WouldBlock: drained. Other errors (EMFILE, ECONNABORTED): try again on the
+                // next readiness rather than spin.
+                Err(_) => break,
+            };
+            let shared = cs.shared.clone();
+            let stats = &shared.stats;
+            if stats.open_connections.load(Ordering::Acquire) >= cs.config.server.connections_max {
+                // Over the server's limit: refuse at once rather than let it wait unserved.
+                stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let (slot, generation) = cs.reserve();
+            let key = key_of(slot, generation);
+            let interest = mio::Interest::READABLE | mio::Interest::WRITABLE;
+            let handle = match ctx.io_register(&mut stream, interest, &cs.stages.conn, key) {
+                Ok(h) => h,
+                Err(_) => {
+                    cs.release(slot);
+                    continue;
+                }
+            };
+            stats.accepted.fetch_add(1, Ordering::Relaxed);
+            stats.open_connections.fetch_add(1, Ordering::AcqRel);
+            cs.conns[slot as usize] = Some(Conn {
+                stream,
+                handle,
+                peer,
+                local,
+                generation,
+                tenant: None,
+                activity: INFRA,
+                inbuf: Vec::new(),
+                out: Vec::new(),
+                out_pos: 0,
+                body: None,
+                busy: false,
+                closing: false,
+                request_start_ns: now,
+                last_active_ns: now,
+                requests: 0,
+            });
+            let timeout_ns = cs.config.server.header_timeout.as_nanos() as u64;
+            let _ = ctx.send_after(&cs.stages.timer, timeout_ns, Tick::Deadline { key });
+        }
+    });
+}
+
+/// Closes a connection and forgets it.
+fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let slot = (key & 0xFFFF_FFFF) as u32;
+    let Some(mut c) = cs.conns.get_mut(slot as usize).and_then(|c| c.take()) else {
+        return;
+    };
+    let _ = ctx.io_deregister(c.handle, &mut c.stream);
+    cs.free.push(slot);
+    cs.shared.stats.open_connections.fetch_sub(1, Ordering::AcqRel);
+    if let Some(t) = c.tenant {
+        if let Some(tr) = cs.shared.tenants.read().expect("tenants lock").get(t) {
+            tr.open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Writes what is pending; streams the next chunks of a body under the credit window.
+/// Returns false when the connection was closed.
+fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    let Some(c) = cs.conn(key) else { return false };
+    let mut chunks = 0;
+    loop {
+        while c.out_pos < c.out.len() {
+            match c.stream.write(&c.out[c.out_pos..]) {
+                Ok(0) => {
+                    close(ctx, cs, key);
+                    return false;
+                }
+                Ok(n) => c.out_pos += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    close(ctx, cs, key);
+                    return false;
+                }
+            }
+        }
+        c.out.clear();
+        c.out_pos = 0;
+        let Some(body) = &mut c.body else { break };
+        if body.remaining == 0 {
+            c.body = None;
+            break;
+        }
+        if chunks == FLOW_CHUNKS_PER_DISPATCH {
+            // Yield: the rest goes out in a later dispatch of the same activity.
+            let activity = c.activity;
+            let opts = SendOpts {
+                activity: Some(activity),
+                ..Default::default()
+            };
+            let _ = ctx.send_with(&cs.stages.work, opts, Work::Continue { key });
+            return true;
+        }
+        let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
+        c.out.resize(n, 0);
+        match body.file.read_exact_at(&mut c.out, body.offset) {
+            Ok(()) => {
+                body.offset += n as u64;
+                body.remaining -= n as u64;
+            }
+            Err(_) => {
+                // The file shrank under us: the length already sent cannot be honoured.
+                close(ctx, cs, key);
+                return false;
+            }
+        }
+        chunks += 1;
+    }
+    if c.closing {
+        close(ctx, cs, key);
+        return false;
+    }
+    true
+}
+
+/// Parses and dispatches the next request if the connection is free to take one.
+fn drive(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let limits = cs.limits;
+    let date_now = SystemTime::now();
+    let Some(c) = cs.conn(key) else { return };
+    if c.busy || c.closing || c.body.is_some() || c.out.len() - c.out_pos > OUT_PENDING_BYTES_MAX || c.inbuf.is_empty() {
+        return;
+    }
+    match request::parse(&c.inbuf, &limits) {
+        ParseOutcome::Partial => {}
+        ParseOutcome::Error(e) => {
+            c.inbuf.clear();
+            c.closing = true;
+            let date = cs.date.get(date_now).to_string();
+            let c = cs.conn(key).expect("live");
+            response::error_response(&mut c.out, e.status(), false, &date, &[]);
+            count_status(&cs.shared.stats, e.status());
+            flush(ctx, cs, key);
+        }
+        ParseOutcome::Complete { request, consumed } => {
+            c.inbuf.drain(..consumed);
+            c.requests += 1;
+            c.last_active_ns = ctx.now_ns();
+            c.request_start_ns = ctx.now_ns();
+            let local = c.local;
+            let tenant = cs.config.tenant_for(request.host.as_deref(), local);
+            let Some(t) = tenant else {
+                // No tenant serves this Host here.
+                let keep = request.keep_alive;
+                answer_status(ctx, cs, key, &request, 421, keep);
+                return;
+            };
+            let tr = cs.shared.tenants.read().expect("tenants lock").get(t).cloned();
+            let Some(tr) = tr else {
+                answer_error(ctx, cs, key, &request, &HttpError::NotFound, false);
+                return;
+            };
+            let limit = cs.config.tenants[t].connections_max;
+            let c = cs.conn(key).expect("live");
+            if c.tenant != Some(t) {
+                if let Some(prev) = c.tenant {
+                    if let Some(p) = cs.shared.tenants.read().expect("tenants lock").get(prev) {
+                        p.open.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                let c = cs.conn(key).expect("live");
+                c.tenant = Some(t);
+                let open = tr.open.fetch_add(1, Ordering::AcqRel);
+                if limit.is_some_and(|l| open >= l) {
+                    answer_status(ctx, cs, key, &request, 503, false);
+                    return;
+                }
+                let c = cs.conn(key).expect("live");
+                c.activity = tr.activity;
+                // From now on this connection's readiness is the tenant's work.
+                let _ = ctx.io_set_activity(c.handle, tr.activity);
+            }
+            let opts = SendOpts {
+                activity: Some(tr.activity),
+                ..Default::default()
+            };
+            let keep = request.keep_alive;
+            let request = Box::new(request);
+            match ctx.send_with(&cs.stages.work, opts, Work::Request { key, request }) {
+                Ok(()) => cs.conn(key).expect("live").busy = true,
+                Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
+                    cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
+                    let date = cs.date.get(date_now).to_string();
+                    let c = cs.conn(key).expect("live");
+                    response::error_response(&mut c.out, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)]);
+                    c.closing |= !keep;
+                    if flush(ctx, cs, key) {
+                        drive(ctx, cs, key);
+                    }
+                }
+                Err(_) => {
+                    let date = cs.date.get(date_now).to_string();
+                    let c = cs.conn(key).expect("live");
+                    response::error_response(&mut c.out, 500, false, &date, &[]);
+                    c.closing = true;
+                    flush(ctx, cs, key);
+                }
+            }
+        }
+    }
+}
+
+fn count_status(stats: &ServerStats, status: u16) {
+    stats.requests.fetch_add(1, Ordering::Relaxed);
+    match status {
+        400..=499 => stats.errors_4xx.fetch_add(1, Ordering::Relaxed),
+        500..=599 => stats.errors_5xx.fetch_add(1, Ordering::Relaxed),
+        _ => 0,
+    };
+}
+
+fn answer_error(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, e: &HttpError, keep: bool) {
+    let keep = keep && !e.closes_connection();
+    let date = cs.date.get(SystemTime::now()).to_string();
+    let Some(c) = cs.conn(key) else { return };
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    if let Some(l) = e.location() {
+        extra.push(("Location", l));
+    }
+    let body_start = response::error_response(&mut c.out, e.status(), keep, &date, &extra);
+    if req.method == Method::Head {
+        c.out.truncate(body_start);
+    }
+    c.closing |= !keep;
+    finish(ctx, cs, key, req, e.status(), 0);
+}
+
+fn answer_status(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, status: u16, keep: bool) {
+    let date = cs.date.get(SystemTime::now()).to_string();
+    let Some(c) = cs.conn(key) else { return };
+    let extra: &[(&str, &str)] = if status == 503 { &[("Retry-After", RETRY_AFTER_S)] } else { &[] };
+    let body_start = response::error_response(&mut c.out, status, keep, &date, extra);
+    if req.method == Method::Head {
+        c.out.truncate(body_start);
+    }
+    c.closing |= !keep;
+    if status == 503 {
+        cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
+    }
+    finish(ctx, cs, key, req, status, 0);
+}
+
+/// Logs, flushes, and moves on to the next pipelined request.
+fn finish(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, status: u16, bytes: u64) {
+    count_status(&cs.shared.stats, status);
+    if cs.shared.log.is_some() {
+        if let Some(c) = cs.conn(key) {
+            let peer = c.peer.ip();
+            let path = match c.tenant.and_then(|t| cs.shared.tenants.read().expect("tenants lock").get(t).cloned()) {
+                Some(t) => t.path.clone(),
+                None => "/infra".into(),
+            };
+            crate::log::clf_line(&mut cs.log, peer, SystemTime::now(), &req.method_raw, &req.target, req.version_minor, status, bytes, &path);
+            if cs.log.len() >= LOG_BUFFER_BYTES {
+                cs.flush_log();
+            }
+        }
+    }
+    if let Some(c) = cs.conn(key) {
+        c.busy = false;
+        c.last_active_ns = ctx.now_ns();
+    }
+    if flush(ctx, cs, key) {
+        drive(ctx, cs, key);
+    }
+}
+
+fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
+    with_core(|cs| {
+        cs.refresh_config();
+        let key = ev.user;
+        let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
+        let Some(c) = cs.conn(key) else { return };
+        if ev.readable || ev.closed {
+            // Read until the kernel has no more, or the buffer is at its limit (then TCP
+            // flow control holds the client until we parse).
+            loop {
+                if c.inbuf.len() >= limit {
+                    break;
+                }
+                let start = c.inbuf.len();
+                c.inbuf.resize(start + READ_CHUNK_BYTES, 0);
+                match c.stream.read(&mut c.inbuf[start..]) {
+                    Ok(0) => {
+                        c.inbuf.truncate(start);
+                        close(ctx, cs, key);
+                        return;
+                    }
+                    Ok(n) => {
+                        if start == 0 {
+                            c.request_start_ns = ctx.now_ns();
+                        }
+                        c.inbuf.truncate(start + n);
+                        c.last_active_ns = ctx.now_ns();
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        c.inbuf.truncate(start);
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => c.inbuf.truncate(start),
+                    Err(_) => {
+                        close(ctx, cs, key);
+                        return;
+                    }
+                }
+            }
+        }
+        if flush(ctx, cs, key) {
+            drive(ctx, cs, key);
+        }
+    });
+}
+
+fn on_work(ctx: &mut Ctx<'_>, w: Work) {
+    with_core(|cs| {
+        cs.refresh_config();
+        match w {
+            Work::Continue { key } => {
+                if flush(ctx, cs, key) {
+                    drive(ctx, cs, key);
+                }
+            }
+            Work::Request { key, request } => {
+                if cs.conn(key).is_none() {
+                    return;
+                }
+                // A panic while answering becomes a 500 on this connection (and is counted);
+                // the runtime would contain it anyway, but the client deserves an answer.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serve(ctx, cs, key, &request)
+                }));
+                if served.is_err() {
+                    cs.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+                    let date = cs.date.get(SystemTime::now()).to_string();
+                    if let Some(c) = cs.conn(key) {
+                        c.out.truncate(c.out_pos);
+                        c.body = None;
+                        c.busy = false;
+                        c.closing = true;
+                        response::error_response(&mut c.out, 500, false, &date, &[]);
+                        count_status(&cs.shared.stats, 500);
+                        flush(ctx, cs, key);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Answers one request in its tenant's activity.
+fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
+    let keep = req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
+    if req.method == Method::Other {
+        return answer_error(ctx, cs, key, req, &HttpError::NotImplemented, keep);
+    }
+    let (path, query) = match path::decode_target(&req.target) {
+        Ok(x) => x,
+        Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
+    };
+    let Some(t) = cs.conn(key).and_then(|c| c.tenant) else { return };
+    let tenant = cs.config.tenants[t].clone();
+    if tenant.synthetic {
+        if path == "/_panic" {
+            // A synthetic fault, to exercise (and test) the panic-to-500 path.
+            panic!("synthetic panic requested by /_panic");
+        }
+        if let Some(s) = synthetic::parse_synthetic(&path, query.as_deref()) {
+            match s {
+                Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
+                Ok(Synthetic::Burn { us }) => {
+                    burn((cs.shared.burn_iters_per_us * us as f64) as u64);
+                    let date = cs.date.get(SystemTime::now()).to_string();
+                    let c = cs.conn(key).expect("live");
+                    let body = b"burned\n";
+                    response::write_head(&mut c.out, 200, "OK", &[("Content-Type", "text/plain; charset=utf-8")], Some(body.len() as u64), keep, &date);
+                    if req.method != Method::Head {
+                        c.out.extend_from_slice(body);
+                    }
+                    c.closing |= !keep;
+                    return finish(ctx, cs, key, req, 200, body.len() as u64);
+                }
+                Ok(Synthetic::Bytes { n }) => {
+                    let date = cs.date.get(SystemTime::now()).to_string();
+                    let c = cs.conn(key).expect("live");
+                    response::write_head(&mut c.out, 200, "OK", &[("Content-Type", "application/octet-stream")], Some(n), keep, &date);
+                    if req.method != Method::Head {
+                        // Generated bytes go out through the same credit window as files.
+                        let mut left = n as usize;
+                        let inline = left.min(INLINE_FILE_BYTES_MAX as usize);
+                        while left > 0 && c.out.len() < inline + 512 {
+                            let k = left.min(PATTERN.len());
+                            c.out.extend_from_slice(&PATTERN[..k]);
+                            left -= k;
+                        }
+                        if left > 0 {
+                            // Large synthetic bodies: not streamed in this version; refuse
+                            // beyond the inline limit rather than buffer them whole.
+                            c.out.clear();
+                            return answer_error(ctx, cs, key, req, &HttpError::BadParameter("n larger than 256 KiB"), keep);
+                        }
+                    }
+                    c.closing |= !keep;
+                    return finish(ctx, cs, key, req, 200, n);
+                }
+            }
+        }
+    }
+    let resolved = match path::resolve(&tenant.docroot, &path, &tenant.index) {
+        Ok(r) => r,
+        Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
+    };
+    let etag = cond::etag(resolved.len, resolved.modified);
+    let last_modified = cond::last_modified(resolved.modified);
+    let date = cs.date.get(SystemTime::now()).to_string();
+    let ctype = crate::mime::content_type(&resolved.path);
+    if cond::not_modified(req, &etag, resolved.modified) {
+        let c = cs.conn(key).expect("live");
+        response::write_head(&mut c.out, 304, "Not Modified", &[("ETag", &etag), ("Last-Modified", &last_modified)], None, keep, &date);
+        c.closing |= !keep;
+        return finish(ctx, cs, key, req, 304, 0);
+    }
+    let range = cond::range_for(req, &etag, resolved.modified, resolved.len);
+    let (status, start, len) = match range {
+        RangeOutcome::Full => (200, 0, resolved.len),
+        RangeOutcome::Partial { start, end_inclusive } => (206, start, end_inclusive - start + 1),
+        RangeOutcome::Unsatisfiable => {
+            let cr = cond::content_range(&range, resolved.len).unwrap_or_default();
+            let c = cs.conn(key).expect("live");
+            let body_start = response::error_response(&mut c.out, 416, keep, &date, &[("Content-Range", &cr)]);
+            if req.method == Method::Head {
+                c.out.truncate(body_start);
+            }
+            c.closing |= !keep;
+            return finish(ctx, cs, key, req, 416, 0);
+        }
+    };
+    let file = match File::open(&resolved.path) {
+        Ok(f) => f,
+        Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
+    };
+    let content_range = cond::content_range(&range, resolved.len);
+    let mut headers: Vec<(&str, &str)> = vec![
+        ("Content-Type", ctype),
+        ("ETag", &etag),
+        ("Last-Modified", &last_modified),
+        ("Accept-Ranges", "bytes"),
+    ];
+    if let Some(cr) = &content_range {
+        headers.push(("Content-Range", cr));
+    }
+    let c = cs.conn(key).expect("live");
+    response::write_head(&mut c.out, status, response::status_reason(status), &headers, Some(len), keep, &date);
+    c.closing |= !keep;
+    if req.method != Method::Head && len > 0 {
+        if len <= INLINE_FILE_BYTES_MAX {
+            let at = c.out.len();
+            c.out.resize(at + len as usize, 0);
+            if file.read_exact_at(&mut c.out[at..], start).is_err() {
+                c.out.truncate(at);
+                close(ctx, cs, key);
+                return;
+            }
+        } else {
+            c.body = Some(Body {
+                file,
+                offset: start,
+                remaining: len,
+            });
+        }
+    }
+    finish(ctx, cs, key, req, status, len);
+}
+
+fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
+    with_core(|cs| {
+        cs.refresh_config();
+        match t {
+            Tick::LogFlush => {
+                cs.flush_log();
+                let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+            }
+            Tick::Deadline { key } => {
+                let now = ctx.now_ns();
+                let header_ns = cs.config.server.header_timeout.as_nanos() as u64;
+                let idle_ns = cs.config.server.keepalive_timeout.as_nanos() as u64;
+                let timer = cs.stages.timer;
+                let shared = cs.shared.clone();
+                let Some(c) = cs.conn(key) else { return };
+                let deadline = if c.busy || c.body.is_some() || c.out_pos < c.out.len() {
+                    // Work in progress: look again later.
+                    now + idle_ns
+                } else if !c.inbuf.is_empty() || c.requests == 0 {
+                    // Receiving a request head: bounded from its first byte (slowloris).
+                    c.request_start_ns + header_ns
+                } else {
+                    c.last_active_ns + idle_ns
+                };
+                if now < deadline {
+                    let _ = ctx.send_after(&timer, deadline - now, Tick::Deadline { key });
+                    return;
+                }
+                shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                if !c.inbuf.is_empty() {
+                    let date = cs.date.get(SystemTime::now()).to_string();
+                    let c = cs.conn(key).expect("live");
+                    c.inbuf.clear();
+                    response::error_response(&mut c.out, 408, false, &date, &[]);
+                    c.closing = true;
+                    flush(ctx, cs, key);
+                } else {
+                    close(ctx, cs, key);
+                }
+            }
+        }
+    });
+}

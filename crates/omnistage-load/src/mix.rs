@@ -1,0 +1,443 @@
+//! Tenant specifications and URL mixes.
+//!
+//! Owns the `--tenant` syntax, `NAME:HOST:CONNS:MIX[,OPTION...]`, and the request paths each
+//! tenant sends:
+//!
+//! | MIX | requests |
+//! |---|---|
+//! | `path=/x` | always `/x` |
+//! | `zipf=N:ALPHA:/prefix` | `/prefix/K.bin`, K in `0..N`, Zipf-distributed with exponent ALPHA (K=0 most popular) |
+//! | `zipf=FILE:ALPHA` | the paths listed in FILE (one per line, `#` comments), Zipf over their order |
+//! | `burn=US` | `/_burn?us=US` (the server burns US microseconds of CPU) |
+//! | `bytes=N` | `/_bytes?n=N` (the server answers N body bytes) |
+//!
+//! OPTIONs override the global loop for this tenant: `rate=R` (open loop, R requests/s) or
+//! `think-ms=MS` (closed loop with that think time). HOST is sent as the `Host` header and may not
+//! contain `:`; NAME labels the tenant in the report.
+//!
+//! Everything is bounded by the named constants below, and every error says which part of which
+//! spec is wrong.
+
+use rand::Rng;
+use rand_distr::{Distribution, Zipf};
+use std::io::Write;
+
+/// Most tenants in one run.
+pub const MAX_TENANTS: usize = 64;
+/// Longest tenant name.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Longest Host header value.
+pub const MAX_HOST_BYTES: usize = 253;
+/// Longest request path (including the query).
+pub const MAX_PATH_BYTES: usize = 2048;
+/// Most files in a generated Zipf set (`zipf=N:ALPHA:/prefix`).
+pub const MAX_ZIPF_FILES: u64 = 100_000_000;
+/// Most paths in a Zipf list file.
+pub const MAX_LIST_PATHS: usize = 1_000_000;
+/// Largest Zipf list file.
+pub const MAX_LIST_FILE_BYTES: u64 = 256 * 1024 * 1024;
+/// Largest Zipf exponent.
+pub const MAX_ZIPF_ALPHA: f64 = 10.0;
+/// Largest `burn=` value: 10 seconds of CPU per request.
+pub const MAX_BURN_US: u64 = 10_000_000;
+/// Largest `bytes=` value: 1 GiB (the largest body this client reads).
+pub const MAX_GENERATED_BODY_BYTES: u64 = crate::parse::MAX_BODY_BYTES;
+/// Most connections for one tenant (the run as a whole has its own limit).
+pub const MAX_TENANT_CONNECTIONS: usize = crate::MAX_CONNECTIONS_TOTAL;
+/// Smallest per-tenant open-loop rate, requests/s.
+pub const MIN_RATE_PER_S: f64 = 0.001;
+/// Largest per-tenant open-loop rate, requests/s.
+pub const MAX_RATE_PER_S: f64 = 10_000_000.0;
+/// Largest closed-loop think time.
+pub const MAX_THINK_MS: f64 = 60_000.0;
+
+/// How a tenant paces its requests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Pacing {
+    /// One request outstanding per connection; the next is due `think_ms` after a response.
+    Closed { think_ms: f64 },
+    /// Requests are due on a fixed schedule of `rate_per_s` over all the tenant's connections;
+    /// latency is measured from the scheduled time.
+    Open { rate_per_s: f64 },
+}
+
+/// Which set a Zipf mix draws from.
+#[derive(Debug, Clone)]
+pub enum PathSet {
+    /// Paths read from a list file, most popular first.
+    List(Vec<String>),
+    /// `/prefix/K.bin` for K in `0..n`.
+    Generated { prefix: String, n: u64 },
+}
+
+impl PathSet {
+    fn len(&self) -> u64 {
+        match self {
+            PathSet::List(v) => v.len() as u64,
+            PathSet::Generated { n, .. } => *n,
+        }
+    }
+}
+
+/// The paths a tenant requests.
+#[derive(Debug, Clone)]
+pub enum Mix {
+    /// The same path every time.
+    Fixed(String),
+    /// A Zipf-distributed choice from a set.
+    Zipf { set: PathSet, zipf: Zipf<f64> },
+}
+
+impl Mix {
+    /// Appends the next request path to `out`.
+    pub fn write_path<R: Rng + ?Sized>(&self, rng: &mut R, out: &mut Vec<u8>) {
+        match self {
+            Mix::Fixed(p) => out.extend_from_slice(p.as_bytes()),
+            Mix::Zipf { set, zipf } => {
+                // Zipf samples ranks in 1..=n as floats; rank 1 is index 0.
+                let rank = zipf.sample(rng) as u64;
+                let index = rank.saturating_sub(1).min(set.len() - 1);
+                match set {
+                    PathSet::List(v) => out.extend_from_slice(v[index as usize].as_bytes()),
+                    PathSet::Generated { prefix, .. } => {
+                        // Writing to a Vec cannot fail.
+                        let _ = write!(out, "{prefix}/{index}.bin");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One parsed `--tenant` value.
+#[derive(Debug, Clone)]
+pub struct TenantSpec {
+    pub name: String,
+    pub host: String,
+    pub connections: usize,
+    pub mix: Mix,
+    /// The MIX part as written (for the report).
+    pub mix_text: String,
+    /// Per-tenant pacing from `,rate=` or `,think-ms=`; `None` means the global pacing.
+    pub pacing: Option<Pacing>,
+}
+
+/// Parses `NAME:HOST:CONNS:MIX[,OPTION...]`. Reads the list file of a `zipf=FILE:ALPHA` mix.
+pub fn parse_tenant(spec: &str) -> Result<TenantSpec, String> {
+    let err = |what: String| format!("--tenant {spec:?}: {what}");
+    let mut parts = spec.splitn(4, ':');
+    let (Some(name), Some(host), Some(conns), Some(rest)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(err(
+            "expected NAME:HOST:CONNS:MIX (e.g. a:a.test:16:path=/index.html)".into(),
+        ));
+    };
+    validate_name(name).map_err(err)?;
+    validate_host(host).map_err(err)?;
+    let connections: usize = conns
+        .parse()
+        .map_err(|_| err(format!("CONNS {conns:?} is not a whole number")))?;
+    if connections == 0 || connections > MAX_TENANT_CONNECTIONS {
+        return Err(err(format!(
+            "CONNS must be in 1..={MAX_TENANT_CONNECTIONS}, got {connections}"
+        )));
+    }
+    let mut fields = rest.split(',');
+    let mix_text = fields.next().unwrap_or_default();
+    let mix = parse_mix(mix_text).map_err(err)?;
+    let mut pacing = None;
+    for opt in fields {
+        let (key, value) = opt
+            .split_once('=')
+            .ok_or_else(|| err(format!("option {opt:?} is not KEY=VALUE")))?;
+        let value: f64 = value
+            .parse()
+            .map_err(|_| err(format!("option {key}: {value:?} is not a number")))?;
+        if pacing.is_some() {
+            return Err(err("give at most one of rate= and think-ms=".into()));
+        }
+        pacing = Some(match key {
+            "rate" => Pacing::Open {
+                rate_per_s: check_rate(value).map_err(err)?,
+            },
+            "think-ms" => Pacing::Closed {
+                think_ms: check_think(value).map_err(err)?,
+            },
+            _ => {
+                return Err(err(format!(
+                    "unknown option {key:?} (known: rate=R, think-ms=MS)"
+                )))
+            }
+        });
+    }
+    Ok(TenantSpec {
+        name: name.to_string(),
+        host: host.to_string(),
+        connections,
+        mix,
+        mix_text: mix_text.to_string(),
+        pacing,
+    })
+}
+
+/// Checks an open-loop rate (requests/s).
+pub fn check_rate(rate_per_s: f64) -> Result<f64, String> {
+    if rate_per_s.is_finite() && (MIN_RATE_PER_S..=MAX_RATE_PER_S).contains(&rate_per_s) {
+        Ok(rate_per_s)
+    } else {
+        Err(format!(
+            "rate must be in {MIN_RATE_PER_S}..={MAX_RATE_PER_S} requests/s, got {rate_per_s}"
+        ))
+    }
+}
+
+/// Checks a closed-loop think time (ms).
+pub fn check_think(think_ms: f64) -> Result<f64, String> {
+    if think_ms.is_finite() && (0.0..=MAX_THINK_MS).contains(&think_ms) {
+        Ok(think_ms)
+    } else {
+        Err(format!(
+            "think time must be in 0..={MAX_THINK_MS} ms, got {think_ms}"
+        ))
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
+        return Err(format!("NAME must be 1..={MAX_NAME_BYTES} bytes"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(format!(
+            "NAME {name:?} may hold only letters, digits, '-', '_', '.'"
+        ));
+    }
+    Ok(())
+}
+
+fn validate_host(host: &str) -> Result<(), String> {
+    if host.is_empty() || host.len() > MAX_HOST_BYTES {
+        return Err(format!("HOST must be 1..={MAX_HOST_BYTES} bytes"));
+    }
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(format!(
+            "HOST {host:?} may hold only letters, digits, '-', '_', '.' (no port)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a request path: starts with `/`, visible ASCII only, bounded length.
+fn validate_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("path {path:?} must start with '/'"));
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return Err(format!("path longer than {MAX_PATH_BYTES} bytes"));
+    }
+    if !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "path {path:?} may hold only visible ASCII (no spaces or control bytes)"
+        ));
+    }
+    Ok(())
+}
+
+fn parse_u64(what: &str, s: &str, max: u64) -> Result<u64, String> {
+    let v: u64 = s
+        .parse()
+        .map_err(|_| format!("{what} {s:?} is not a whole number"))?;
+    if v > max {
+        return Err(format!("{what} must be at most {max}, got {v}"));
+    }
+    Ok(v)
+}
+
+fn parse_alpha(s: &str) -> Result<f64, String> {
+    let alpha: f64 = s
+        .parse()
+        .map_err(|_| format!("Zipf ALPHA {s:?} is not a number"))?;
+    if !(alpha.is_finite() && alpha > 0.0 && alpha <= MAX_ZIPF_ALPHA) {
+        return Err(format!(
+            "Zipf ALPHA must be in (0, {MAX_ZIPF_ALPHA}], got {alpha}"
+        ));
+    }
+    Ok(alpha)
+}
+
+/// Parses the MIX part of a tenant spec.
+pub fn parse_mix(text: &str) -> Result<Mix, String> {
+    let (kind, arg) = text.split_once('=').ok_or_else(|| {
+        format!("MIX {text:?} must be path=/x, zipf=N:ALPHA:/prefix, zipf=FILE:ALPHA, burn=US or bytes=N")
+    })?;
+    match kind {
+        "path" => {
+            validate_path(arg)?;
+            Ok(Mix::Fixed(arg.to_string()))
+        }
+        "burn" => {
+            let us = parse_u64("burn US", arg, MAX_BURN_US)?;
+            Ok(Mix::Fixed(format!("/_burn?us={us}")))
+        }
+        "bytes" => {
+            let n = parse_u64("bytes N", arg, MAX_GENERATED_BODY_BYTES)?;
+            Ok(Mix::Fixed(format!("/_bytes?n={n}")))
+        }
+        "zipf" => parse_zipf(arg),
+        _ => Err(format!(
+            "unknown MIX kind {kind:?} (known: path, zipf, burn, bytes)"
+        )),
+    }
+}
+
+fn parse_zipf(arg: &str) -> Result<Mix, String> {
+    let generated: Vec<&str> = arg.splitn(3, ':').collect();
+    let set = match generated.as_slice() {
+        [n, alpha, prefix] if n.bytes().all(|b| b.is_ascii_digit()) && !n.is_empty() => {
+            let n = parse_u64("Zipf N", n, MAX_ZIPF_FILES)?;
+            if n == 0 {
+                return Err("Zipf N must be at least 1".into());
+            }
+            validate_path(prefix)?;
+            if prefix.len() > MAX_PATH_BYTES - 32 {
+                return Err(format!(
+                    "Zipf prefix longer than {} bytes",
+                    MAX_PATH_BYTES - 32
+                ));
+            }
+            let prefix = prefix.trim_end_matches('/').to_string();
+            (PathSet::Generated { prefix, n }, parse_alpha(alpha)?)
+        }
+        _ => {
+            let (file, alpha) = arg
+                .rsplit_once(':')
+                .ok_or_else(|| "zipf needs N:ALPHA:/prefix or FILE:ALPHA".to_string())?;
+            let alpha = parse_alpha(alpha)?;
+            (PathSet::List(read_path_list(file)?), alpha)
+        }
+    };
+    let (set, alpha) = set;
+    let zipf = Zipf::new(set.len() as f64, alpha).map_err(|e| format!("Zipf: {e}"))?;
+    Ok(Mix::Zipf { set, zipf })
+}
+
+/// Reads a list of request paths, one per line; blank lines and `#` comments are skipped.
+fn read_path_list(file: &str) -> Result<Vec<String>, String> {
+    let meta = std::fs::metadata(file).map_err(|e| format!("Zipf list {file:?}: {e}"))?;
+    if meta.len() > MAX_LIST_FILE_BYTES {
+        return Err(format!(
+            "Zipf list {file:?} is larger than {MAX_LIST_FILE_BYTES} bytes"
+        ));
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| format!("Zipf list {file:?}: {e}"))?;
+    let mut paths = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if paths.len() == MAX_LIST_PATHS {
+            return Err(format!(
+                "Zipf list {file:?} has more than {MAX_LIST_PATHS} paths"
+            ));
+        }
+        validate_path(line).map_err(|e| format!("Zipf list {file:?} line {}: {e}", i + 1))?;
+        paths.push(line.to_string());
+    }
+    if paths.is_empty() {
+        return Err(format!("Zipf list {file:?} has no paths"));
+    }
+    Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn paths(mix: &Mix, n: usize) -> Vec<String> {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        (0..n)
+            .map(|_| {
+                let mut out = Vec::new();
+                mix.write_path(&mut rng, &mut out);
+                String::from_utf8(out).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn fixed_mixes() {
+        let t = parse_tenant("a:a.test:4:burn=250").unwrap();
+        assert_eq!(
+            (t.name.as_str(), t.host.as_str(), t.connections),
+            ("a", "a.test", 4)
+        );
+        assert_eq!(paths(&t.mix, 1), vec!["/_burn?us=250"]);
+        assert_eq!(t.pacing, None);
+        let t = parse_tenant("b:b:1:bytes=1024,rate=500").unwrap();
+        assert_eq!(paths(&t.mix, 1), vec!["/_bytes?n=1024"]);
+        assert_eq!(t.pacing, Some(Pacing::Open { rate_per_s: 500.0 }));
+        let t = parse_tenant("c:c:2:path=/x?y=1,think-ms=5").unwrap();
+        assert_eq!(paths(&t.mix, 1), vec!["/x?y=1"]);
+        assert_eq!(t.pacing, Some(Pacing::Closed { think_ms: 5.0 }));
+    }
+
+    #[test]
+    fn generated_zipf_prefers_low_ranks() {
+        let t = parse_tenant("z:z:1:zipf=1000:1.2:/files/").unwrap();
+        let ps = paths(&t.mix, 2000);
+        assert!(ps
+            .iter()
+            .all(|p| p.starts_with("/files/") && p.ends_with(".bin")));
+        let first = ps.iter().filter(|p| *p == "/files/0.bin").count();
+        let tenth = ps.iter().filter(|p| *p == "/files/9.bin").count();
+        assert!(first > tenth, "rank 1 {first} vs rank 10 {tenth}");
+    }
+
+    #[test]
+    fn zipf_list_file() {
+        let dir = std::env::temp_dir().join(format!("omnistage-load-mix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("list.txt");
+        std::fs::write(&file, "# popular first\n/a.html\n\n/b.css\n/c.js\n").unwrap();
+        let t = parse_tenant(&format!("l:l:1:zipf={}:1.0", file.display())).unwrap();
+        let ps = paths(&t.mix, 200);
+        assert!(ps
+            .iter()
+            .all(|p| ["/a.html", "/b.css", "/c.js"].contains(&p.as_str())));
+        std::fs::write(&file, "no-slash\n").unwrap();
+        let e = parse_tenant(&format!("l:l:1:zipf={}:1.0", file.display())).unwrap_err();
+        assert!(e.contains("line 1"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn spec_errors() {
+        for (spec, needle) in [
+            ("a:a.test:4", "expected NAME:HOST:CONNS:MIX"),
+            ("a b:a:1:path=/", "NAME"),
+            ("a:a:b:1:path=/", "CONNS"),
+            ("a:a:0:path=/", "CONNS must be in"),
+            ("a:a:1:path=x", "must start with '/'"),
+            ("a:a:1:path=/a b", "visible ASCII"),
+            ("a:a:1:zipf=10:0:/p", "ALPHA"),
+            ("a:a:1:zipf=0:1:/p", "at least 1"),
+            ("a:a:1:zipf=/nonexistent/list:1", "Zipf list"),
+            ("a:a:1:burn=99999999999", "at most"),
+            ("a:a:1:nope=1", "unknown MIX kind"),
+            ("a:a:1:path=/,rate=0", "rate must be in"),
+            ("a:a:1:path=/,rate=5,think-ms=1", "at most one"),
+            ("a:a:1:path=/,speed=5", "unknown option"),
+        ] {
+            let e = parse_tenant(spec).unwrap_err();
+            assert!(e.contains(needle), "{spec}: {e}");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The result of a run: [`Report`] (serialised as JSON by the CLI's `--json`) and its text table.
+//!
+//! Owns the conversion from merged [`TenantStats`] to per-tenant figures (rates over the measured
+//! window, latency quantiles in milliseconds, Jain's index over connections) and the totals row.
+
+use crate::stats::{jain_index, ErrorCounts, TenantStats};
+use serde::Serialize;
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Target `IP:port`.
+    pub addr: String,
+    /// Generator threads.
+    pub threads: usize,
+    /// Length of the measured window in seconds (shorter than `--seconds` when every tenant
+    /// finished its `--requests` early).
+    pub seconds: f64,
+    /// Warmup before the measured window, seconds.
+    pub warmup_s: f64,
+    /// One entry per `--tenant`, in the order given.
+    pub tenants: Vec<TenantReport>,
+    /// All tenants together (`name` "total"; Jain's index over all connections).
+    pub total: TenantReport,
+}
+
+/// One tenant's figures over the measured window.
+#[derive(Debug, Clone, Serialize)]
+pub struct TenantReport {
+    pub name: String,
+    /// The Host header sent.
+    pub host: String,
+    /// Keep-alive connection slots.
+    pub connections: usize,
+    /// The URL mix as given.
+    pub mix: String,
+    /// `"closed"` or `"open"`.
+    pub pacing: String,
+    /// Open-loop target rate (requests/s); `null` for closed loop.
+    pub rate_per_s: Option<f64>,
+    /// Closed-loop think time; `null` for open loop.
+    pub think_ms: Option<f64>,
+    /// Successful responses (2xx and 304).
+    pub requests: u64,
+    /// Complete responses of any status.
+    pub responses: u64,
+    /// Successful responses per second.
+    pub req_per_s: f64,
+    /// Body bytes of successful responses.
+    pub bytes: u64,
+    /// Body bytes of successful responses per second.
+    pub bytes_per_s: f64,
+    /// Latency quantiles of successful responses, ms, measured from the intended send time.
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    pub mean_ms: f64,
+    pub errors: ErrorCounts,
+    /// Responses that carried a `Retry-After` header (counted only; never waited for).
+    pub retry_after: u64,
+    /// Connections opened after each slot's first (after `--requests-per-conn`, `Connection:
+    /// close`, errors).
+    pub reconnects: u64,
+    /// Keep-alive connections the server closed while idle.
+    pub idle_closes: u64,
+    /// Requests in flight, or due and not yet sent, when the run ended (not in any other count).
+    pub unfinished: u64,
+    /// Jain's fairness index over this tenant's connections, by successful responses per
+    /// connection; `null` when there were none.
+    pub jain_fairness: Option<f64>,
+}
+
+/// What the report needs to know about a tenant besides its stats.
+pub(crate) struct TenantMeta {
+    pub name: String,
+    pub host: String,
+    pub mix: String,
+    pub rate_per_s: Option<f64>,
+    pub think_ms: Option<f64>,
+}
+
+fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+/// Figures for one tenant (or the total) over `seconds` of measurement.
+pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> TenantReport {
+    let per_s = |x: u64| {
+        if seconds > 0.0 {
+            x as f64 / seconds
+        } else {
+            0.0
+        }
+    };
+    let h = &s.latency_us;
+    let q = |q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            us_to_ms(h.value_at_quantile(q))
+        }
+    };
+    TenantReport {
+        name: meta.name,
+        host: meta.host,
+        connections: s.ok_per_connection.len(),
+        mix: meta.mix,
+        pacing: if meta.rate_per_s.is_some() {
+            "open"
+        } else {
+            "closed"
+        }
+        .to_string(),
+        rate_per_s: meta.rate_per_s,
+        think_ms: meta.think_ms,
+        requests: s.ok,
+        responses: s.responses,
+        req_per_s: per_s(s.ok),
+        bytes: s.body_bytes,
+        bytes_per_s: per_s(s.body_bytes),
+        p50_ms: q(0.5),
+        p90_ms: q(0.9),
+        p99_ms: q(0.99),
+        p999_ms: q(0.999),
+        max_ms: if h.is_empty() { 0.0 } else { us_to_ms(h.max()) },
+        mean_ms: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+        errors: s.errors,
+        retry_after: s.retry_after,
+        reconnects: s.reconnects,
+        idle_closes: s.idle_closes,
+        unfinished: s.unfinished,
+        jain_fairness: jain_index(&s.ok_per_connection),
+    }
+}
+
+/// Prints the report as a table on standard output.
+pub fn print_table(r: &Report) {
+    print!("{}", format_table(r));
+}
+
+/// The report as a table (what [`print_table`] prints).
+pub fn format_table(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "omnistage load: {} | {:.2} s measured after {:.2} s warmup | {} thread{}",
+        r.addr,
+        r.seconds,
+        r.warmup_s,
+        r.threads,
+        if r.threads == 1 { "" } else { "s" }
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>6} {:>10} {:>11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "tenant", "conns", "pacing", "req/s", "MB/s", "p50 ms", "p90 ms", "p99 ms", "max ms",
+        "ok", "jain", "503", "4xx", "5xx", "conn", "reset", "tmout", "parse", "unfin"
+    );
+    for t in r.tenants.iter().chain(std::iter::once(&r.total)) {
+        let pacing = match (t.rate_per_s, t.think_ms) {
+            (Some(rate), _) => format!("{rate}/s"),
+            (None, Some(think)) if think > 0.0 => format!("think {think}"),
+            (None, _) => "closed".to_string(),
+        };
+        let pacing = if t.name == "total" && r.tenants.len() > 1 {
+            String::new()
+        } else {
+            pacing
+        };
+        let jain = t
+            .jain_fairness
+            .map(|j| format!("{j:.3}"))
+            .unwrap_or_else(|| "-".to_string());
+        let e = &t.errors;
+        let _ = writeln!(
+            out,
+            "{:<12} {:>6} {:>10} {:>11.1} {:>9.2} {:>8.3} {:>8.3} {:>8.3} {:>8.3} {:>8} {:>6} {:>7} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}",
+            truncate(&t.name, 12),
+            t.connections,
+            truncate(&pacing, 10),
+            t.req_per_s,
+            t.bytes_per_s / 1e6,
+            t.p50_ms,
+            t.p90_ms,
+            t.p99_ms,
+            t.max_ms,
+            compact(t.requests),
+            jain,
+            compact(e.rejected_503),
+            compact(e.http_4xx),
+            compact(e.http_5xx),
+            compact(e.connect),
+            compact(e.reset),
+            compact(e.timeout),
+            compact(e.parse),
+            compact(t.unfinished),
+        );
+    }
+    out
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// A count in at most 6 characters (k/M/G suffixes past that).
+fn compact(n: u64) -> String {
+    match n {
+        0..=999_999 => n.to_string(),
+        1_000_000..=999_999_999 => format!("{:.1}M", n as f64 / 1e6),
+        _ => format!("{:.1}G", n as f64 / 1e9),
+    }
+}

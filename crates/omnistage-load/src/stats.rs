@@ -1,0 +1,241 @@
+//! Measurement: what each generator thread records per tenant, and how threads' records merge.
+//!
+//! Owns the latency histogram (HdrHistogram, microseconds, [`LATENCY_LOWEST_US`] to
+//! [`LATENCY_HIGHEST_US`], [`LATENCY_SIGNIFICANT_DIGITS`] significant digits; larger values are
+//! recorded as the highest), the counters (responses, body bytes, errors by kind) and the
+//! per-connection completion counts that Jain's fairness index is computed from. Only events in
+//! the measurement window (after the warmup) are recorded.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Lowest latency the histogram tells apart: 1 µs.
+pub const LATENCY_LOWEST_US: u64 = 1;
+/// Highest latency the histogram records: 60 s (longer latencies are recorded as 60 s).
+pub const LATENCY_HIGHEST_US: u64 = 60_000_000;
+/// Significant decimal digits kept by the histogram.
+pub const LATENCY_SIGNIFICANT_DIGITS: u8 = 3;
+
+/// Failed or unsuccessful exchanges, by kind. Each request that was sent ends as exactly one of:
+/// a successful response (2xx or 304), or one of `reset`, `timeout`, `rejected_503`, `http_4xx`,
+/// `http_5xx`, `http_other`, `parse`. `connect` counts failed connection attempts, which use up no
+/// request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ErrorCounts {
+    /// Connection attempts that failed (refused, unreachable, or not established within the
+    /// timeout). The client retries with backoff.
+    pub connect: u64,
+    /// The connection was reset or closed by the server before the response was complete.
+    pub reset: u64,
+    /// No complete response within the timeout after the request was sent.
+    pub timeout: u64,
+    /// 503 responses (admission control said no).
+    pub rejected_503: u64,
+    /// Other 4xx responses.
+    pub http_4xx: u64,
+    /// 5xx responses other than 503.
+    pub http_5xx: u64,
+    /// Other unsuccessful statuses: 3xx other than 304, and anything outside 200..=599.
+    pub http_other: u64,
+    /// Malformed or over-limit responses, and bytes the server sent with no request outstanding.
+    pub parse: u64,
+}
+
+impl ErrorCounts {
+    fn add(&mut self, o: &ErrorCounts) {
+        self.connect += o.connect;
+        self.reset += o.reset;
+        self.timeout += o.timeout;
+        self.rejected_503 += o.rejected_503;
+        self.http_4xx += o.http_4xx;
+        self.http_5xx += o.http_5xx;
+        self.http_other += o.http_other;
+        self.parse += o.parse;
+    }
+
+    /// Requests that ended without a successful response (everything but `connect`).
+    pub fn failed_requests(&self) -> u64 {
+        self.reset
+            + self.timeout
+            + self.rejected_503
+            + self.http_4xx
+            + self.http_5xx
+            + self.http_other
+            + self.parse
+    }
+}
+
+/// Where a completed exchange falls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Rejected503,
+    Http4xx,
+    Http5xx,
+    HttpOther,
+}
+
+/// Classifies a final status code.
+pub fn classify(status: u16) -> Outcome {
+    match status {
+        200..=299 | 304 => Outcome::Ok,
+        503 => Outcome::Rejected503,
+        400..=499 => Outcome::Http4xx,
+        500..=599 => Outcome::Http5xx,
+        _ => Outcome::HttpOther,
+    }
+}
+
+/// A new latency histogram with the crate's bounds.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(
+        LATENCY_LOWEST_US,
+        LATENCY_HIGHEST_US,
+        LATENCY_SIGNIFICANT_DIGITS,
+    )
+    .expect("histogram bounds are valid constants")
+}
+
+/// What one thread (or, merged, the whole run) recorded for one tenant.
+#[derive(Debug, Clone)]
+pub struct TenantStats {
+    /// Latency of successful responses, µs from the intended send time.
+    pub latency_us: Histogram<u64>,
+    /// Successful responses (2xx, 304).
+    pub ok: u64,
+    /// Complete responses of any status.
+    pub responses: u64,
+    /// Body bytes of successful responses.
+    pub body_bytes: u64,
+    pub errors: ErrorCounts,
+    /// Responses that carried `Retry-After`.
+    pub retry_after: u64,
+    /// New connections opened after the first one of each connection slot.
+    pub reconnects: u64,
+    /// Keep-alive connections that the server closed or reset while no request was outstanding.
+    pub idle_closes: u64,
+    /// Requests in flight, or due but not yet sent, when the run ended.
+    pub unfinished: u64,
+    /// Successful responses per connection slot (index = slot within the tenant).
+    pub ok_per_connection: Vec<u64>,
+}
+
+impl TenantStats {
+    /// Empty stats for a tenant with `connections` slots.
+    pub fn new(connections: usize) -> Self {
+        TenantStats {
+            latency_us: new_histogram(),
+            ok: 0,
+            responses: 0,
+            body_bytes: 0,
+            errors: ErrorCounts::default(),
+            retry_after: 0,
+            reconnects: 0,
+            idle_closes: 0,
+            unfinished: 0,
+            ok_per_connection: vec![0; connections],
+        }
+    }
+
+    /// Adds another thread's stats for the same tenant (same connection slots).
+    pub fn merge(&mut self, o: &TenantStats) {
+        self.add_counts(o);
+        for (a, b) in self.ok_per_connection.iter_mut().zip(&o.ok_per_connection) {
+            *a += b;
+        }
+    }
+
+    /// Adds another tenant's stats, keeping its connections as further slots (for totals).
+    pub fn append(&mut self, o: &TenantStats) {
+        self.add_counts(o);
+        self.ok_per_connection
+            .extend_from_slice(&o.ok_per_connection);
+    }
+
+    fn add_counts(&mut self, o: &TenantStats) {
+        self.latency_us
+            .add(&o.latency_us)
+            .expect("histograms share bounds");
+        self.ok += o.ok;
+        self.responses += o.responses;
+        self.body_bytes += o.body_bytes;
+        self.errors.add(&o.errors);
+        self.retry_after += o.retry_after;
+        self.reconnects += o.reconnects;
+        self.idle_closes += o.idle_closes;
+        self.unfinished += o.unfinished;
+    }
+}
+
+/// Jain's fairness index of `xs`: (Σx)² / (n·Σx²). 1.0 when all are equal, 1/n when one has
+/// everything. `None` when there is nothing to judge (no values, or all zero).
+pub fn jain_index(xs: &[u64]) -> Option<f64> {
+    let n = xs.len() as f64;
+    let sum: f64 = xs.iter().map(|&x| x as f64).sum();
+    let sum_sq: f64 = xs.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    if xs.is_empty() || sum_sq == 0.0 {
+        None
+    } else {
+        Some(sum * sum / (n * sum_sq))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_equal_is_one() {
+        assert_eq!(jain_index(&[5, 5, 5, 5]), Some(1.0));
+        assert_eq!(jain_index(&[7]), Some(1.0));
+    }
+
+    #[test]
+    fn jain_one_of_n() {
+        for n in 1..=10usize {
+            let mut xs = vec![0u64; n];
+            xs[n - 1] = 42;
+            let j = jain_index(&xs).unwrap();
+            assert!((j - 1.0 / n as f64).abs() < 1e-12, "n={n}: {j}");
+        }
+    }
+
+    #[test]
+    fn jain_between_and_undefined() {
+        let j = jain_index(&[1, 3]).unwrap();
+        assert!((j - 16.0 / 20.0).abs() < 1e-12);
+        assert_eq!(jain_index(&[]), None);
+        assert_eq!(jain_index(&[0, 0]), None);
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(classify(200), Outcome::Ok);
+        assert_eq!(classify(206), Outcome::Ok);
+        assert_eq!(classify(304), Outcome::Ok);
+        assert_eq!(classify(301), Outcome::HttpOther);
+        assert_eq!(classify(503), Outcome::Rejected503);
+        assert_eq!(classify(429), Outcome::Http4xx);
+        assert_eq!(classify(500), Outcome::Http5xx);
+        assert_eq!(classify(600), Outcome::HttpOther);
+    }
+
+    #[test]
+    fn merge_adds() {
+        let mut a = TenantStats::new(2);
+        let mut b = TenantStats::new(2);
+        a.ok = 1;
+        a.ok_per_connection[0] = 1;
+        a.latency_us.record(100).unwrap();
+        b.ok = 2;
+        b.ok_per_connection[1] = 2;
+        b.errors.timeout = 3;
+        b.latency_us.saturating_record(LATENCY_HIGHEST_US * 10);
+        a.merge(&b);
+        assert_eq!(a.ok, 3);
+        assert_eq!(a.ok_per_connection, vec![1, 2]);
+        assert_eq!(a.errors.timeout, 3);
+        assert_eq!(a.latency_us.len(), 2);
+        assert!(a.latency_us.max() >= LATENCY_HIGHEST_US);
+    }
+}
