@@ -60,7 +60,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             SIGHUP => match &a.config {
                 None => eprintln!("omnistage: SIGHUP: no config file to reload (embedded default)"),
                 Some(p) => match load_config(p) {
-                    Err(e) => eprintln!("omnistage: reload refused, the old config keeps serving: {e}"),
+                    Err(e) => {
+                        eprintln!("omnistage: reload refused, the old config keeps serving: {e}")
+                    }
                     Ok(c) => match server.reload(c) {
                         Ok(()) => eprintln!("omnistage: reloaded {}", p.display()),
                         Err(e) => eprintln!("omnistage: reload: {e}"),

@@ -66,6 +66,11 @@ const LOG_FLUSH_INTERVAL_NS: u64 = 1_000_000_000;
 const WORK_QUEUE_PER_TENANT: usize = 4096;
 /// `Retry-After` seconds sent with 503.
 const RETRY_AFTER_S: &str = "1";
+/// Open files (with their validators) kept per core, like nginx's `open_file_cache`.
+const FILE_CACHE_ENTRIES_MAX: usize = 1024;
+/// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
+/// late (its old bytes and validators may be served until then).
+const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
 /// Generated body bytes for `/_bytes`.
 const PATTERN: &[u8; 64] = b"omnistage-omnistage-omnistage-omnistage-omnistage-omnistage-omn\n";
 
@@ -131,9 +136,14 @@ enum Boot {
 
 /// A request handed to the work stage in its tenant's activity.
 enum Work {
-    Request { key: u64, request: Box<Request> },
+    Request {
+        key: u64,
+        request: Box<Request>,
+    },
     /// Continue streaming a body (after yielding).
-    Continue { key: u64 },
+    Continue {
+        key: u64,
+    },
 }
 
 enum Tick {
@@ -141,8 +151,19 @@ enum Tick {
     LogFlush,
 }
 
+/// A resolved, opened file with its response headers precomputed.
+struct CachedFile {
+    file: Arc<File>,
+    len: u64,
+    modified: SystemTime,
+    etag: String,
+    last_modified: String,
+    content_type: &'static str,
+    expires_ns: u64,
+}
+
 struct Body {
-    file: File,
+    file: Arc<File>,
     offset: u64,
     remaining: u64,
 }
@@ -181,6 +202,11 @@ struct CoreServer {
     date: DateCache,
     log: Vec<u8>,
     limits: Limits,
+    /// (tenant, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`.
+    files: std::collections::HashMap<(usize, String), CachedFile>,
+    /// Reused read buffer: sockets are read here and only the bytes received are appended to
+    /// the connection's buffer (no zeroing of a fresh buffer per read).
+    scratch: Box<[u8]>,
 }
 
 thread_local! {
@@ -249,7 +275,11 @@ fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
 }
 
 /// Creates or updates the activities of `config`'s tenants; returns them in config order.
-fn apply_tenants(rt: &Runtime, config: &Config, old: &[Arc<TenantRuntime>]) -> Result<Vec<Arc<TenantRuntime>>, String> {
+fn apply_tenants(
+    rt: &Runtime,
+    config: &Config,
+    old: &[Arc<TenantRuntime>],
+) -> Result<Vec<Arc<TenantRuntime>>, String> {
     if rt.activity_id("/tenants").is_none() {
         rt.create_activity("/tenants", ActivitySpec::default())
             .map_err(|e| e.to_string())?;
@@ -290,21 +320,26 @@ fn apply_tenants(rt: &Runtime, config: &Config, old: &[Arc<TenantRuntime>]) -> R
 impl Server {
     /// Binds the listeners and starts the workers.
     pub fn start(config: Config, opts: ServerOptions) -> Result<Server, String> {
-        let workers = opts
-            .workers
-            .or(config.server.workers)
-            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        let workers = opts.workers.or(config.server.workers).unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
         // One listening socket per (address, worker) with SO_REUSEPORT, so the kernel spreads
         // connections over the cores; a port 0 is resolved by the first bind.
         let mut per_core: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
         for &addr in &config.server.listen {
-            let first = bind_reuseport(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            let first =
+                bind_reuseport(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
             let actual = first.local_addr().map_err(|e| e.to_string())?;
             local_addrs.push(actual);
             per_core[0].push(first);
             for listeners in per_core.iter_mut().skip(1) {
-                listeners.push(bind_reuseport(actual).map_err(|e| format!("cannot listen on {actual}: {e}"))?);
+                listeners.push(
+                    bind_reuseport(actual)
+                        .map_err(|e| format!("cannot listen on {actual}: {e}"))?,
+                );
             }
         }
         let log: Option<Mutex<Box<dyn Write + Send>>> = match &config.server.access_log {
@@ -328,7 +363,10 @@ impl Server {
             draining: AtomicBool::new(false),
             log,
         });
-        let mut b = Runtime::builder().workers(workers).pin(opts.pin).bypass(opts.bypass);
+        let mut b = Runtime::builder()
+            .workers(workers)
+            .pin(opts.pin)
+            .bypass(opts.bypass);
         let stages_cell: Arc<std::sync::OnceLock<Stages>> = Arc::new(std::sync::OnceLock::new());
         let boot = {
             let shared = shared.clone();
@@ -344,7 +382,14 @@ impl Server {
             .stage::<IoEvent, _, _>("http.accept", StageConfig::default(), |_| on_accept)
             .map_err(|e| e.to_string())?;
         let conn = b
-            .stage::<IoEvent, _, _>("http.conn", StageConfig { batch_max: 4, ..Default::default() }, |_| on_conn)
+            .stage::<IoEvent, _, _>(
+                "http.conn",
+                StageConfig {
+                    batch_max: 4,
+                    ..Default::default()
+                },
+                |_| on_conn,
+            )
             .map_err(|e| e.to_string())?;
         let work_cfg = StageConfig {
             batch_max: 4,
@@ -395,7 +440,14 @@ impl Server {
     /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
     /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
     pub fn reload(&self, config: Config) -> Result<(), String> {
-        let same_listen = self.shared.config.read().expect("config lock").server.listen == config.server.listen;
+        let same_listen = self
+            .shared
+            .config
+            .read()
+            .expect("config lock")
+            .server
+            .listen
+            == config.server.listen;
         let old = self.shared.tenants.read().expect("tenants lock").clone();
         let tenants = apply_tenants(&self.rt, &config, &old)?;
         *self.shared.tenants.write().expect("tenants lock") = tenants;
@@ -413,7 +465,9 @@ impl Server {
         self.shared.draining.store(true, Ordering::Release);
         let boot = self.boot;
         for core in 0..self.rt.workers() {
-            let _ = self.rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
+            let _ = self
+                .rt
+                .send(&boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
         }
         let deadline = std::time::Instant::now() + grace;
         while std::time::Instant::now() < deadline
@@ -485,7 +539,12 @@ impl CoreServer {
     }
 }
 
-fn on_boot(ctx: &mut Ctx<'_>, m: Boot, shared: &Arc<ServerShared>, stages: &std::sync::OnceLock<Stages>) {
+fn on_boot(
+    ctx: &mut Ctx<'_>,
+    m: Boot,
+    shared: &Arc<ServerShared>,
+    stages: &std::sync::OnceLock<Stages>,
+) {
     let stages = *stages.get().expect("stages set before start");
     match m {
         Boot::Start => {
@@ -497,9 +556,16 @@ fn on_boot(ctx: &mut Ctx<'_>, m: Boot, shared: &Arc<ServerShared>, stages: &std:
                 // Tenants are bound to listeners by the address as configured (port 0 too).
                 let addr = config.server.listen[i];
                 let mut l = mio::net::TcpListener::from_std(l);
-                match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, listeners.len() as u64) {
+                match ctx.io_register(
+                    &mut l,
+                    mio::Interest::READABLE,
+                    &stages.accept,
+                    listeners.len() as u64,
+                ) {
                     Ok(h) => listeners.push((l, h, addr)),
-                    Err(e) => eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}"),
+                    Err(e) => {
+                        eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}")
+                    }
                 }
             }
             let limits = Limits::default();
@@ -516,6 +582,8 @@ fn on_boot(ctx: &mut Ctx<'_>, m: Boot, shared: &Arc<ServerShared>, stages: &std:
                     date: DateCache::new(),
                     log: Vec::with_capacity(LOG_BUFFER_BYTES),
                     limits,
+                    files: std::collections::HashMap::new(),
+                    scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                 })
             });
             let _ = ctx.send_after(&stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
@@ -529,7 +597,6 @@ fn on_boot(ctx: &mut Ctx<'_>, m: Boot, shared: &Arc<ServerShared>, stages: &std:
         }
     }
 }
-
 
 fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
@@ -604,7 +671,10 @@ fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     };
     let _ = ctx.io_deregister(c.handle, &mut c.stream);
     cs.free.push(slot);
-    cs.shared.stats.open_connections.fetch_sub(1, Ordering::AcqRel);
+    cs.shared
+        .stats
+        .open_connections
+        .fetch_sub(1, Ordering::AcqRel);
     if let Some(t) = c.tenant {
         if let Some(tr) = cs.shared.tenants.read().expect("tenants lock").get(t) {
             tr.open.fetch_sub(1, Ordering::AcqRel);
@@ -677,7 +747,12 @@ fn drive(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let limits = cs.limits;
     let date_now = SystemTime::now();
     let Some(c) = cs.conn(key) else { return };
-    if c.busy || c.closing || c.body.is_some() || c.out.len() - c.out_pos > OUT_PENDING_BYTES_MAX || c.inbuf.is_empty() {
+    if c.busy
+        || c.closing
+        || c.body.is_some()
+        || c.out.len() - c.out_pos > OUT_PENDING_BYTES_MAX
+        || c.inbuf.is_empty()
+    {
         return;
     }
     match request::parse(&c.inbuf, &limits) {
@@ -704,7 +779,13 @@ fn drive(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 answer_status(ctx, cs, key, &request, 421, keep);
                 return;
             };
-            let tr = cs.shared.tenants.read().expect("tenants lock").get(t).cloned();
+            let tr = cs
+                .shared
+                .tenants
+                .read()
+                .expect("tenants lock")
+                .get(t)
+                .cloned();
             let Some(tr) = tr else {
                 answer_error(ctx, cs, key, &request, &HttpError::NotFound, false);
                 return;
@@ -741,7 +822,13 @@ fn drive(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                     cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
                     let date = cs.date.get(date_now).to_string();
                     let c = cs.conn(key).expect("live");
-                    response::error_response(&mut c.out, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)]);
+                    response::error_response(
+                        &mut c.out,
+                        503,
+                        keep,
+                        &date,
+                        &[("Retry-After", RETRY_AFTER_S)],
+                    );
                     c.closing |= !keep;
                     if flush(ctx, cs, key) {
                         drive(ctx, cs, key);
@@ -768,7 +855,14 @@ fn count_status(stats: &ServerStats, status: u16) {
     };
 }
 
-fn answer_error(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, e: &HttpError, keep: bool) {
+fn answer_error(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    req: &Request,
+    e: &HttpError,
+    keep: bool,
+) {
     let keep = keep && !e.closes_connection();
     let date = cs.date.get(SystemTime::now()).to_string();
     let Some(c) = cs.conn(key) else { return };
@@ -784,10 +878,21 @@ fn answer_error(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request,
     finish(ctx, cs, key, req, e.status(), 0);
 }
 
-fn answer_status(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, status: u16, keep: bool) {
+fn answer_status(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    req: &Request,
+    status: u16,
+    keep: bool,
+) {
     let date = cs.date.get(SystemTime::now()).to_string();
     let Some(c) = cs.conn(key) else { return };
-    let extra: &[(&str, &str)] = if status == 503 { &[("Retry-After", RETRY_AFTER_S)] } else { &[] };
+    let extra: &[(&str, &str)] = if status == 503 {
+        &[("Retry-After", RETRY_AFTER_S)]
+    } else {
+        &[]
+    };
     let body_start = response::error_response(&mut c.out, status, keep, &date, extra);
     if req.method == Method::Head {
         c.out.truncate(body_start);
@@ -800,16 +905,40 @@ fn answer_status(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request
 }
 
 /// Logs, flushes, and moves on to the next pipelined request.
-fn finish(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request, status: u16, bytes: u64) {
+fn finish(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    req: &Request,
+    status: u16,
+    bytes: u64,
+) {
     count_status(&cs.shared.stats, status);
     if cs.shared.log.is_some() {
         if let Some(c) = cs.conn(key) {
             let peer = c.peer.ip();
-            let path = match c.tenant.and_then(|t| cs.shared.tenants.read().expect("tenants lock").get(t).cloned()) {
+            let path = match c.tenant.and_then(|t| {
+                cs.shared
+                    .tenants
+                    .read()
+                    .expect("tenants lock")
+                    .get(t)
+                    .cloned()
+            }) {
                 Some(t) => t.path.clone(),
                 None => "/infra".into(),
             };
-            crate::log::clf_line(&mut cs.log, peer, SystemTime::now(), &req.method_raw, &req.target, req.version_minor, status, bytes, &path);
+            crate::log::clf_line(
+                &mut cs.log,
+                peer,
+                SystemTime::now(),
+                &req.method_raw,
+                &req.target,
+                req.version_minor,
+                status,
+                bytes,
+                &path,
+            );
             if cs.log.len() >= LOG_BUFFER_BYTES {
                 cs.flush_log();
             }
@@ -829,34 +958,38 @@ fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
         cs.refresh_config();
         let key = ev.user;
         let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
-        let Some(c) = cs.conn(key) else { return };
+        if cs.conn(key).is_none() {
+            return;
+        }
         if ev.readable || ev.closed {
-            // Read until the kernel has no more, or the buffer is at its limit (then TCP
-            // flow control holds the client until we parse).
+            // Read until the kernel has no more (a short read means its queue is empty, and
+            // new data makes a new edge), or the buffer is at its limit (then TCP flow control
+            // holds the client until we parse).
+            let CoreServer { conns, scratch, .. } = &mut *cs;
+            let c = conns[(key & 0xFFFF_FFFF) as usize]
+                .as_mut()
+                .expect("looked up");
             loop {
                 if c.inbuf.len() >= limit {
                     break;
                 }
-                let start = c.inbuf.len();
-                c.inbuf.resize(start + READ_CHUNK_BYTES, 0);
-                match c.stream.read(&mut c.inbuf[start..]) {
+                match c.stream.read(scratch) {
                     Ok(0) => {
-                        c.inbuf.truncate(start);
                         close(ctx, cs, key);
                         return;
                     }
                     Ok(n) => {
-                        if start == 0 {
+                        if c.inbuf.is_empty() {
                             c.request_start_ns = ctx.now_ns();
                         }
-                        c.inbuf.truncate(start + n);
+                        c.inbuf.extend_from_slice(&scratch[..n]);
                         c.last_active_ns = ctx.now_ns();
+                        if n < scratch.len() {
+                            break;
+                        }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        c.inbuf.truncate(start);
-                        break;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => c.inbuf.truncate(start),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(_) => {
                         close(ctx, cs, key);
                         return;
@@ -916,7 +1049,9 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
         Ok(x) => x,
         Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
     };
-    let Some(t) = cs.conn(key).and_then(|c| c.tenant) else { return };
+    let Some(t) = cs.conn(key).and_then(|c| c.tenant) else {
+        return;
+    };
     let tenant = cs.config.tenants[t].clone();
     if tenant.synthetic {
         if path == "/_panic" {
@@ -931,7 +1066,15 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
                     let date = cs.date.get(SystemTime::now()).to_string();
                     let c = cs.conn(key).expect("live");
                     let body = b"burned\n";
-                    response::write_head(&mut c.out, 200, "OK", &[("Content-Type", "text/plain; charset=utf-8")], Some(body.len() as u64), keep, &date);
+                    response::write_head(
+                        &mut c.out,
+                        200,
+                        "OK",
+                        &[("Content-Type", "text/plain; charset=utf-8")],
+                        Some(body.len() as u64),
+                        keep,
+                        &date,
+                    );
                     if req.method != Method::Head {
                         c.out.extend_from_slice(body);
                     }
@@ -941,7 +1084,15 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
                 Ok(Synthetic::Bytes { n }) => {
                     let date = cs.date.get(SystemTime::now()).to_string();
                     let c = cs.conn(key).expect("live");
-                    response::write_head(&mut c.out, 200, "OK", &[("Content-Type", "application/octet-stream")], Some(n), keep, &date);
+                    response::write_head(
+                        &mut c.out,
+                        200,
+                        "OK",
+                        &[("Content-Type", "application/octet-stream")],
+                        Some(n),
+                        keep,
+                        &date,
+                    );
                     if req.method != Method::Head {
                         // Generated bytes go out through the same credit window as files.
                         let mut left = n as usize;
@@ -955,7 +1106,14 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
                             // Large synthetic bodies: not streamed in this version; refuse
                             // beyond the inline limit rather than buffer them whole.
                             c.out.clear();
-                            return answer_error(ctx, cs, key, req, &HttpError::BadParameter("n larger than 256 KiB"), keep);
+                            return answer_error(
+                                ctx,
+                                cs,
+                                key,
+                                req,
+                                &HttpError::BadParameter("n larger than 256 KiB"),
+                                keep,
+                            );
                         }
                     }
                     c.closing |= !keep;
@@ -964,28 +1122,71 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
             }
         }
     }
-    let resolved = match path::resolve(&tenant.docroot, &path, &tenant.index) {
-        Ok(r) => r,
-        Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
-    };
-    let etag = cond::etag(resolved.len, resolved.modified);
-    let last_modified = cond::last_modified(resolved.modified);
+    let now_ns = ctx.now_ns();
+    let cache_key = (t, path);
+    let fresh = cs
+        .files
+        .get(&cache_key)
+        .is_some_and(|f| f.expires_ns > now_ns);
+    if !fresh {
+        let resolved = match path::resolve(&tenant.docroot, &cache_key.1, &tenant.index) {
+            Ok(r) => r,
+            Err(e) => {
+                cs.files.remove(&cache_key);
+                return answer_error(ctx, cs, key, req, &e, keep);
+            }
+        };
+        let file = match File::open(&resolved.path) {
+            Ok(f) => f,
+            Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
+        };
+        if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
+            cs.files.retain(|_, f| f.expires_ns > now_ns);
+            if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
+                cs.files.clear();
+            }
+        }
+        let entry = CachedFile {
+            file: Arc::new(file),
+            len: resolved.len,
+            modified: resolved.modified,
+            etag: cond::etag(resolved.len, resolved.modified),
+            last_modified: cond::last_modified(resolved.modified),
+            content_type: crate::mime::content_type(&resolved.path),
+            expires_ns: now_ns + FILE_CACHE_TTL_NS,
+        };
+        cs.files.insert(cache_key.clone(), entry);
+    }
+    let f = &cs.files[&cache_key];
+    let (file, flen, modified) = (f.file.clone(), f.len, f.modified);
+    let (etag, last_modified, ctype) = (f.etag.clone(), f.last_modified.clone(), f.content_type);
     let date = cs.date.get(SystemTime::now()).to_string();
-    let ctype = crate::mime::content_type(&resolved.path);
-    if cond::not_modified(req, &etag, resolved.modified) {
+    if cond::not_modified(req, &etag, modified) {
         let c = cs.conn(key).expect("live");
-        response::write_head(&mut c.out, 304, "Not Modified", &[("ETag", &etag), ("Last-Modified", &last_modified)], None, keep, &date);
+        response::write_head(
+            &mut c.out,
+            304,
+            "Not Modified",
+            &[("ETag", &etag), ("Last-Modified", &last_modified)],
+            None,
+            keep,
+            &date,
+        );
         c.closing |= !keep;
         return finish(ctx, cs, key, req, 304, 0);
     }
-    let range = cond::range_for(req, &etag, resolved.modified, resolved.len);
+    let range = cond::range_for(req, &etag, modified, flen);
     let (status, start, len) = match range {
-        RangeOutcome::Full => (200, 0, resolved.len),
-        RangeOutcome::Partial { start, end_inclusive } => (206, start, end_inclusive - start + 1),
+        RangeOutcome::Full => (200, 0, flen),
+        RangeOutcome::Partial {
+            start,
+            end_inclusive,
+        } => (206, start, end_inclusive - start + 1),
         RangeOutcome::Unsatisfiable => {
-            let cr = cond::content_range(&range, resolved.len).unwrap_or_default();
+            let cr = cond::content_range(&range, flen).unwrap_or_default();
             let c = cs.conn(key).expect("live");
-            let body_start = response::error_response(&mut c.out, 416, keep, &date, &[("Content-Range", &cr)]);
+            let body_start =
+                response::error_response(&mut c.out, 416, keep, &date, &[("Content-Range", &cr)]);
             if req.method == Method::Head {
                 c.out.truncate(body_start);
             }
@@ -993,11 +1194,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
             return finish(ctx, cs, key, req, 416, 0);
         }
     };
-    let file = match File::open(&resolved.path) {
-        Ok(f) => f,
-        Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
-    };
-    let content_range = cond::content_range(&range, resolved.len);
+    let content_range = cond::content_range(&range, flen);
     let mut headers: Vec<(&str, &str)> = vec![
         ("Content-Type", ctype),
         ("ETag", &etag),
@@ -1008,7 +1205,15 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
         headers.push(("Content-Range", cr));
     }
     let c = cs.conn(key).expect("live");
-    response::write_head(&mut c.out, status, response::status_reason(status), &headers, Some(len), keep, &date);
+    response::write_head(
+        &mut c.out,
+        status,
+        response::status_reason(status),
+        &headers,
+        Some(len),
+        keep,
+        &date,
+    );
     c.closing |= !keep;
     if req.method != Method::Head && len > 0 {
         if len <= INLINE_FILE_BYTES_MAX {
