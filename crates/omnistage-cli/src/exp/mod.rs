@@ -4,6 +4,7 @@
 mod cpu;
 mod sched_cost;
 pub(crate) mod util;
+mod web;
 
 use clap::{Args, Subcommand};
 
@@ -28,6 +29,8 @@ enum Which {
     CrossCore(cpu::CrossCoreArgs),
     /// Scheduler cost per event by policy and active leaves, and runtime overhead vs a bypass.
     SchedCost(sched_cost::SchedCostArgs),
+    /// The HTTP server with tenants 50/33/17 offered more than their shares.
+    WebShare(web::WebShareArgs),
 }
 
 pub fn run(args: ExpArgs) -> Result<(), String> {
@@ -35,5 +38,6 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::CpuShare(a) => cpu::cpu_share(a),
         Which::CrossCore(a) => cpu::cross_core(a),
         Which::SchedCost(a) => sched_cost::run(a),
+        Which::WebShare(a) => web::run(a),
     }
 }
