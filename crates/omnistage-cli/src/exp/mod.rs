@@ -2,6 +2,7 @@
 //! `--json`. They measure on real clocks and are benchmarks, never tests.
 
 mod cpu;
+mod peer;
 mod sched_cost;
 pub(crate) mod util;
 mod web;
@@ -31,6 +32,8 @@ enum Which {
     SchedCost(sched_cost::SchedCostArgs),
     /// The HTTP server with tenants 50/33/17 offered more than their shares.
     WebShare(web::WebShareArgs),
+    /// omnistage and nginx side by side: one worker each, 1 KiB file, 64 keep-alive conns.
+    HttpVsNginx(peer::PeerArgs),
 }
 
 pub fn run(args: ExpArgs) -> Result<(), String> {
@@ -39,5 +42,6 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::CrossCore(a) => cpu::cross_core(a),
         Which::SchedCost(a) => sched_cost::run(a),
         Which::WebShare(a) => web::run(a),
+        Which::HttpVsNginx(a) => peer::run(a),
     }
 }
