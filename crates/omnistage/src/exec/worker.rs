@@ -447,7 +447,9 @@ impl CoreState {
                         Ok(q) => {
                             let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
                             gate.force_admit(&shared.stages[stage as usize].load);
-                            shared.core_pending[self.core].0.fetch_add(1, Ordering::AcqRel);
+                            shared.core_pending[self.core]
+                                .0
+                                .fetch_add(1, Ordering::AcqRel);
                             self.push::<IoEvent>(
                                 stage,
                                 q,

@@ -1,10 +1,11 @@
-//! A 4-ary min-heap of fair-queue entries.
+//! The heap of ready fair-queue clients: std's binary heap of 16-byte entries.
 //!
-//! Why not `std::collections::BinaryHeap`: at 10,000 active leaves the scheduler's cost is
-//! cache misses in heap sifts. A 4-ary heap halves the depth (log4 n), and the four children
-//! of a node are 64 contiguous bytes, so each level costs about one cache line; the served
-//! client, whose key just grew, usually sinks to the bottom, which is where a shallower heap
-//! saves the most. Entries compare by `(key, seq)`.
+//! A 4-ary heap (shallower, one cache line per level) was tried and measured slower than std's
+//! binary heap on the 10,000-leaf benchmark (`omnistage exp sched-cost`, same machine,
+//! alternating runs), so this stays a thin wrapper: the policy only needs push, pop, peek,
+//! replace-the-top and retain.
+
+use std::collections::BinaryHeap;
 
 /// One queued client: ordered by smallest key, then by smallest sequence number (so equal keys
 /// are served in the order they were queued). 16 bytes.
@@ -15,140 +16,48 @@ pub(crate) struct Entry {
     pub(crate) id: u32,
 }
 
-impl Entry {
-    #[inline]
-    fn before(&self, other: &Entry) -> bool {
-        self.key < other.key || (self.key == other.key && self.seq < other.seq)
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // Reversed: std's BinaryHeap is a max-heap and we want the smallest key first.
+        (other.key, other.seq).cmp(&(self.key, self.seq))
+    }
+}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
-const ARITY: usize = 4;
-
 #[derive(Debug, Default)]
-pub(crate) struct QuadHeap {
-    v: Vec<Entry>,
+pub(crate) struct TagHeap {
+    v: BinaryHeap<Entry>,
 }
 
-impl QuadHeap {
+impl TagHeap {
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.v.len()
     }
-
     #[inline]
     pub(crate) fn peek(&self) -> Option<&Entry> {
-        self.v.first()
+        self.v.peek()
     }
-
+    #[inline]
     pub(crate) fn push(&mut self, e: Entry) {
         self.v.push(e);
-        self.sift_up(self.v.len() - 1);
     }
-
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<Entry> {
-        let last = self.v.pop()?;
-        if self.v.is_empty() {
-            return Some(last);
-        }
-        let top = std::mem::replace(&mut self.v[0], last);
-        self.sift_down_to_bottom();
-        Some(top)
+        self.v.pop()
     }
-
-    /// Replaces the top entry (which must exist) and restores the heap order.
+    /// Replaces the top entry (which must exist) and restores the order (one sift-down
+    /// instead of a pop and a push).
     #[inline]
     pub(crate) fn replace_top(&mut self, e: Entry) {
-        self.v[0] = e;
-        self.sift_down_to_bottom();
+        *self.v.peek_mut().expect("top exists") = e;
     }
-
-    /// Floyd's trick for an entry at the root that most likely belongs near the bottom (the
-    /// client just served, whose key grew; or the last leaf moved up by `pop`): move the hole
-    /// down along the smallest children without comparing against the entry, then sift the
-    /// entry up from the bottom (usually zero or one step).
-    #[inline]
-    fn sift_down_to_bottom(&mut self) {
-        let v = &mut self.v[..];
-        let n = v.len();
-        let e = v[0];
-        let mut i = 0;
-        loop {
-            let first = ARITY * i + 1;
-            if first >= n {
-                break;
-            }
-            let end = (first + ARITY).min(n);
-            let kids = &v[first..end];
-            let mut best = 0;
-            let mut best_e = kids[0];
-            for (c, k) in kids.iter().enumerate().skip(1) {
-                if k.before(&best_e) {
-                    best = c;
-                    best_e = *k;
-                }
-            }
-            v[i] = best_e;
-            i = first + best;
-        }
-        v[i] = e;
-        self.sift_up(i);
-    }
-
-    /// Keeps only the entries for which `keep` is true.
     pub(crate) fn retain(&mut self, keep: impl FnMut(&Entry) -> bool) {
         self.v.retain(keep);
-        // Floyd's heapify, bottom-up from the last parent.
-        if self.v.len() > 1 {
-            let last_parent = (self.v.len() - 2) / ARITY;
-            for i in (0..=last_parent).rev() {
-                self.sift_down(i);
-            }
-        }
-    }
-
-    #[inline]
-    fn sift_up(&mut self, mut i: usize) {
-        let v = &mut self.v[..];
-        let e = v[i];
-        while i > 0 {
-            let parent = (i - 1) / ARITY;
-            let p = v[parent];
-            if !e.before(&p) {
-                break;
-            }
-            v[i] = p;
-            i = parent;
-        }
-        v[i] = e;
-    }
-
-    #[inline]
-    fn sift_down(&mut self, mut i: usize) {
-        let v = &mut self.v[..];
-        let n = v.len();
-        let e = v[i];
-        loop {
-            let first = ARITY * i + 1;
-            if first >= n {
-                break;
-            }
-            let end = (first + ARITY).min(n);
-            let kids = &v[first..end];
-            let mut best = 0;
-            let mut best_e = kids[0];
-            for (c, k) in kids.iter().enumerate().skip(1) {
-                if k.before(&best_e) {
-                    best = c;
-                    best_e = *k;
-                }
-            }
-            if !best_e.before(&e) {
-                break;
-            }
-            v[i] = best_e;
-            i = first + best;
-        }
-        v[i] = e;
     }
 }
 
@@ -160,7 +69,7 @@ mod tests {
     proptest! {
         #[test]
         fn pops_in_order(keys in proptest::collection::vec((0u64..50, any::<u32>()), 0..200), drop_odd in any::<bool>()) {
-            let mut h = QuadHeap::default();
+            let mut h = TagHeap::default();
             for (i, (k, s)) in keys.iter().enumerate() {
                 h.push(Entry { key: *k, seq: *s, id: i as u32 });
             }

@@ -6,7 +6,7 @@
 //! saying what it cost and whether it still has work. Other clients may become ready while one
 //! is in service (a handler sends messages); the policy must accept that.
 
-use super::heap::{Entry, QuadHeap};
+use super::heap::{Entry, TagHeap};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -455,7 +455,7 @@ impl FqClient {
 pub struct FairQueue {
     mode: FairQueueMode,
     clients: Vec<FqClient>,
-    heap: QuadHeap,
+    heap: TagHeap,
     /// Node virtual time: the start tag of the last client taken into service.
     vtime: u64,
     seq: u32,
@@ -468,7 +468,7 @@ impl FairQueue {
         FairQueue {
             mode,
             clients: Vec::new(),
-            heap: QuadHeap::default(),
+            heap: TagHeap::default(),
             vtime: 0,
             seq: 0,
             ready: 0,
