@@ -36,13 +36,14 @@ use omnistage::exec::{
 };
 use omnistage::sched::{ShaperKind, ShaperSpec};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Bytes read from a socket per read call.
 const READ_CHUNK_BYTES: usize = 16 * 1024;
@@ -71,6 +72,10 @@ const FILE_CACHE_ENTRIES_MAX: usize = 1024;
 /// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
 /// late (its old bytes and validators may be served until then).
 const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
+/// How long `drain` waits for the cores to write out their access-log buffers.
+const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
+/// Body of a `/_burn` answer.
+const BURN_BODY: &[u8] = b"burned\n";
 /// Generated body bytes for `/_bytes`.
 const PATTERN: &[u8; 64] = b"omnistage-omnistage-omnistage-omnistage-omnistage-omnistage-omn\n";
 
@@ -100,18 +105,26 @@ pub struct ServerStats {
     pub panics: AtomicU64,
 }
 
-/// One tenant as the running server knows it.
+/// One tenant as the running server knows it. The same `Arc` lives across reloads for as long
+/// as the tenant keeps its name, so connection counts stay with the tenant.
 struct TenantRuntime {
+    name: String,
     activity: ActivityId,
     path: String,
     open: AtomicUsize,
 }
 
+/// The configuration and its tenants, swapped as one by a reload (so an index into one always
+/// means the same tenant in the other).
+struct Live {
+    config: Config,
+    tenants: Vec<Arc<TenantRuntime>>,
+}
+
 /// State shared by every core of one server.
 struct ServerShared {
-    config: RwLock<Arc<Config>>,
-    config_version: AtomicU64,
-    tenants: RwLock<Vec<Arc<TenantRuntime>>>,
+    live: RwLock<Arc<Live>>,
+    live_version: AtomicU64,
     stats: ServerStats,
     /// Listening sockets, per core, taken by that core's boot message.
     listeners: Mutex<Vec<Vec<TcpListener>>>,
@@ -131,7 +144,10 @@ struct Stages {
 
 enum Boot {
     Start,
+    /// Stop accepting.
     Drain,
+    /// Write out this core's access-log buffer; counts itself done.
+    FlushLog(Arc<AtomicUsize>),
 }
 
 /// A request handed to the work stage in its tenant's activity.
@@ -140,7 +156,8 @@ enum Work {
         key: u64,
         request: Box<Request>,
     },
-    /// Continue streaming a body (after yielding).
+    /// Continue a connection: stream more of a body, or answer more pipelined requests (after
+    /// yielding to the scheduler).
     Continue {
         key: u64,
     },
@@ -162,8 +179,15 @@ struct CachedFile {
     expires_ns: u64,
 }
 
+/// Where a streamed body comes from.
+enum Source {
+    File(Arc<File>),
+    /// `/_bytes`: the repeating pattern.
+    Pattern,
+}
+
 struct Body {
-    file: Arc<File>,
+    source: Source,
     offset: u64,
     remaining: u64,
 }
@@ -172,11 +196,15 @@ struct Conn {
     stream: mio::net::TcpStream,
     handle: IoHandle,
     peer: SocketAddr,
+    /// The listen address as configured (tenants are bound to those).
     local: SocketAddr,
     generation: u32,
-    tenant: Option<usize>,
+    tenant: Option<Arc<TenantRuntime>>,
     activity: ActivityId,
     inbuf: Vec<u8>,
+    /// Reading stopped with the input buffer full: read again once a request is taken out
+    /// (the socket will not signal again for bytes it already holds).
+    read_stalled: bool,
     out: Vec<u8>,
     out_pos: usize,
     body: Option<Body>,
@@ -193,8 +221,8 @@ struct Conn {
 struct CoreServer {
     shared: Arc<ServerShared>,
     stages: Stages,
-    config: Arc<Config>,
-    config_version: u64,
+    live: Arc<Live>,
+    live_version: u64,
     conns: Vec<Option<Conn>>,
     free: Vec<u32>,
     generations: Vec<u32>,
@@ -202,8 +230,9 @@ struct CoreServer {
     date: DateCache,
     log: Vec<u8>,
     limits: Limits,
-    /// (tenant, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`.
-    files: std::collections::HashMap<(usize, String), CachedFile>,
+    /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`,
+    /// emptied when the configuration changes (a docroot may have moved).
+    files: HashMap<(ActivityId, String), CachedFile>,
     /// Reused read buffer: sockets are read here and only the bytes received are appended to
     /// the connection's buffer (no zeroing of a fresh buffer per read).
     scratch: Box<[u8]>,
@@ -274,7 +303,8 @@ fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
     })
 }
 
-/// Creates or updates the activities of `config`'s tenants; returns them in config order.
+/// Creates or updates the activities of `config`'s tenants; returns them in config order,
+/// reusing the runtime record of every tenant that keeps its name.
 fn apply_tenants(
     rt: &Runtime,
     config: &Config,
@@ -303,16 +333,15 @@ fn apply_tenants(
             }
             None => rt.create_activity(&path, spec).map_err(|e| e.to_string())?,
         };
-        let open = old
-            .iter()
-            .find(|o| o.path == path)
-            .map(|o| o.open.load(Ordering::Relaxed))
-            .unwrap_or(0);
-        out.push(Arc::new(TenantRuntime {
-            activity,
-            path,
-            open: AtomicUsize::new(open),
-        }));
+        match old.iter().find(|o| o.name == t.name) {
+            Some(o) => out.push(o.clone()),
+            None => out.push(Arc::new(TenantRuntime {
+                name: t.name.clone(),
+                activity,
+                path,
+                open: AtomicUsize::new(0),
+            })),
+        }
     }
     Ok(out)
 }
@@ -354,9 +383,11 @@ impl Server {
             ))),
         };
         let shared = Arc::new(ServerShared {
-            config: RwLock::new(Arc::new(config.clone())),
-            config_version: AtomicU64::new(0),
-            tenants: RwLock::new(Vec::new()),
+            live: RwLock::new(Arc::new(Live {
+                config: config.clone(),
+                tenants: Vec::new(),
+            })),
+            live_version: AtomicU64::new(0),
             stats: ServerStats::default(),
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),
@@ -411,7 +442,7 @@ impl Server {
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
         let rt = b.start().map_err(|e| e.to_string())?;
         let tenants = apply_tenants(&rt, &config, &[])?;
-        *shared.tenants.write().expect("tenants lock") = tenants;
+        *shared.live.write().expect("live lock") = Arc::new(Live { config, tenants });
         for core in 0..workers {
             rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Start)
                 .map_err(|e| format!("cannot start core {core}: {e}"))?;
@@ -440,19 +471,11 @@ impl Server {
     /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
     /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
     pub fn reload(&self, config: Config) -> Result<(), String> {
-        let same_listen = self
-            .shared
-            .config
-            .read()
-            .expect("config lock")
-            .server
-            .listen
-            == config.server.listen;
-        let old = self.shared.tenants.read().expect("tenants lock").clone();
-        let tenants = apply_tenants(&self.rt, &config, &old)?;
-        *self.shared.tenants.write().expect("tenants lock") = tenants;
-        *self.shared.config.write().expect("config lock") = Arc::new(config);
-        self.shared.config_version.fetch_add(1, Ordering::Release);
+        let old = self.shared.live.read().expect("live lock").clone();
+        let same_listen = old.config.server.listen == config.server.listen;
+        let tenants = apply_tenants(&self.rt, &config, &old.tenants)?;
+        *self.shared.live.write().expect("live lock") = Arc::new(Live { config, tenants });
+        self.shared.live_version.fetch_add(1, Ordering::Release);
         if same_listen {
             Ok(())
         } else {
@@ -460,40 +483,57 @@ impl Server {
         }
     }
 
-    /// Stops accepting, lets open connections finish for up to `grace`, then stops.
+    /// Stops accepting, lets open connections finish for up to `grace`, writes out the access
+    /// log, then stops.
     pub fn drain(self, grace: Duration) {
         self.shared.draining.store(true, Ordering::Release);
-        let boot = self.boot;
-        for core in 0..self.rt.workers() {
+        let workers = self.rt.workers();
+        for core in 0..workers {
             let _ = self
                 .rt
-                .send(&boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
+                .send(&self.boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
         }
-        let deadline = std::time::Instant::now() + grace;
-        while std::time::Instant::now() < deadline
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline
             && self.shared.stats.open_connections.load(Ordering::Acquire) > 0
         {
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let done = Arc::new(AtomicUsize::new(0));
+        let mut asked = 0;
+        for core in 0..workers {
+            let flush = Boot::FlushLog(done.clone());
+            if self
+                .rt
+                .send(&self.boot, INFRA, Affinity::Core(core as u16), flush)
+                .is_ok()
+            {
+                asked += 1;
+            }
+        }
+        // Bounded wait: a core stuck in a long handler must not hold shutdown forever.
+        let deadline = Instant::now() + LOG_FLUSH_WAIT;
+        while done.load(Ordering::Acquire) < asked && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
         }
         self.rt.shutdown();
-        flush_log_all(&self.shared);
-    }
-}
-
-fn flush_log_all(shared: &ServerShared) {
-    if let Some(log) = &shared.log {
-        if let Ok(mut w) = log.lock() {
-            let _ = w.flush();
+        if let Some(log) = &self.shared.log {
+            if let Ok(mut w) = log.lock() {
+                let _ = w.flush();
+            }
         }
     }
 }
 
 impl CoreServer {
-    fn refresh_config(&mut self) {
-        let v = self.shared.config_version.load(Ordering::Acquire);
-        if v != self.config_version {
-            self.config = self.shared.config.read().expect("config lock").clone();
-            self.config_version = v;
+    /// Picks up a reload: the new config and tenants, and an empty file cache (a docroot may
+    /// have changed).
+    fn refresh(&mut self) {
+        let v = self.shared.live_version.load(Ordering::Acquire);
+        if v != self.live_version {
+            self.live = self.shared.live.read().expect("live lock").clone();
+            self.live_version = v;
+            self.files.clear();
         }
     }
 
@@ -506,7 +546,7 @@ impl CoreServer {
         }
     }
 
-    /// Reserves a connection slot; returns (slot, generation). `fill` or `release` must follow.
+    /// Reserves a connection slot; returns (slot, generation). Fill it or `release` it.
     fn reserve(&mut self) -> (u32, u32) {
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -524,6 +564,10 @@ impl CoreServer {
     fn release(&mut self, slot: u32) {
         self.conns[slot as usize] = None;
         self.free.push(slot);
+    }
+
+    fn date(&mut self) -> String {
+        self.date.get(SystemTime::now()).to_string()
     }
 
     fn flush_log(&mut self) {
@@ -548,41 +592,35 @@ fn on_boot(
     let stages = *stages.get().expect("stages set before start");
     match m {
         Boot::Start => {
-            let config = shared.config.read().expect("config lock").clone();
+            let live = shared.live.read().expect("live lock").clone();
             let core = ctx.core();
             let taken = std::mem::take(&mut shared.listeners.lock().expect("listeners lock")[core]);
             let mut listeners = Vec::new();
             for (i, l) in taken.into_iter().enumerate() {
                 // Tenants are bound to listeners by the address as configured (port 0 too).
-                let addr = config.server.listen[i];
+                let addr = live.config.server.listen[i];
                 let mut l = mio::net::TcpListener::from_std(l);
-                match ctx.io_register(
-                    &mut l,
-                    mio::Interest::READABLE,
-                    &stages.accept,
-                    listeners.len() as u64,
-                ) {
+                match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, i as u64) {
                     Ok(h) => listeners.push((l, h, addr)),
                     Err(e) => {
                         eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}")
                     }
                 }
             }
-            let limits = Limits::default();
             CORE.with(|c| {
                 *c.borrow_mut() = Some(CoreServer {
                     shared: shared.clone(),
                     stages,
-                    config,
-                    config_version: shared.config_version.load(Ordering::Acquire),
+                    live,
+                    live_version: shared.live_version.load(Ordering::Acquire),
                     conns: Vec::new(),
                     free: Vec::new(),
                     generations: Vec::new(),
                     listeners,
                     date: DateCache::new(),
                     log: Vec::with_capacity(LOG_BUFFER_BYTES),
-                    limits,
-                    files: std::collections::HashMap::new(),
+                    limits: Limits::default(),
+                    files: HashMap::new(),
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                 })
             });
@@ -593,13 +631,19 @@ fn on_boot(
                 for (mut l, h, _) in cs.listeners.drain(..) {
                     let _ = ctx.io_deregister(h, &mut l);
                 }
+                cs.flush_log();
             });
+        }
+        Boot::FlushLog(done) => {
+            with_core(|cs| cs.flush_log());
+            done.fetch_add(1, Ordering::AcqRel);
         }
     }
 }
 
 fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
+        cs.refresh();
         let idx = ev.user as usize;
         let now = ctx.now_ns();
         for n in 0..=ACCEPTS_PER_EVENT_MAX {
@@ -621,7 +665,9 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
             };
             let shared = cs.shared.clone();
             let stats = &shared.stats;
-            if stats.open_connections.load(Ordering::Acquire) >= cs.config.server.connections_max {
+            if stats.open_connections.load(Ordering::Acquire)
+                >= cs.live.config.server.connections_max
+            {
                 // Over the server's limit: refuse at once rather than let it wait unserved.
                 stats.refused_connections.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -648,6 +694,7 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 tenant: None,
                 activity: INFRA,
                 inbuf: Vec::new(),
+                read_stalled: false,
                 out: Vec::new(),
                 out_pos: 0,
                 body: None,
@@ -657,7 +704,7 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 last_active_ns: now,
                 requests: 0,
             });
-            let timeout_ns = cs.config.server.header_timeout.as_nanos() as u64;
+            let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
             let _ = ctx.send_after(&cs.stages.timer, timeout_ns, Tick::Deadline { key });
         }
     });
@@ -666,7 +713,10 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
 /// Closes a connection and forgets it.
 fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let slot = (key & 0xFFFF_FFFF) as u32;
-    let Some(mut c) = cs.conns.get_mut(slot as usize).and_then(|c| c.take()) else {
+    if cs.conn(key).is_none() {
+        return;
+    }
+    let Some(mut c) = cs.conns[slot as usize].take() else {
         return;
     };
     let _ = ctx.io_deregister(c.handle, &mut c.stream);
@@ -676,10 +726,59 @@ fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         .open_connections
         .fetch_sub(1, Ordering::AcqRel);
     if let Some(t) = c.tenant {
-        if let Some(tr) = cs.shared.tenants.read().expect("tenants lock").get(t) {
-            tr.open.fetch_sub(1, Ordering::AcqRel);
+        t.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Reads what the socket holds, up to the input limit. Returns false if the connection closed.
+fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
+    let now = ctx.now_ns();
+    let CoreServer { conns, scratch, .. } = &mut *cs;
+    let Some(c) = conns[(key & 0xFFFF_FFFF) as usize].as_mut() else {
+        return false;
+    };
+    c.read_stalled = false;
+    // Bounded: each round either fills the buffer toward `limit`, or ends.
+    loop {
+        if c.inbuf.len() >= limit {
+            // TCP flow control holds the client until a request is taken out.
+            c.read_stalled = true;
+            return true;
+        }
+        match c.stream.read(scratch) {
+            Ok(0) => {
+                close(ctx, cs, key);
+                return false;
+            }
+            Ok(n) => {
+                if c.inbuf.is_empty() {
+                    c.request_start_ns = now;
+                }
+                c.inbuf.extend_from_slice(&scratch[..n]);
+                c.last_active_ns = now;
+                // A short read means the kernel's queue is empty; new data makes a new edge.
+                if n < scratch.len() {
+                    return true;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                close(ctx, cs, key);
+                return false;
+            }
         }
     }
+}
+
+/// Asks the work stage to continue this connection later, in its activity.
+fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId) {
+    let opts = SendOpts {
+        activity: Some(activity),
+        ..Default::default()
+    };
+    let _ = ctx.send_with(&cs.stages.work, opts, Work::Continue { key });
 }
 
 /// Writes what is pending; streams the next chunks of a body under the credit window.
@@ -713,26 +812,23 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         if chunks == FLOW_CHUNKS_PER_DISPATCH {
             // Yield: the rest goes out in a later dispatch of the same activity.
             let activity = c.activity;
-            let opts = SendOpts {
-                activity: Some(activity),
-                ..Default::default()
-            };
-            let _ = ctx.send_with(&cs.stages.work, opts, Work::Continue { key });
+            yield_conn(ctx, cs, key, activity);
             return true;
         }
         let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
-        c.out.resize(n, 0);
-        match body.file.read_exact_at(&mut c.out, body.offset) {
-            Ok(()) => {
-                body.offset += n as u64;
-                body.remaining -= n as u64;
+        match &body.source {
+            Source::File(file) => {
+                c.out.resize(n, 0);
+                if file.read_exact_at(&mut c.out, body.offset).is_err() {
+                    // The file shrank under us: the length already sent cannot be honoured.
+                    close(ctx, cs, key);
+                    return false;
+                }
             }
-            Err(_) => {
-                // The file shrank under us: the length already sent cannot be honoured.
-                close(ctx, cs, key);
-                return false;
-            }
+            Source::Pattern => fill_pattern(&mut c.out, body.offset, n),
         }
+        body.offset += n as u64;
+        body.remaining -= n as u64;
         chunks += 1;
     }
     if c.closing {
@@ -742,106 +838,143 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     true
 }
 
-/// Parses and dispatches the next request if the connection is free to take one.
+/// Appends `n` bytes of the `/_bytes` pattern starting at body offset `offset`.
+fn fill_pattern(out: &mut Vec<u8>, offset: u64, n: usize) {
+    let mut at = (offset % PATTERN.len() as u64) as usize;
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(PATTERN.len() - at);
+        out.extend_from_slice(&PATTERN[at..at + k]);
+        left -= k;
+        at = 0;
+    }
+}
+
+/// What `step` did with the connection's input.
+enum Step {
+    /// Nothing more to do now (waiting for bytes, for the work stage, or for the socket).
+    Idle,
+    /// Answered a request inline; there may be more.
+    Answered,
+    /// The connection is gone.
+    Closed,
+}
+
+/// Parses and dispatches (or answers inline) the pipelined requests the connection holds, at
+/// most `pipeline_depth_max` per call; if more remain, continues in a later dispatch of the
+/// connection's activity. A loop, not recursion: a flood of pipelined requests costs no stack.
 fn drive(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let depth_max = cs.live.config.server.pipeline_depth_max.max(1);
+    for _ in 0..depth_max {
+        match step(ctx, cs, key) {
+            Step::Idle | Step::Closed => return,
+            Step::Answered => {}
+        }
+    }
+    if let Some(c) = cs.conn(key) {
+        if !c.inbuf.is_empty() {
+            let activity = c.activity;
+            yield_conn(ctx, cs, key, activity);
+        }
+    }
+}
+
+fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let limits = cs.limits;
-    let date_now = SystemTime::now();
-    let Some(c) = cs.conn(key) else { return };
+    let Some(c) = cs.conn(key) else {
+        return Step::Closed;
+    };
     if c.busy
         || c.closing
         || c.body.is_some()
         || c.out.len() - c.out_pos > OUT_PENDING_BYTES_MAX
         || c.inbuf.is_empty()
     {
-        return;
+        return Step::Idle;
     }
-    match request::parse(&c.inbuf, &limits) {
-        ParseOutcome::Partial => {}
+    let (request, consumed) = match request::parse(&c.inbuf, &limits) {
+        ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {
             c.inbuf.clear();
             c.closing = true;
-            let date = cs.date.get(date_now).to_string();
+            let date = cs.date();
             let c = cs.conn(key).expect("live");
             response::error_response(&mut c.out, e.status(), false, &date, &[]);
             count_status(&cs.shared.stats, e.status());
             flush(ctx, cs, key);
+            return Step::Closed;
         }
-        ParseOutcome::Complete { request, consumed } => {
-            c.inbuf.drain(..consumed);
-            c.requests += 1;
-            c.last_active_ns = ctx.now_ns();
-            c.request_start_ns = ctx.now_ns();
-            let local = c.local;
-            let tenant = cs.config.tenant_for(request.host.as_deref(), local);
-            let Some(t) = tenant else {
-                // No tenant serves this Host here.
-                let keep = request.keep_alive;
-                answer_status(ctx, cs, key, &request, 421, keep);
-                return;
-            };
-            let tr = cs
-                .shared
-                .tenants
-                .read()
-                .expect("tenants lock")
-                .get(t)
-                .cloned();
-            let Some(tr) = tr else {
-                answer_error(ctx, cs, key, &request, &HttpError::NotFound, false);
-                return;
-            };
-            let limit = cs.config.tenants[t].connections_max;
+        ParseOutcome::Complete { request, consumed } => (request, consumed),
+    };
+    c.inbuf.drain(..consumed);
+    c.requests += 1;
+    c.last_active_ns = ctx.now_ns();
+    c.request_start_ns = ctx.now_ns();
+    let stalled = c.read_stalled;
+    let local = c.local;
+    if stalled && !read_more(ctx, cs, key) {
+        return Step::Closed;
+    }
+    let keep = request.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
+    let live = cs.live.clone();
+    let Some(t) = live.config.tenant_for(request.host.as_deref(), local) else {
+        // No tenant serves this Host here.
+        return answer_status(ctx, cs, key, &request, 421, keep);
+    };
+    let tr = live.tenants[t].clone();
+    let limit = live.config.tenants[t].connections_max;
+    let c = cs.conn(key).expect("live");
+    if !c.tenant.as_ref().is_some_and(|x| Arc::ptr_eq(x, &tr)) {
+        if let Some(prev) = c.tenant.take() {
+            prev.open.fetch_sub(1, Ordering::AcqRel);
+        }
+        let open = tr.open.fetch_add(1, Ordering::AcqRel);
+        c.tenant = Some(tr.clone());
+        if limit.is_some_and(|l| open >= l) {
+            return answer_status(ctx, cs, key, &request, 503, false);
+        }
+        c.activity = tr.activity;
+        // From now on this connection's readiness is the tenant's work.
+        let _ = ctx.io_set_activity(c.handle, tr.activity);
+    }
+    let opts = SendOpts {
+        activity: Some(tr.activity),
+        ..Default::default()
+    };
+    let request = Box::new(request);
+    match ctx.send_with(&cs.stages.work, opts, Work::Request { key, request }) {
+        Ok(()) => {
+            cs.conn(key).expect("live").busy = true;
+            Step::Idle
+        }
+        Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
+            // Overload: answer at once, cheaply, in the sender's context.
+            let date = cs.date();
             let c = cs.conn(key).expect("live");
-            if c.tenant != Some(t) {
-                if let Some(prev) = c.tenant {
-                    if let Some(p) = cs.shared.tenants.read().expect("tenants lock").get(prev) {
-                        p.open.fetch_sub(1, Ordering::AcqRel);
-                    }
-                }
-                let c = cs.conn(key).expect("live");
-                c.tenant = Some(t);
-                let open = tr.open.fetch_add(1, Ordering::AcqRel);
-                if limit.is_some_and(|l| open >= l) {
-                    answer_status(ctx, cs, key, &request, 503, false);
-                    return;
-                }
-                let c = cs.conn(key).expect("live");
-                c.activity = tr.activity;
-                // From now on this connection's readiness is the tenant's work.
-                let _ = ctx.io_set_activity(c.handle, tr.activity);
+            response::error_response(
+                &mut c.out,
+                503,
+                keep,
+                &date,
+                &[("Retry-After", RETRY_AFTER_S)],
+            );
+            c.closing |= !keep;
+            cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
+            count_status(&cs.shared.stats, 503);
+            if flush(ctx, cs, key) {
+                Step::Answered
+            } else {
+                Step::Closed
             }
-            let opts = SendOpts {
-                activity: Some(tr.activity),
-                ..Default::default()
-            };
-            let keep = request.keep_alive;
-            let request = Box::new(request);
-            match ctx.send_with(&cs.stages.work, opts, Work::Request { key, request }) {
-                Ok(()) => cs.conn(key).expect("live").busy = true,
-                Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
-                    cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
-                    let date = cs.date.get(date_now).to_string();
-                    let c = cs.conn(key).expect("live");
-                    response::error_response(
-                        &mut c.out,
-                        503,
-                        keep,
-                        &date,
-                        &[("Retry-After", RETRY_AFTER_S)],
-                    );
-                    c.closing |= !keep;
-                    if flush(ctx, cs, key) {
-                        drive(ctx, cs, key);
-                    }
-                }
-                Err(_) => {
-                    let date = cs.date.get(date_now).to_string();
-                    let c = cs.conn(key).expect("live");
-                    response::error_response(&mut c.out, 500, false, &date, &[]);
-                    c.closing = true;
-                    flush(ctx, cs, key);
-                }
-            }
+        }
+        Err(_) => {
+            let date = cs.date();
+            let c = cs.conn(key).expect("live");
+            response::error_response(&mut c.out, 500, false, &date, &[]);
+            c.closing = true;
+            count_status(&cs.shared.stats, 500);
+            flush(ctx, cs, key);
+            Step::Closed
         }
     }
 }
@@ -862,10 +995,12 @@ fn answer_error(
     req: &Request,
     e: &HttpError,
     keep: bool,
-) {
+) -> Step {
     let keep = keep && !e.closes_connection();
-    let date = cs.date.get(SystemTime::now()).to_string();
-    let Some(c) = cs.conn(key) else { return };
+    let date = cs.date();
+    let Some(c) = cs.conn(key) else {
+        return Step::Closed;
+    };
     let mut extra: Vec<(&str, &str)> = Vec::new();
     if let Some(l) = e.location() {
         extra.push(("Location", l));
@@ -875,7 +1010,7 @@ fn answer_error(
         c.out.truncate(body_start);
     }
     c.closing |= !keep;
-    finish(ctx, cs, key, req, e.status(), 0);
+    finish(ctx, cs, key, req, e.status(), 0)
 }
 
 fn answer_status(
@@ -885,9 +1020,11 @@ fn answer_status(
     req: &Request,
     status: u16,
     keep: bool,
-) {
-    let date = cs.date.get(SystemTime::now()).to_string();
-    let Some(c) = cs.conn(key) else { return };
+) -> Step {
+    let date = cs.date();
+    let Some(c) = cs.conn(key) else {
+        return Step::Closed;
+    };
     let extra: &[(&str, &str)] = if status == 503 {
         &[("Retry-After", RETRY_AFTER_S)]
     } else {
@@ -901,10 +1038,10 @@ fn answer_status(
     if status == 503 {
         cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
     }
-    finish(ctx, cs, key, req, status, 0);
+    finish(ctx, cs, key, req, status, 0)
 }
 
-/// Logs, flushes, and moves on to the next pipelined request.
+/// Logs the answer, marks the connection free for its next request, and writes.
 fn finish(
     ctx: &mut Ctx<'_>,
     cs: &mut CoreServer,
@@ -912,19 +1049,12 @@ fn finish(
     req: &Request,
     status: u16,
     bytes: u64,
-) {
+) -> Step {
     count_status(&cs.shared.stats, status);
     if cs.shared.log.is_some() {
         if let Some(c) = cs.conn(key) {
             let peer = c.peer.ip();
-            let path = match c.tenant.and_then(|t| {
-                cs.shared
-                    .tenants
-                    .read()
-                    .expect("tenants lock")
-                    .get(t)
-                    .cloned()
-            }) {
+            let path = match &c.tenant {
                 Some(t) => t.path.clone(),
                 None => "/infra".into(),
             };
@@ -949,53 +1079,21 @@ fn finish(
         c.last_active_ns = ctx.now_ns();
     }
     if flush(ctx, cs, key) {
-        drive(ctx, cs, key);
+        Step::Answered
+    } else {
+        Step::Closed
     }
 }
 
 fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
-        cs.refresh_config();
+        cs.refresh();
         let key = ev.user;
-        let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
         if cs.conn(key).is_none() {
             return;
         }
-        if ev.readable || ev.closed {
-            // Read until the kernel has no more (a short read means its queue is empty, and
-            // new data makes a new edge), or the buffer is at its limit (then TCP flow control
-            // holds the client until we parse).
-            let CoreServer { conns, scratch, .. } = &mut *cs;
-            let c = conns[(key & 0xFFFF_FFFF) as usize]
-                .as_mut()
-                .expect("looked up");
-            loop {
-                if c.inbuf.len() >= limit {
-                    break;
-                }
-                match c.stream.read(scratch) {
-                    Ok(0) => {
-                        close(ctx, cs, key);
-                        return;
-                    }
-                    Ok(n) => {
-                        if c.inbuf.is_empty() {
-                            c.request_start_ns = ctx.now_ns();
-                        }
-                        c.inbuf.extend_from_slice(&scratch[..n]);
-                        c.last_active_ns = ctx.now_ns();
-                        if n < scratch.len() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(_) => {
-                        close(ctx, cs, key);
-                        return;
-                    }
-                }
-            }
+        if (ev.readable || ev.closed) && !read_more(ctx, cs, key) {
+            return;
         }
         if flush(ctx, cs, key) {
             drive(ctx, cs, key);
@@ -1005,7 +1103,7 @@ fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
 
 fn on_work(ctx: &mut Ctx<'_>, w: Work) {
     with_core(|cs| {
-        cs.refresh_config();
+        cs.refresh();
         match w {
             Work::Continue { key } => {
                 if flush(ctx, cs, key) {
@@ -1013,26 +1111,32 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
                 }
             }
             Work::Request { key, request } => {
-                if cs.conn(key).is_none() {
-                    return;
-                }
-                // A panic while answering becomes a 500 on this connection (and is counted);
-                // the runtime would contain it anyway, but the client deserves an answer.
+                let Some(c) = cs.conn(key) else { return };
+                // Where this response starts: a panic unwinds to here and only this
+                // response's bytes are taken back.
+                let mark = c.out.len();
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     serve(ctx, cs, key, &request)
                 }));
-                if served.is_err() {
-                    cs.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
-                    let date = cs.date.get(SystemTime::now()).to_string();
-                    if let Some(c) = cs.conn(key) {
-                        c.out.truncate(c.out_pos);
-                        c.body = None;
-                        c.busy = false;
-                        c.closing = true;
-                        response::error_response(&mut c.out, 500, false, &date, &[]);
-                        count_status(&cs.shared.stats, 500);
-                        flush(ctx, cs, key);
+                let step = match served {
+                    Ok(step) => step,
+                    Err(_) => {
+                        cs.shared.stats.panics.fetch_add(1, Ordering::Relaxed);
+                        let date = cs.date();
+                        match cs.conn(key) {
+                            Some(c) => {
+                                c.out.truncate(mark.max(c.out_pos).min(c.out.len()));
+                                c.body = None;
+                                c.closing = true;
+                                response::error_response(&mut c.out, 500, false, &date, &[]);
+                                finish(ctx, cs, key, &request, 500, 0)
+                            }
+                            None => Step::Closed,
+                        }
                     }
+                };
+                if let Step::Answered = step {
+                    drive(ctx, cs, key);
                 }
             }
         }
@@ -1040,90 +1144,73 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
 }
 
 /// Answers one request in its tenant's activity.
-fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
+fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Step {
     let keep = req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
     if req.method == Method::Other {
-        return answer_error(ctx, cs, key, req, &HttpError::NotImplemented, keep);
+        // A body-less unknown method: the stream is still in step, so the connection may stay.
+        return answer_status(ctx, cs, key, req, 501, keep);
     }
     let (path, query) = match path::decode_target(&req.target) {
         Ok(x) => x,
         Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
     };
-    let Some(t) = cs.conn(key).and_then(|c| c.tenant) else {
-        return;
+    let Some(tr) = cs.conn(key).and_then(|c| c.tenant.clone()) else {
+        return Step::Closed;
     };
-    let tenant = cs.config.tenants[t].clone();
+    let live = cs.live.clone();
+    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+        // The tenant was removed by a reload while this request waited.
+        return answer_status(ctx, cs, key, req, 421, false);
+    };
     if tenant.synthetic {
         if path == "/_panic" {
             // A synthetic fault, to exercise (and test) the panic-to-500 path.
             panic!("synthetic panic requested by /_panic");
         }
         if let Some(s) = synthetic::parse_synthetic(&path, query.as_deref()) {
-            match s {
+            let date = cs.date();
+            let (body_len, source) = match s {
                 Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
                 Ok(Synthetic::Burn { us }) => {
                     burn((cs.shared.burn_iters_per_us * us as f64) as u64);
-                    let date = cs.date.get(SystemTime::now()).to_string();
-                    let c = cs.conn(key).expect("live");
-                    let body = b"burned\n";
-                    response::write_head(
-                        &mut c.out,
-                        200,
-                        "OK",
-                        &[("Content-Type", "text/plain; charset=utf-8")],
-                        Some(body.len() as u64),
-                        keep,
-                        &date,
-                    );
-                    if req.method != Method::Head {
-                        c.out.extend_from_slice(body);
-                    }
-                    c.closing |= !keep;
-                    return finish(ctx, cs, key, req, 200, body.len() as u64);
+                    (BURN_BODY.len() as u64, None)
                 }
-                Ok(Synthetic::Bytes { n }) => {
-                    let date = cs.date.get(SystemTime::now()).to_string();
-                    let c = cs.conn(key).expect("live");
-                    response::write_head(
-                        &mut c.out,
-                        200,
-                        "OK",
-                        &[("Content-Type", "application/octet-stream")],
-                        Some(n),
-                        keep,
-                        &date,
-                    );
-                    if req.method != Method::Head {
+                Ok(Synthetic::Bytes { n }) => (n, Some(Source::Pattern)),
+            };
+            let c = cs.conn(key).expect("live");
+            let ctype = if source.is_some() {
+                "application/octet-stream"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            response::write_head(
+                &mut c.out,
+                200,
+                "OK",
+                &[("Content-Type", ctype)],
+                Some(body_len),
+                keep,
+                &date,
+            );
+            if req.method != Method::Head {
+                match source {
+                    None => c.out.extend_from_slice(BURN_BODY),
+                    Some(source) => {
                         // Generated bytes go out through the same credit window as files.
-                        let mut left = n as usize;
-                        let inline = left.min(INLINE_FILE_BYTES_MAX as usize);
-                        while left > 0 && c.out.len() < inline + 512 {
-                            let k = left.min(PATTERN.len());
-                            c.out.extend_from_slice(&PATTERN[..k]);
-                            left -= k;
-                        }
-                        if left > 0 {
-                            // Large synthetic bodies: not streamed in this version; refuse
-                            // beyond the inline limit rather than buffer them whole.
-                            c.out.clear();
-                            return answer_error(
-                                ctx,
-                                cs,
-                                key,
-                                req,
-                                &HttpError::BadParameter("n larger than 256 KiB"),
-                                keep,
-                            );
-                        }
+                        c.body = Some(Body {
+                            source,
+                            offset: 0,
+                            remaining: body_len,
+                        });
                     }
-                    c.closing |= !keep;
-                    return finish(ctx, cs, key, req, 200, n);
                 }
             }
+            c.closing |= !keep;
+            return finish(ctx, cs, key, req, 200, body_len);
         }
     }
     let now_ns = ctx.now_ns();
-    let cache_key = (t, path);
+    let cache_key = (tr.activity, path);
     let fresh = cs
         .files
         .get(&cache_key)
@@ -1160,18 +1247,14 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
     let f = &cs.files[&cache_key];
     let (file, flen, modified) = (f.file.clone(), f.len, f.modified);
     let (etag, last_modified, ctype) = (f.etag.clone(), f.last_modified.clone(), f.content_type);
-    let date = cs.date.get(SystemTime::now()).to_string();
+    let date = cs.date();
     if cond::not_modified(req, &etag, modified) {
         let c = cs.conn(key).expect("live");
-        response::write_head(
-            &mut c.out,
-            304,
-            "Not Modified",
-            &[("ETag", &etag), ("Last-Modified", &last_modified)],
-            None,
-            keep,
-            &date,
-        );
+        let headers = [
+            ("ETag", etag.as_str()),
+            ("Last-Modified", last_modified.as_str()),
+        ];
+        response::write_head(&mut c.out, 304, "Not Modified", &headers, None, keep, &date);
         c.closing |= !keep;
         return finish(ctx, cs, key, req, 304, 0);
     }
@@ -1222,22 +1305,22 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) {
             if file.read_exact_at(&mut c.out[at..], start).is_err() {
                 c.out.truncate(at);
                 close(ctx, cs, key);
-                return;
+                return Step::Closed;
             }
         } else {
             c.body = Some(Body {
-                file,
+                source: Source::File(file),
                 offset: start,
                 remaining: len,
             });
         }
     }
-    finish(ctx, cs, key, req, status, len);
+    finish(ctx, cs, key, req, status, len)
 }
 
 fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
     with_core(|cs| {
-        cs.refresh_config();
+        cs.refresh();
         match t {
             Tick::LogFlush => {
                 cs.flush_log();
@@ -1245,8 +1328,8 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
             }
             Tick::Deadline { key } => {
                 let now = ctx.now_ns();
-                let header_ns = cs.config.server.header_timeout.as_nanos() as u64;
-                let idle_ns = cs.config.server.keepalive_timeout.as_nanos() as u64;
+                let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
+                let idle_ns = cs.live.config.server.keepalive_timeout.as_nanos() as u64;
                 let timer = cs.stages.timer;
                 let shared = cs.shared.clone();
                 let Some(c) = cs.conn(key) else { return };
@@ -1265,7 +1348,7 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 }
                 shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 if !c.inbuf.is_empty() {
-                    let date = cs.date.get(SystemTime::now()).to_string();
+                    let date = cs.date();
                     let c = cs.conn(key).expect("live");
                     c.inbuf.clear();
                     response::error_response(&mut c.out, 408, false, &date, &[]);
