@@ -84,6 +84,9 @@ pub struct CoreCounters {
     /// Time the thread was runnable but waiting for a CPU, as the OS counts it
     /// (`/proc/thread-self/schedstat`), ns; 0 where unavailable.
     pub os_runqueue_ns: Counter,
+    /// Hypervisor steal time of the CPU the worker is pinned to (`/proc/stat`, tick
+    /// resolution), ns; 0 when the worker is not pinned or where unavailable.
+    pub os_steal_ns: Counter,
     /// Messages dropped because a handler panicked.
     pub panics: Counter,
     /// Messages handled (in both scheduled and bypass modes; updated per dispatch).
@@ -172,6 +175,7 @@ impl Ledger {
                 dispatch_ns: k.dispatch_ns.get(),
                 os_cpu_ns: k.os_cpu_ns.get(),
                 os_runqueue_ns: k.os_runqueue_ns.get(),
+                os_steal_ns: k.os_steal_ns.get(),
                 panics: k.panics.get(),
             });
         }
@@ -218,6 +222,7 @@ pub struct CoreRow {
     pub dispatch_ns: u64,
     pub os_cpu_ns: u64,
     pub os_runqueue_ns: u64,
+    pub os_steal_ns: u64,
     pub panics: u64,
 }
 
@@ -227,10 +232,10 @@ impl CoreRow {
         self.dispatch_ns + self.infra_ns
     }
 
-    /// Busy time by the OS's clocks: on a CPU, or runnable and waiting for one (a preempted
-    /// worker is still "busy" by the runtime's wall clock).
+    /// Busy time by the OS's clocks: on a CPU, runnable and waiting for one, or with its CPU
+    /// stolen by the hypervisor (all are "busy" by the runtime's wall clock).
     pub fn os_busy_ns(&self) -> u64 {
-        self.os_cpu_ns + self.os_runqueue_ns
+        self.os_cpu_ns + self.os_runqueue_ns + self.os_steal_ns
     }
 
     /// Unattributed time: what the OS saw the worker busy with that the runtime did not charge

@@ -60,6 +60,7 @@ struct CoreResult {
     charged_ns: u64,
     os_cpu_ns: u64,
     os_runqueue_ns: u64,
+    os_steal_ns: u64,
     unattributed_ns: i64,
 }
 
@@ -203,6 +204,7 @@ fn measure(
             dispatch_ns: b.dispatch_ns - a.dispatch_ns,
             os_cpu_ns: b.os_cpu_ns - a.os_cpu_ns,
             os_runqueue_ns: b.os_runqueue_ns - a.os_runqueue_ns,
+            os_steal_ns: b.os_steal_ns - a.os_steal_ns,
             panics: b.panics - a.panics,
         };
         unattributed_abs += d.unattributed_ns().unsigned_abs();
@@ -214,6 +216,7 @@ fn measure(
             charged_ns: d.charged_ns(),
             os_cpu_ns: d.os_cpu_ns,
             os_runqueue_ns: d.os_runqueue_ns,
+            os_steal_ns: d.os_steal_ns,
             unattributed_ns: d.unattributed_ns(),
         });
     }
@@ -257,18 +260,19 @@ fn print(report: &ShareReport, json: bool) {
         );
     }
     println!(
-        "unattributed fraction (|OS busy - charged| / elapsed): {:.5}",
+        "unattributed fraction (|OS busy - charged| / elapsed; OS busy = thread CPU + run-queue wait + steal): {:.5}",
         report.unattributed_fraction
     );
     for c in &report.cores {
         println!(
-            "  core {}: elapsed {:.3} s, idle {:.3} s, charged {:.3} s, OS cpu {:.3} s + runqueue {:.3} s, unattributed {:+.3} ms",
+            "  core {}: elapsed {:.3} s, idle {:.3} s, charged {:.3} s, OS cpu {:.3} s + runqueue {:.3} s + steal {:.3} s, unattributed {:+.3} ms",
             c.core,
             c.elapsed_ns as f64 / 1e9,
             c.idle_ns as f64 / 1e9,
             c.charged_ns as f64 / 1e9,
             c.os_cpu_ns as f64 / 1e9,
             c.os_runqueue_ns as f64 / 1e9,
+            c.os_steal_ns as f64 / 1e9,
             c.unattributed_ns as f64 / 1e6
         );
     }

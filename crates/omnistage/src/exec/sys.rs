@@ -68,3 +68,42 @@ impl SchedStat {
         Some((run, wait))
     }
 }
+
+/// Hypervisor steal time of one CPU from `/proc/stat`: time the CPU was taken away from this
+/// machine. A worker pinned to that CPU sees it as wall time that neither its CPU clock nor its
+/// run-queue wait contains. Resolution: one clock tick (usually 10 ms).
+pub(crate) struct CpuSteal {
+    file: Option<File>,
+    cpu: usize,
+    ns_per_tick: u64,
+    buf: Vec<u8>,
+}
+
+impl CpuSteal {
+    pub(crate) fn open(cpu: usize) -> Self {
+        // SAFETY: sysconf only reads a configuration value.
+        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        CpuSteal {
+            file: File::open("/proc/stat").ok(),
+            cpu,
+            ns_per_tick: if ticks > 0 {
+                1_000_000_000 / ticks as u64
+            } else {
+                0
+            },
+            buf: vec![0; 16 * 1024],
+        }
+    }
+
+    /// Steal time of the CPU so far, ns; `None` where unavailable.
+    pub(crate) fn read(&mut self) -> Option<u64> {
+        let f = self.file.as_ref()?;
+        let n = f.read_at(&mut self.buf, 0).ok()?;
+        let text = std::str::from_utf8(&self.buf[..n]).ok()?;
+        let label = format!("cpu{} ", self.cpu);
+        let line = text.lines().find(|l| l.starts_with(&label))?;
+        // cpuN user nice system idle iowait irq softirq steal ...
+        let steal: u64 = line.split_ascii_whitespace().nth(8)?.parse().ok()?;
+        Some(steal * self.ns_per_tick)
+    }
+}

@@ -993,6 +993,10 @@ pub(crate) fn run(
         .cell(core, INFRA, LOOP_STAGE)
         .expect("first cell of the core fits");
     let mut schedstat = sys::SchedStat::open();
+    // Steal is per CPU, so it can be charged to a worker only if the worker owns its CPU.
+    let mut steal = pin.map(sys::CpuSteal::open);
+    let steal_begin = steal.as_mut().and_then(|s| s.read()).unwrap_or(0);
+    let mut flushes = 0u64;
     let cpu_begin = sys::thread_cpu_ns();
     let rq_begin = schedstat.read().map(|(_, w)| w).unwrap_or(0);
     let t_begin = clock.raw();
@@ -1016,6 +1020,13 @@ pub(crate) fn run(
         counters.dispatch_ns.set(time.dispatch_ns);
         counters.os_cpu_ns.set(cpu);
         counters.os_runqueue_ns.set(rq);
+        // /proc/stat is larger than schedstat: read it every 10th flush (100 ms).
+        flushes += 1;
+        if flushes % 10 == 1 {
+            if let Some(st) = steal.as_mut().and_then(|s| s.read()) {
+                counters.os_steal_ns.set(st.saturating_sub(steal_begin));
+            }
+        }
         infra_cell.cpu_ns.set(time.infra_ns);
     };
 
