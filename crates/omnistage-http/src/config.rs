@@ -13,6 +13,9 @@
 //! pipeline_depth_max = 16           # 1..=1024
 //! access_log = "-"                  # "-" stdout, a path, or omitted for none
 //! cache_bytes_max = 268435456       # 0..=1 TiB
+//! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
+//!                                   # with it, or any tenant's net_cap, sends go through the
+//!                                   # byte-fair send scheduler
 //!
 //! [[tenant]]                        # at least one, at most 10,000
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
@@ -129,6 +132,8 @@ pub struct ServerConfig {
     pub access_log: AccessLog,
     /// The file cache's global byte limit.
     pub cache_bytes_max: u64,
+    /// The link rate all tenants share, bytes/s (enables the send scheduler).
+    pub net_link_cap_bytes_per_s: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -142,6 +147,7 @@ impl Default for ServerConfig {
             pipeline_depth_max: 16,
             access_log: AccessLog::Off,
             cache_bytes_max: 256 << 20,
+            net_link_cap_bytes_per_s: None,
         }
     }
 }
@@ -367,6 +373,7 @@ struct RawServer {
     pipeline_depth_max: Option<Spanned<i64>>,
     access_log: Option<Spanned<String>>,
     cache_bytes_max: Option<Spanned<i64>>,
+    net_link_cap: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -726,6 +733,7 @@ fn server_config(
         cache_bytes_max: c
             .opt_int_in(&s.cache_bytes_max, "cache_bytes_max", 0, CACHE_BYTES_MAX)?
             .map_or(d.cache_bytes_max, |n| n as u64),
+        net_link_cap_bytes_per_s: c.rate(&s.net_link_cap, "net_link_cap")?,
     })
 }
 

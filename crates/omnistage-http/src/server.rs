@@ -11,6 +11,10 @@
 //! http.work ──── a request in its tenant's activity: files, synthetic
 //!                endpoints, errors; its gate turns overload into 503           (tenant)
 //! http.timer ─── header and keep-alive deadlines; access-log flushes           (any)
+//! http.send ──── the network send resource stage, when a link or tenant net cap is
+//!                configured: its own scheduler (SFQ by bytes under a link shaper,
+//!                one node per tenant with its weight and cap, a leaf per
+//!                connection) decides whose bytes go out next                   (/infra)
 //! ```
 //!
 //! Receive is lazy (QLinux's LRP): the first request of a connection is read and parsed in
@@ -34,7 +38,7 @@ use omnistage::activity::{ActivitySpec, INFRA};
 use omnistage::exec::{
     Affinity, Ctx, IoEvent, IoHandle, Runtime, SendError, SendOpts, StageConfig, StageRef,
 };
-use omnistage::sched::{ShaperKind, ShaperSpec};
+use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
@@ -72,6 +76,11 @@ const FILE_CACHE_ENTRIES_MAX: usize = 1024;
 /// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
 /// late (its old bytes and validators may be served until then).
 const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
+/// Bytes one pick of the send scheduler may write before it decides again: the quantum of
+/// byte-fairness between connections.
+const SEND_QUANTUM_BYTES: usize = 16 * 1024;
+/// Most picks per dispatch of the send stage before it yields to the CPU scheduler.
+const SEND_PICKS_PER_DISPATCH: usize = 64;
 /// How long `drain` waits for the cores to write out their access-log buffers.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
 /// Body of a `/_burn` answer.
@@ -140,6 +149,123 @@ struct Stages {
     conn: StageRef<IoEvent>,
     work: StageRef<Work>,
     timer: StageRef<Tick>,
+    send: StageRef<Pump>,
+}
+
+/// Wakes the send stage of this core.
+struct Pump;
+
+/// The network send resource stage of one core: a scheduling tree charged in bytes.
+struct SendSched {
+    tree: Tree,
+    link: NodeId,
+    tenants: HashMap<ActivityId, NodeId>,
+    leaves: HashMap<u64, NodeId>,
+    conn_of: HashMap<NodeId, u64>,
+    /// A `Pump` message is queued or a pump timer is set.
+    pump_pending: bool,
+}
+
+fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
+    ShaperSpec {
+        kind,
+        rate_per_s,
+        // 10 ms of the rate, at least one quantum (a smaller bucket could never admit a write).
+        burst: (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64),
+    }
+}
+
+fn cap_kind(k: CapKind) -> ShaperKind {
+    match k {
+        CapKind::Token => ShaperKind::Token,
+        CapKind::Leaky => ShaperKind::Leaky,
+    }
+}
+
+impl SendSched {
+    /// A send scheduler if the configuration caps the link or any tenant's network rate.
+    fn for_config(live: &Live) -> Option<SendSched> {
+        let config = &live.config;
+        let any_cap = config.server.net_link_cap_bytes_per_s.is_some()
+            || config
+                .tenants
+                .iter()
+                .any(|t| t.net_cap_bytes_per_s.is_some());
+        if !any_cap {
+            return None;
+        }
+        let mut tree = Tree::new(PolicyKind::Sfq);
+        // Costs are bytes: no minimum beyond one byte.
+        tree.set_min_cost(1);
+        let link = tree
+            .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
+            .expect("a new tree has room");
+        let mut s = SendSched {
+            tree,
+            link,
+            tenants: HashMap::new(),
+            leaves: HashMap::new(),
+            conn_of: HashMap::new(),
+            pump_pending: false,
+        };
+        s.configure(live, 0);
+        Some(s)
+    }
+
+    /// Applies the link cap and the weight and cap of every tenant that has a node (after a
+    /// reload, too).
+    fn configure(&mut self, live: &Live, now_ns: u64) {
+        let link_cap = live
+            .config
+            .server
+            .net_link_cap_bytes_per_s
+            .map(|r| bucket(ShaperKind::Token, r));
+        let _ = self.tree.set_shaper(self.link, link_cap, now_ns);
+        for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            if let Some(&n) = self.tenants.get(&tr.activity) {
+                let cap = t
+                    .net_cap_bytes_per_s
+                    .map(|r| bucket(cap_kind(t.cap_kind), r));
+                let _ = self.tree.set_params(n, ClientParams::weight(t.weight));
+                let _ = self.tree.set_shaper(n, cap, now_ns);
+            }
+        }
+    }
+
+    /// The tenant's node, created with its weight and cap on its first send.
+    fn tenant_node(
+        &mut self,
+        activity: ActivityId,
+        t: &crate::config::TenantConfig,
+        now_ns: u64,
+    ) -> Option<NodeId> {
+        let params = ClientParams::weight(t.weight);
+        let cap = t
+            .net_cap_bytes_per_s
+            .map(|r| bucket(cap_kind(t.cap_kind), r));
+        match self.tenants.get(&activity) {
+            Some(&n) => Some(n),
+            None => {
+                let n = self
+                    .tree
+                    .add_interior(self.link, params, PolicyKind::Sfq)
+                    .ok()?;
+                let _ = self.tree.set_shaper(n, cap, now_ns);
+                self.tenants.insert(activity, n);
+                Some(n)
+            }
+        }
+    }
+
+    fn forget(&mut self, key: u64) {
+        if let Some(leaf) = self.leaves.remove(&key) {
+            self.conn_of.remove(&leaf);
+            self.tree.leaf_idle(leaf);
+            // Refused only for a leaf in service, which `close` never meets: the pump charges
+            // before it closes.
+            let _ = self.tree.remove(leaf);
+        }
+    }
 }
 
 enum Boot {
@@ -208,6 +334,8 @@ struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     body: Option<Body>,
+    /// The send scheduler met `WouldBlock`: wait for the socket to be writable.
+    send_blocked: bool,
     /// A request is with the work stage; parse no further until it answers.
     busy: bool,
     /// Close once the output is flushed.
@@ -233,6 +361,8 @@ struct CoreServer {
     /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`,
     /// emptied when the configuration changes (a docroot may have moved).
     files: HashMap<(ActivityId, String), CachedFile>,
+    /// The send scheduler, when caps are configured; otherwise connections write directly.
+    send: Option<SendSched>,
     /// Reused read buffer: sockets are read here and only the bytes received are appended to
     /// the connection's buffer (no zeroing of a fresh buffer per read).
     scratch: Box<[u8]>,
@@ -433,11 +563,15 @@ impl Server {
         let timer = b
             .stage::<Tick, _, _>("http.timer", StageConfig::default(), |_| on_tick)
             .map_err(|e| e.to_string())?;
+        let send = b
+            .stage::<Pump, _, _>("http.send", StageConfig::default(), |_| on_send)
+            .map_err(|e| e.to_string())?;
         let stages = Stages {
             accept,
             conn,
             work,
             timer,
+            send,
         };
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
         let rt = b.start().map_err(|e| e.to_string())?;
@@ -534,6 +668,10 @@ impl CoreServer {
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
             self.files.clear();
+            match &mut self.send {
+                Some(ss) => ss.configure(&self.live, 0),
+                None => self.send = SendSched::for_config(&self.live),
+            }
         }
     }
 
@@ -621,6 +759,7 @@ fn on_boot(
                     log: Vec::with_capacity(LOG_BUFFER_BYTES),
                     limits: Limits::default(),
                     files: HashMap::new(),
+                    send: SendSched::for_config(&shared.live.read().expect("live lock")),
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                 })
             });
@@ -698,6 +837,7 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 out: Vec::new(),
                 out_pos: 0,
                 body: None,
+                send_blocked: false,
                 busy: false,
                 closing: false,
                 request_start_ns: now,
@@ -720,6 +860,9 @@ fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         return;
     };
     let _ = ctx.io_deregister(c.handle, &mut c.stream);
+    if let Some(ss) = &mut cs.send {
+        ss.forget(key);
+    }
     cs.free.push(slot);
     cs.shared
         .stats
@@ -784,6 +927,18 @@ fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId
 /// Writes what is pending; streams the next chunks of a body under the credit window.
 /// Returns false when the connection was closed.
 fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    let scheduled = cs.send.is_some();
+    let Some(c) = cs.conn(key) else { return false };
+    let pending = c.out_pos < c.out.len() || c.body.is_some();
+    if scheduled && pending {
+        if let Some(tr) = c.tenant.clone() {
+            // A tenant's bytes go out when the send scheduler says so.
+            if !c.send_blocked {
+                schedule_send(ctx, cs, key, &tr);
+            }
+            return true;
+        }
+    }
     let Some(c) = cs.conn(key) else { return false };
     let mut chunks = 0;
     loop {
@@ -793,7 +948,13 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
                     close(ctx, cs, key);
                     return false;
                 }
-                Ok(n) => c.out_pos += n,
+                Ok(n) => {
+                    c.out_pos += n;
+                    if let Some(t) = &c.tenant {
+                        let a = t.activity;
+                        ctx.record_bytes_out(a, n as u64);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -1095,6 +1256,11 @@ fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
         if (ev.readable || ev.closed) && !read_more(ctx, cs, key) {
             return;
         }
+        if ev.writable {
+            if let Some(c) = cs.conn(key) {
+                c.send_blocked = false;
+            }
+        }
         if flush(ctx, cs, key) {
             drive(ctx, cs, key);
         }
@@ -1357,6 +1523,185 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 } else {
                     close(ctx, cs, key);
                 }
+            }
+        }
+    });
+}
+
+/// Makes a connection's pending output a client of the send scheduler, and wakes the pump.
+fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRuntime) {
+    let now = ctx.now_ns();
+    let live = cs.live.clone();
+    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+        return;
+    };
+    let send_stage = cs.stages.send;
+    let Some(ss) = cs.send.as_mut() else { return };
+    let leaf = match ss.leaves.get(&key) {
+        Some(&l) => l,
+        None => {
+            let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+                return;
+            };
+            let Ok(l) = ss.tree.add_leaf(node, ClientParams::default()) else {
+                return;
+            };
+            ss.leaves.insert(key, l);
+            ss.conn_of.insert(l, key);
+            l
+        }
+    };
+    ss.tree.leaf_ready(leaf, now);
+    if !ss.pump_pending {
+        ss.pump_pending = true;
+        let opts = SendOpts {
+            activity: Some(INFRA),
+            ..Default::default()
+        };
+        if ctx.send_with(&send_stage, opts, Pump).is_err() {
+            ss.pump_pending = false;
+        }
+    }
+}
+
+/// What one pick of the send scheduler did with a connection.
+struct Sent {
+    bytes: usize,
+    /// Output still pending.
+    more: bool,
+    /// The socket said `WouldBlock`.
+    blocked: bool,
+    /// The connection failed and must be closed.
+    failed: bool,
+}
+
+/// Writes up to one quantum of a connection's pending output (response heads, then body
+/// chunks under the credit window).
+fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
+    let mut sent = Sent {
+        bytes: 0,
+        more: false,
+        blocked: false,
+        failed: false,
+    };
+    let Some(c) = cs.conn(key) else {
+        sent.failed = true;
+        return sent;
+    };
+    while sent.bytes < SEND_QUANTUM_BYTES {
+        if c.out_pos < c.out.len() {
+            let end = c
+                .out
+                .len()
+                .min(c.out_pos + (SEND_QUANTUM_BYTES - sent.bytes));
+            match c.stream.write(&c.out[c.out_pos..end]) {
+                Ok(0) => {
+                    sent.failed = true;
+                    break;
+                }
+                Ok(n) => {
+                    c.out_pos += n;
+                    sent.bytes += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    sent.blocked = true;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    sent.failed = true;
+                    break;
+                }
+            }
+            continue;
+        }
+        c.out.clear();
+        c.out_pos = 0;
+        let Some(body) = &mut c.body else { break };
+        if body.remaining == 0 {
+            c.body = None;
+            break;
+        }
+        let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
+        match &body.source {
+            Source::File(file) => {
+                c.out.resize(n, 0);
+                if file.read_exact_at(&mut c.out, body.offset).is_err() {
+                    sent.failed = true;
+                    break;
+                }
+            }
+            Source::Pattern => fill_pattern(&mut c.out, body.offset, n),
+        }
+        body.offset += n as u64;
+        body.remaining -= n as u64;
+    }
+    sent.more = c.out_pos < c.out.len() || c.body.is_some();
+    if let Some(t) = &c.tenant {
+        let a = t.activity;
+        ctx.record_bytes_out(a, sent.bytes as u64);
+    }
+    sent
+}
+
+fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
+    with_core(|cs| {
+        cs.refresh();
+        let now = ctx.now_ns();
+        let send_stage = cs.stages.send;
+        match cs.send.as_mut() {
+            Some(ss) => ss.pump_pending = false,
+            None => return,
+        }
+        for _ in 0..SEND_PICKS_PER_DISPATCH {
+            let ss = cs.send.as_mut().expect("checked");
+            let Some(leaf) = ss.tree.pick(now) else { break };
+            let Some(&key) = ss.conn_of.get(&leaf) else {
+                ss.tree.charge(leaf, 1, false, now);
+                continue;
+            };
+            let sent = send_some(ctx, cs, key);
+            let ss = cs.send.as_mut().expect("checked");
+            let still = sent.more && !sent.blocked && !sent.failed;
+            ss.tree.charge(leaf, sent.bytes.max(1) as u64, still, now);
+            if sent.failed {
+                close(ctx, cs, key);
+                continue;
+            }
+            if sent.blocked {
+                if let Some(c) = cs.conn(key) {
+                    c.send_blocked = true;
+                }
+                continue;
+            }
+            if !sent.more {
+                let Some(c) = cs.conn(key) else { continue };
+                if c.closing {
+                    close(ctx, cs, key);
+                } else {
+                    // Output done: its next pipelined request, in its own activity.
+                    let activity = c.activity;
+                    yield_conn(ctx, cs, key, activity);
+                }
+            }
+        }
+        let ss = cs.send.as_mut().expect("checked");
+        let opts = SendOpts {
+            activity: Some(INFRA),
+            ..Default::default()
+        };
+        match ss.tree.next_decision_ns(now) {
+            None => {}
+            Some(0) => {
+                ss.pump_pending = ctx.send_with(&send_stage, opts, Pump).is_ok();
+            }
+            Some(d) => {
+                // Shaped: come back when a bucket allows the next write.
+                let opts = SendOpts {
+                    delay_ns: d,
+                    ..opts
+                };
+                ss.pump_pending = ctx.send_with(&send_stage, opts, Pump).is_ok();
             }
         }
     });

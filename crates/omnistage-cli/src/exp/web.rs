@@ -30,6 +30,12 @@ pub struct WebShareArgs {
     /// CPU per request for `--bound cpu`, µs.
     #[arg(long, default_value_t = 200)]
     burn_us: u64,
+    /// For `--bound net`: the link cap all tenants share, bytes/s.
+    #[arg(long, default_value_t = 40_000_000)]
+    link_bytes_per_s: u64,
+    /// For `--bound net`: body size of each response (`/_bytes?n=N`).
+    #[arg(long, default_value_t = 65_536)]
+    body_bytes: u64,
     /// CPU the server's worker is pinned to; the load generator takes the other.
     #[arg(long, default_value_t = 0)]
     server_cpu: usize,
@@ -73,13 +79,17 @@ const TENANTS: [(&str, u32); 3] = [("a", 50), ("b", 33), ("c", 17)];
 const WARMUP_S: f64 = 1.0;
 
 pub fn run(a: WebShareArgs) -> Result<(), String> {
-    if a.bound != Bound::Cpu {
-        return Err(format!(
-            "web-share --bound {:?}: not available yet; the server has no network-send or disk \
-             resource stage (fair by bytes, with a link or disk cap) to share on. Only --bound cpu runs.",
-            a.bound
-        )
-        .to_lowercase());
+    if a.bound == Bound::Disk {
+        return Err(
+            "web-share --bound disk: not available yet; the server has no disk resource \
+                    stage (fair by bytes, with a depth and rate cap) to share on"
+                .into(),
+        );
+    }
+    if !(1_000_000..=1_000_000_000).contains(&a.link_bytes_per_s)
+        || !(1..=1 << 24).contains(&a.body_bytes)
+    {
+        return Err("--link-bytes-per-s 1e6..=1e9, --body-bytes 1..=16 MiB".into());
     }
     if !(1.0..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) || a.burn_us > 100_000
     {
@@ -98,6 +108,9 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     let mut toml = String::from(
         "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\nconnections_max = 10000\n",
     );
+    if a.bound == Bound::Net {
+        toml.push_str(&format!("net_link_cap = \"{}B/s\"\n", a.link_bytes_per_s));
+    }
     for (name, weight) in TENANTS {
         toml.push_str(&format!(
             "\n[[tenant]]\nname = \"{name}\"\nhosts = [\"{name}.test\"]\nweight = {weight}\ndocroot = \"{}\"\nsynthetic = true\n",
@@ -132,7 +145,11 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     ];
     for (name, _) in TENANTS {
         argv.push("--tenant".into());
-        argv.push(format!("{name}:{name}.test:{}:burn={}", a.conns, a.burn_us));
+        let mix = match a.bound {
+            Bound::Net => format!("bytes={}", a.body_bytes),
+            _ => format!("burn={}", a.burn_us),
+        };
+        argv.push(format!("{name}:{name}.test:{}:{mix}", a.conns));
     }
     let load = LoadCli::try_parse_from(&argv)
         .map_err(|e| e.to_string())?
@@ -155,11 +172,19 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     server.drain(Duration::from_millis(500));
     let _ = std::fs::remove_dir_all(&root);
 
+    // The bound resource: charged CPU, or bytes the server sent.
+    let bound = a.bound;
     let cpu = |s: &omnistage::account::Snapshot, id| {
         s.by_activity()
             .into_iter()
             .find(|(x, _)| *x == id)
-            .map(|(_, r)| r.cpu_ns)
+            .map(|(_, r)| {
+                if bound == Bound::Net {
+                    r.bytes_out
+                } else {
+                    r.cpu_ns
+                }
+            })
             .unwrap_or(0)
     };
     let used: Vec<u64> = ids.iter().map(|&id| cpu(&s1, id) - cpu(&s0, id)).collect();
@@ -200,7 +225,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         .collect();
     let r = Report {
         experiment: "web-share",
-        bound: "cpu",
+        bound: if a.bound == Bound::Net { "net" } else { "cpu" },
         machine: machine(),
         seconds: a.seconds,
         conns_per_tenant: a.conns,
@@ -211,9 +236,16 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         println!("{}", serde_json::to_string(&r).expect("serializable"));
         return Ok(());
     }
+    let what = match a.bound {
+        Bound::Net => format!(
+            "/_bytes?n={} under a {} B/s link cap, share of bytes sent",
+            a.body_bytes, a.link_bytes_per_s
+        ),
+        _ => format!("/_burn?us={}, share of charged CPU", r.burn_us),
+    };
     println!(
-        "web-share --bound cpu: 1 server worker on CPU 0, load on CPU {load_cpu}, {} conns/tenant, /_burn?us={}, {:.0} s; {}",
-        r.conns_per_tenant, r.burn_us, r.seconds, r.machine
+        "web-share --bound {}: 1 server worker on CPU 0, load on CPU {load_cpu}, {} conns/tenant, {what}, {:.0} s; {}",
+        r.bound, r.conns_per_tenant, r.seconds, r.machine
     );
     println!(
         "{:<6} {:>6} {:>7} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7}",

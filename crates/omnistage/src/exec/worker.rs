@@ -340,6 +340,8 @@ pub(crate) struct CoreState {
     io: Vec<IoRegistration>,
     io_free: Vec<u32>,
     io_live: usize,
+    /// Ledger cells for records a handler charges explicitly (bytes), by (activity, stage).
+    record_cells: IdMap<(ActivityId, StageId), Arc<Cell>>,
 }
 
 impl CoreState {
@@ -388,7 +390,19 @@ impl CoreState {
             io: Vec::new(),
             io_free: Vec::new(),
             io_live: 0,
+            record_cells: IdMap::default(),
         }
+    }
+
+    fn record_cell(&mut self, shared: &Shared, activity: ActivityId) -> Option<&Cell> {
+        let key = (activity, self.current_stage);
+        if !self.record_cells.contains_key(&key) {
+            let cell = shared
+                .ledger
+                .cell(self.core, activity, self.current_stage)?;
+            self.record_cells.insert(key, cell);
+        }
+        self.record_cells.get(&key).map(|c| &**c)
     }
 
     /// Turns readiness from `poll` into `IoEvent` messages (merged per source).
@@ -765,6 +779,23 @@ impl Ctx<'_> {
     pub fn set_activity(&mut self, activity: ActivityId) {
         self.st.current_activity = activity;
     }
+    /// Records bytes sent on behalf of `activity` by the current stage (Omni-Kernel's
+    /// `resource_record` for the network): they appear in the ledger under
+    /// (activity, this stage, this core). A stage that sends for several activities (a send
+    /// scheduler) names each.
+    pub fn record_bytes_out(&mut self, activity: ActivityId, bytes: u64) {
+        if let Some(c) = self.st.record_cell(self.shared, activity) {
+            c.bytes_out.add(bytes);
+        }
+    }
+
+    /// Records bytes received on behalf of `activity` by the current stage.
+    pub fn record_bytes_in(&mut self, activity: ActivityId, bytes: u64) {
+        if let Some(c) = self.st.record_cell(self.shared, activity) {
+            c.bytes_in.add(bytes);
+        }
+    }
+
     /// Registers an I/O source with this worker: its readiness becomes `IoEvent` messages to
     /// `to`, in the current activity, carrying `user`.
     pub fn io_register<S: mio::event::Source + ?Sized>(
