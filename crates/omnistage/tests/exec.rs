@@ -1623,3 +1623,61 @@ fn shutdown_is_idempotent_and_later_sends_say_stopped() {
     assert_eq!(rt.handled(), 100);
     drop(rt); // a third stop, from Drop
 }
+
+/// A stage with SEDA's batching controller still handles every message exactly once, and its
+/// batch stays within 1..=batch_max on every core; a fixed stage keeps `batch_max`.
+#[test]
+fn adaptive_batching_keeps_its_batch_in_range_and_loses_nothing() {
+    const N: u64 = 20_000;
+    let mut b = Runtime::builder().workers(2);
+    let seen = Arc::new(AtomicU64::new(0));
+    let s2 = seen.clone();
+    let adaptive = b
+        .stage::<u64, _, _>(
+            "adaptive",
+            StageConfig {
+                batch_max: 64,
+                adaptive_batch: true,
+                queue_limit: 1 << 20,
+                ..Default::default()
+            },
+            move |_| {
+                let s = s2.clone();
+                move |_ctx, v: u64| {
+                    // Some work per message so windows fill.
+                    let mut x = v;
+                    for _ in 0..200 {
+                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    }
+                    std::hint::black_box(x);
+                    s.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+        )
+        .unwrap();
+    let fixed = b
+        .stage::<u64, _, _>("fixed", StageConfig::default(), |_| |_ctx, _v: u64| {})
+        .unwrap();
+    let rt = b.start().unwrap();
+    for i in 0..N {
+        let core = (i % 2) as u16;
+        loop {
+            match rt.send(&adaptive, INFRA, Affinity::Core(core), i) {
+                Ok(()) => break,
+                Err(SendError::MailboxFull) => std::thread::yield_now(),
+                Err(e) => panic!("send: {e:?}"),
+            }
+        }
+    }
+    drain(&rt);
+    assert_eq!(seen.load(Ordering::Relaxed), N);
+    for core in 0..2 {
+        let batch = rt.batch_size(adaptive.id(), core).unwrap();
+        assert!((1..=64).contains(&batch), "core {core}: batch {batch}");
+        assert_eq!(
+            rt.batch_size(fixed.id(), core),
+            Some(StageConfig::default().batch_max)
+        );
+    }
+    assert_eq!(rt.batch_size(fixed.id(), 2), None);
+}

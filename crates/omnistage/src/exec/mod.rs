@@ -76,6 +76,9 @@ pub struct StageConfig {
     pub weight: u32,
     /// Optional stage-wide limit with share-aware shedding across activities.
     pub shared_limit: Option<SharedQueueLimit>,
+    /// Let SEDA's batching controller tune the batch (per core, between 1 and `batch_max`)
+    /// from the stage's measured throughput, instead of always taking `batch_max`.
+    pub adaptive_batch: bool,
 }
 
 impl Default for StageConfig {
@@ -86,6 +89,7 @@ impl Default for StageConfig {
             predicate: Predicate::Threshold,
             weight: crate::sched::WEIGHT_DEFAULT,
             shared_limit: None,
+            adaptive_batch: false,
         }
     }
 }
@@ -215,6 +219,8 @@ pub(crate) struct StageMeta {
     pub(crate) config: StageConfig,
     pub(crate) load: StageLoad,
     pub(crate) type_id: TypeId,
+    /// The batch each core uses now (`batch_max` unless the stage is adaptive).
+    pub(crate) batch_now: Vec<std::sync::atomic::AtomicU32>,
 }
 
 /// Placement of affinity keys: key → (core, expiry). Striped so senders on different cores
@@ -525,6 +531,7 @@ impl Builder {
         self.stages.push(StageMeta {
             name: name.to_string(),
             load: StageLoad::new(config.shared_limit.clone()),
+            batch_now: Vec::new(),
             config,
             type_id: TypeId::of::<M>(),
         });
@@ -560,6 +567,12 @@ impl Builder {
                 waker,
             });
         }
+        let mut stages = self.stages;
+        for s in &mut stages {
+            s.batch_now = (0..self.workers)
+                .map(|_| std::sync::atomic::AtomicU32::new(s.config.batch_max))
+                .collect();
+        }
         let clock = quanta::Clock::new();
         let start_raw = clock.raw();
         let shared = Arc::new(Shared {
@@ -568,7 +581,7 @@ impl Builder {
             start_raw,
             ledger: Ledger::new(self.workers),
             activities: RwLock::new(self.activities),
-            stages: self.stages,
+            stages,
             gates: RwLock::new(HashMap::new()),
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
@@ -700,6 +713,15 @@ impl Runtime {
             return Some("loop");
         }
         self.shared.stages.get(id as usize).map(|s| s.name.as_str())
+    }
+
+    /// The batch a stage takes per dispatch on `core` now (moves only for adaptive stages).
+    pub fn batch_size(&self, stage: StageId, core: usize) -> Option<u32> {
+        self.shared
+            .stages
+            .get(stage as usize)
+            .and_then(|s| s.batch_now.get(core))
+            .map(|b| b.load(Ordering::Relaxed))
     }
 
     /// Rejections counted at the gate of (stage, activity).

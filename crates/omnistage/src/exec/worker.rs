@@ -17,6 +17,17 @@ use std::time::Duration;
 
 pub(crate) const WAKE_TOKEN: mio::Token = mio::Token(usize::MAX);
 
+/// An adaptive stage's batch is re-decided after this much of its own dispatch time on a core
+/// (a SEDA controller window, in stage time so an idle stage keeps its setting).
+const BATCH_WINDOW_NS: u64 = 10_000_000;
+
+/// SEDA's batching controller for one stage on one core.
+struct StageBatching {
+    controller: crate::admit::BatchingController,
+    window_messages: u64,
+    window_ns: u64,
+}
+
 /// How often a worker publishes its loop counters and reads the OS clocks, ns.
 const FLUSH_INTERVAL_NS: u64 = 10_000_000;
 
@@ -1014,6 +1025,17 @@ pub(crate) fn run(
     };
     let mut st = CoreState::new(core, shared, &handlers, registry);
     let mut dispatches_since_poll = 0u32;
+    let mut batching: Vec<Option<StageBatching>> = shared
+        .stages
+        .iter()
+        .map(|s| {
+            s.config.adaptive_batch.then(|| StageBatching {
+                controller: crate::admit::BatchingController::new(s.config.batch_max),
+                window_messages: 0,
+                window_ns: 0,
+            })
+        })
+        .collect();
     let mut last_poll_ns = 0u64;
     let mut events = mio::Events::with_capacity(64);
     let clock = &shared.clock;
@@ -1107,13 +1129,24 @@ pub(crate) fn run(
                     .expect("picked leaf has info");
                 (li.stage as usize, li.q)
             };
-            let batch_max = shared.stages[stage].config.batch_max as usize;
+            let batch_max = shared.stages[stage].batch_now[core].load(Ordering::Relaxed) as usize;
             let mut h = handlers[stage].take().expect("handler not re-entered");
             let b = h.run(&mut st, shared, q, batch_max);
             handlers[stage] = Some(h);
             let end_raw = clock.raw();
             let cost = clock.delta_as_nanos(now_raw, end_raw);
             let end_ns = st.now_ns + cost;
+            if let Some(bc) = &mut batching[stage] {
+                bc.window_messages += u64::from(b.messages);
+                bc.window_ns += cost;
+                if bc.window_ns >= BATCH_WINDOW_NS {
+                    let per_s = bc.window_messages as f64 * 1e9 / bc.window_ns as f64;
+                    let next = bc.controller.observe(per_s);
+                    shared.stages[stage].batch_now[core].store(next, Ordering::Relaxed);
+                    bc.window_messages = 0;
+                    bc.window_ns = 0;
+                }
+            }
             if st.bypass {
                 if b.still_backlogged {
                     st.leaf_ready(leaf);
