@@ -21,7 +21,7 @@
 //! (through `&self`, with atomics); the controllers are plain values owned by one worker, which
 //! pushes their decisions into a bucket with [`GcraBucket::set_rate`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const NS_PER_S: f64 = 1e9;
 
@@ -117,7 +117,7 @@ const GCRA_CAS_RETRIES: u32 = 64;
 pub struct GcraBucket {
     tat_ns: AtomicU64,
     interval_ns: AtomicU64,
-    burst: u32,
+    burst: AtomicU32,
 }
 
 impl GcraBucket {
@@ -146,7 +146,7 @@ impl GcraBucket {
             // TAT 0 with any now >= 0 means the whole burst is available.
             tat_ns: AtomicU64::new(0),
             interval_ns: AtomicU64::new(interval_ns_for(rate_per_s)),
-            burst,
+            burst: AtomicU32::new(burst),
         }
     }
 
@@ -154,7 +154,7 @@ impl GcraBucket {
     pub fn try_admit(&self, now_ns: u64) -> bool {
         let interval = self.interval_ns.load(Ordering::Relaxed);
         // interval <= 10^12 and burst <= 2^20, so both products are below 2^61 (no overflow).
-        let tau = interval * u64::from(self.burst - 1);
+        let tau = interval * u64::from(self.burst.load(Ordering::Relaxed) - 1);
         let debt_max = 2 * (tau + interval);
         let ceiling = now_ns.saturating_add(debt_max);
         let mut tat = self.tat_ns.load(Ordering::Relaxed);
@@ -194,7 +194,17 @@ impl GcraBucket {
     }
 
     pub fn burst(&self) -> u32 {
-        self.burst
+        self.burst.load(Ordering::Relaxed)
+    }
+
+    /// Changes the burst; senders see it on their next call. Panics outside
+    /// `1..=GCRA_BURST_MAX`.
+    pub fn set_burst(&self, burst: u32) {
+        assert!(
+            (1..=GCRA_BURST_MAX).contains(&burst),
+            "token bucket burst must be in 1..={GCRA_BURST_MAX}, got {burst}"
+        );
+        self.burst.store(burst, Ordering::Relaxed);
     }
 }
 

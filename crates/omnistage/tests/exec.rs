@@ -1681,3 +1681,51 @@ fn adaptive_batching_keeps_its_batch_in_range_and_loses_nothing() {
     }
     assert_eq!(rt.batch_size(fixed.id(), 2), None);
 }
+
+/// A per-activity predicate overrides the stage's for that activity only, takes effect for a
+/// gate that already exists, and can be taken back; a bad one is refused and changes nothing.
+#[test]
+fn per_activity_admission_overrides_the_stage() {
+    let mut b = Runtime::builder().workers(1);
+    let stage = b
+        .stage::<u32, _, _>("s", StageConfig::default(), |_| |_ctx, _v: u32| {})
+        .unwrap();
+    let rt = b.start().unwrap();
+    let a = rt.create_activity("/a", ActivitySpec::default()).unwrap();
+    let other = rt.create_activity("/b", ActivitySpec::default()).unwrap();
+    // The gate of (stage, a) exists before the override.
+    rt.send(&stage, a, Affinity::Core(0), 0).unwrap();
+    drain(&rt);
+    let bucket = Predicate::TokenBucket {
+        rate_per_s: 1e-3,
+        burst: 3,
+    };
+    rt.set_admission(stage.id(), a, Some(bucket)).unwrap();
+    let admitted = (0..10)
+        .filter(|&i| rt.send(&stage, a, Affinity::Core(0), i).is_ok())
+        .count();
+    assert_eq!(admitted, 3);
+    assert_eq!(
+        rt.send(&stage, a, Affinity::Core(0), 99),
+        Err(SendError::Rejected(RejectReason::Predicate))
+    );
+    // The other activity still has the stage's threshold.
+    for i in 0..10 {
+        rt.send(&stage, other, Affinity::Core(0), i).unwrap();
+    }
+    // Refused: a bad bucket, an unknown stage or activity. Nothing changes.
+    let bad = Predicate::TokenBucket {
+        rate_per_s: 0.0,
+        burst: 1,
+    };
+    assert!(rt.set_admission(stage.id(), a, Some(bad)).is_err());
+    assert!(rt.set_admission(stage.id() + 100, a, None).is_err());
+    assert!(rt.set_admission(stage.id(), 9_999, None).is_err());
+    assert!(rt.send(&stage, a, Affinity::Core(0), 0).is_err());
+    // Back to the stage's predicate.
+    rt.set_admission(stage.id(), a, None).unwrap();
+    for i in 0..10 {
+        rt.send(&stage, a, Affinity::Core(0), i).unwrap();
+    }
+    drain(&rt);
+}

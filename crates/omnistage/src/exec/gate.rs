@@ -8,7 +8,7 @@
 //! sets the bucket's rate from what it decides.
 
 use crate::admit::{GcraBucket, P90Controller, P90Params, RejectReason, SharedQueueLimit, Verdict};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Admission predicate of a queue.
@@ -55,38 +55,63 @@ pub(crate) struct Gate {
     /// The weight this gate added to its stage's `active_weight` when it became non-empty
     /// (so a weight change in between subtracts exactly what was added).
     weight_in_sum: AtomicU64,
-    bucket: Option<GcraBucket>,
-    controller: Option<Mutex<P90Controller>>,
+    /// The token bucket that the token-bucket and p90 predicates act through; consulted only
+    /// while `bucket_on` (the predicate can change at run time, in place, so that every
+    /// sender's and queue's reference to this gate stays valid).
+    bucket: GcraBucket,
+    bucket_on: AtomicBool,
+    controller: Mutex<Option<P90Controller>>,
+    controller_on: AtomicBool,
     pub(crate) rejected: AtomicU64,
 }
 
+/// Rate of a bucket that is off (never consulted); any valid value.
+const IDLE_RATE_PER_S: f64 = 1.0;
+
 impl Gate {
     pub(crate) fn new(limit: usize, weight: u32, predicate: &Predicate) -> Self {
-        let (bucket, controller) = match predicate {
-            Predicate::Threshold => (None, None),
+        let g = Gate {
+            queued: AtomicUsize::new(0),
+            limit,
+            weight: AtomicU64::new(u64::from(weight)),
+            weight_in_sum: AtomicU64::new(0),
+            bucket: GcraBucket::new(IDLE_RATE_PER_S, 1),
+            bucket_on: AtomicBool::new(false),
+            controller: Mutex::new(None),
+            controller_on: AtomicBool::new(false),
+            rejected: AtomicU64::new(0),
+        };
+        g.set_predicate(predicate);
+        g
+    }
+
+    /// Changes the predicate in place (validated by the caller).
+    pub(crate) fn set_predicate(&self, predicate: &Predicate) {
+        match predicate {
+            Predicate::Threshold => {
+                self.bucket_on.store(false, Ordering::Release);
+                self.controller_on.store(false, Ordering::Release);
+                *self.controller.lock().expect("controller lock") = None;
+            }
             Predicate::TokenBucket { rate_per_s, burst } => {
-                (Some(GcraBucket::new(*rate_per_s, *burst)), None)
+                self.controller_on.store(false, Ordering::Release);
+                *self.controller.lock().expect("controller lock") = None;
+                self.bucket.set_rate(*rate_per_s);
+                self.bucket.set_burst(*burst);
+                self.bucket_on.store(true, Ordering::Release);
             }
             Predicate::P90 {
                 params,
                 initial_rate_per_s,
                 burst,
-            } => (
-                Some(GcraBucket::new(*initial_rate_per_s, *burst)),
-                Some(Mutex::new(P90Controller::new(
-                    params.clone(),
-                    *initial_rate_per_s,
-                ))),
-            ),
-        };
-        Gate {
-            queued: AtomicUsize::new(0),
-            limit,
-            weight: AtomicU64::new(u64::from(weight)),
-            weight_in_sum: AtomicU64::new(0),
-            bucket,
-            controller,
-            rejected: AtomicU64::new(0),
+            } => {
+                self.bucket.set_rate(*initial_rate_per_s);
+                self.bucket.set_burst(*burst);
+                *self.controller.lock().expect("controller lock") =
+                    Some(P90Controller::new(params.clone(), *initial_rate_per_s));
+                self.controller_on.store(true, Ordering::Release);
+                self.bucket_on.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -110,11 +135,9 @@ impl Gate {
                 return self.reject(r);
             }
         }
-        if let Some(b) = &self.bucket {
-            if !b.try_admit(now_ns) {
-                self.release(stage);
-                return self.reject(RejectReason::Predicate);
-            }
+        if self.bucket_on.load(Ordering::Acquire) && !self.bucket.try_admit(now_ns) {
+            self.release(stage);
+            return self.reject(RejectReason::Predicate);
         }
         Verdict::Admit
     }
@@ -161,25 +184,26 @@ impl Gate {
     }
 
     pub(crate) fn has_controller(&self) -> bool {
-        self.controller.is_some()
+        self.controller_on.load(Ordering::Relaxed)
     }
 
     /// Feeds response times to the controller, if nobody else is feeding it right now
     /// (samples are dropped under contention: the controller works on a sample anyway).
     pub(crate) fn observe(&self, responses_ns: &[u64], now_ns: u64) {
-        let (Some(c), Some(b)) = (&self.controller, &self.bucket) else {
-            return;
-        };
-        if let Ok(mut c) = c.try_lock() {
-            for &r in responses_ns {
-                if let Some(rate) = c.observe(r, now_ns) {
-                    b.set_rate(rate);
+        if let Ok(mut c) = self.controller.try_lock() {
+            if let Some(c) = c.as_mut() {
+                for &r in responses_ns {
+                    if let Some(rate) = c.observe(r, now_ns) {
+                        self.bucket.set_rate(rate);
+                    }
                 }
             }
         }
     }
 
     pub(crate) fn rate_per_s(&self) -> Option<f64> {
-        self.bucket.as_ref().map(|b| b.rate_per_s())
+        self.bucket_on
+            .load(Ordering::Acquire)
+            .then(|| self.bucket.rate_per_s())
     }
 }

@@ -281,6 +281,8 @@ pub(crate) struct Shared {
     pub(crate) activities: RwLock<ActivityTable>,
     pub(crate) stages: Vec<StageMeta>,
     gates: RwLock<HashMap<(StageId, ActivityId), Arc<Gate>>>,
+    /// Predicates set for one (stage, activity), overriding the stage's.
+    predicates: RwLock<HashMap<(StageId, ActivityId), Predicate>>,
     pub(crate) mailboxes: Vec<Mailbox>,
     /// Messages admitted for each core and not yet handled (queued, in a mailbox, on a timer,
     /// or in the handler now).
@@ -327,10 +329,17 @@ impl Shared {
                 .weight
         };
         let cfg = &self.stages[stage as usize].config;
+        let predicate = self
+            .predicates
+            .read()
+            .expect("predicates lock")
+            .get(&(stage, activity))
+            .cloned()
+            .unwrap_or_else(|| cfg.predicate.clone());
         let mut gates = self.gates.write().expect("gates lock");
         Ok(gates
             .entry((stage, activity))
-            .or_insert_with(|| Arc::new(Gate::new(cfg.queue_limit, weight, &cfg.predicate)))
+            .or_insert_with(|| Arc::new(Gate::new(cfg.queue_limit, weight, &predicate)))
             .clone())
     }
 
@@ -583,6 +592,7 @@ impl Builder {
             activities: RwLock::new(self.activities),
             stages,
             gates: RwLock::new(HashMap::new()),
+            predicates: RwLock::new(HashMap::new()),
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
             affinity: AffinityTable {
@@ -735,6 +745,51 @@ impl Runtime {
             .unwrap_or(0)
     }
 
+    /// Sets the admission predicate of one (stage, activity) queue, overriding the stage's
+    /// (a tenant's own p90 target, say); `None` goes back to the stage's. Takes effect for the
+    /// next send.
+    pub fn set_admission(
+        &self,
+        stage: StageId,
+        activity: ActivityId,
+        predicate: Option<Predicate>,
+    ) -> Result<(), RuntimeError> {
+        let s = &self.shared;
+        let meta = s
+            .stages
+            .get(stage as usize)
+            .ok_or_else(|| RuntimeError::Config(format!("no stage {stage}")))?;
+        if let Some(p) = &predicate {
+            StageConfig {
+                predicate: p.clone(),
+                ..meta.config.clone()
+            }
+            .validate()
+            .map_err(RuntimeError::Config)?;
+        }
+        if self.activity_id_exists(activity).is_none() {
+            return Err(RuntimeError::Activity(ActivityError::NotFound(format!(
+                "#{activity}"
+            ))));
+        }
+        let effective = predicate.clone().unwrap_or_else(|| meta.config.predicate.clone());
+        {
+            let mut p = s.predicates.write().expect("predicates lock");
+            match predicate {
+                Some(pred) => p.insert((stage, activity), pred),
+                None => p.remove(&(stage, activity)),
+            };
+        }
+        if let Some(g) = s.gates.read().expect("gates lock").get(&(stage, activity)) {
+            g.set_predicate(&effective);
+        }
+        Ok(())
+    }
+
+    fn activity_id_exists(&self, activity: ActivityId) -> Option<()> {
+        self.with_activities(|t| t.get(activity).map(|_| ()))
+    }
+
     /// Current token rate of the gate of (stage, activity), if it has a bucket.
     pub fn admission_rate(&self, stage: StageId, activity: ActivityId) -> Option<f64> {
         self.shared
@@ -819,6 +874,11 @@ impl Runtime {
                 .gates
                 .write()
                 .expect("gates lock")
+                .retain(|(_, a), _| *a != id);
+            self.shared
+                .predicates
+                .write()
+                .expect("predicates lock")
                 .retain(|(_, a), _| *a != id);
             Ok(Control::Remove(id))
         })
