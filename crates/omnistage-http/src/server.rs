@@ -27,14 +27,17 @@
 //! borrow is never held across another.
 
 use crate::cond::{self, RangeOutcome};
-use crate::config::{AccessLog, CapKind, Config};
+use crate::config::{AccessLog, CapKind, ClassSelector, Config};
 use crate::path;
 use crate::request::{self, Limits, Method, ParseOutcome, Request};
 use crate::response::{self, DateCache};
 use crate::synthetic::{self, Synthetic};
 use crate::HttpError;
 use omnistage::account::ActivityId;
+use omnistage::account::StageId;
 use omnistage::activity::{ActivitySpec, INFRA};
+use omnistage::admit::P90Params;
+use omnistage::exec::Predicate;
 use omnistage::exec::{
     Affinity, Ctx, IoEvent, IoHandle, Runtime, SendError, SendOpts, StageConfig, StageRef,
 };
@@ -81,6 +84,10 @@ const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
 const SEND_QUANTUM_BYTES: usize = 16 * 1024;
 /// Most picks per dispatch of the send stage before it yields to the CPU scheduler.
 const SEND_PICKS_PER_DISPATCH: usize = 64;
+/// Highest admission rate of a tenant with a p90 target, requests/s (all cores).
+const P90_RATE_MAX_PER_S: f64 = 100_000.0;
+/// Requests a p90-controlled tenant may send back to back.
+const P90_BURST: u32 = 256;
 /// How long `drain` waits for the cores to write out their access-log buffers.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
 /// Body of a `/_burn` answer.
@@ -128,6 +135,9 @@ struct TenantRuntime {
 struct Live {
     config: Config,
     tenants: Vec<Arc<TenantRuntime>>,
+    /// Per tenant, the activity of each of its classes in config order
+    /// (`/tenants/<tenant>/<class>`).
+    classes: Vec<Vec<ActivityId>>,
 }
 
 /// State shared by every core of one server.
@@ -385,6 +395,7 @@ pub struct Server {
     rt: Runtime,
     shared: Arc<ServerShared>,
     boot: StageRef<Boot>,
+    work: StageId,
     local_addrs: Vec<SocketAddr>,
 }
 
@@ -433,38 +444,85 @@ fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
     })
 }
 
-/// Creates or updates the activities of `config`'s tenants; returns them in config order,
-/// reusing the runtime record of every tenant that keeps its name.
+/// SEDA's p90 controller for a tenant's target, scaled for a server that answers up to
+/// ~100,000 requests/s: SEDA's rate range (0.05–5,000/s) and additive step (2/s) suit tens of
+/// requests per second and would cap a fast tenant or leave it cut for minutes, so the ceiling
+/// is 100,000/s and the step 100/s; the other parameters are SEDA's defaults.
+fn p90_predicate(target: Duration) -> Predicate {
+    let params = P90Params {
+        target_ns: (target.as_nanos() as u64).max(1),
+        rate_max_per_s: P90_RATE_MAX_PER_S,
+        adj_i: P90_RATE_MAX_PER_S / 1000.0,
+        ..P90Params::default()
+    };
+    Predicate::P90 {
+        params,
+        initial_rate_per_s: P90_RATE_MAX_PER_S,
+        burst: P90_BURST,
+    }
+}
+
+/// Creates or updates the activities of `config`'s tenants (and their classes), and their
+/// admission targets on the work stage; returns the live state, reusing the runtime record of
+/// every tenant that keeps its name.
 fn apply_tenants(
     rt: &Runtime,
-    config: &Config,
-    old: &[Arc<TenantRuntime>],
-) -> Result<Vec<Arc<TenantRuntime>>, String> {
+    config: Config,
+    old: Option<&Live>,
+    work: StageId,
+) -> Result<Live, String> {
     if rt.activity_id("/tenants").is_none() {
         rt.create_activity("/tenants", ActivitySpec::default())
             .map_err(|e| e.to_string())?;
     }
+    let upsert = |path: &str, spec: ActivitySpec| -> Result<ActivityId, String> {
+        match rt.activity_id(path) {
+            Some(id) => {
+                rt.set_activity(path, spec).map_err(|e| e.to_string())?;
+                Ok(id)
+            }
+            None => rt.create_activity(path, spec).map_err(|e| e.to_string()),
+        }
+    };
     let mut out = Vec::with_capacity(config.tenants.len());
+    let mut all_classes = Vec::with_capacity(config.tenants.len());
     for t in &config.tenants {
         let path = format!("/tenants/{}", t.name);
-        let kind = match t.cap_kind {
-            CapKind::Token => ShaperKind::Token,
-            CapKind::Leaky => ShaperKind::Leaky,
-        };
         let spec = ActivitySpec {
             weight: t.weight,
-            cap: shaper_of(t.cpu_cap.map(|f| f * 1e9), kind),
+            cap: shaper_of(t.cpu_cap.map(|f| f * 1e9), cap_kind(t.cap_kind)),
             ..Default::default()
         };
-        let activity = match rt.activity_id(&path) {
-            Some(id) => {
-                rt.set_activity(&path, spec).map_err(|e| e.to_string())?;
-                id
+        let activity = upsert(&path, spec)?;
+        let mut classes = Vec::with_capacity(t.classes.len());
+        for c in &t.classes {
+            classes.push(upsert(
+                &format!("{path}/{}", c.name),
+                ActivitySpec::weight(c.weight),
+            )?);
+        }
+        // Classes a reload dropped: removed if nothing is queued for them (else they drain and
+        // stay, unused).
+        let prev = old.and_then(|o| {
+            let i = o.tenants.iter().position(|x| x.name == t.name)?;
+            Some((o.tenants[i].clone(), o.classes[i].clone()))
+        });
+        if let Some((_, prev_classes)) = &prev {
+            for &id in prev_classes {
+                if !classes.contains(&id) {
+                    if let Some(p) = rt.with_activities(|tab| tab.get(id).map(|a| a.path.clone())) {
+                        let _ = rt.remove_activity(&p);
+                    }
+                }
             }
-            None => rt.create_activity(&path, spec).map_err(|e| e.to_string())?,
-        };
-        match old.iter().find(|o| o.name == t.name) {
-            Some(o) => out.push(o.clone()),
+        }
+        let predicate = t.p90_target.map(p90_predicate);
+        for &id in std::iter::once(&activity).chain(&classes) {
+            rt.set_admission(work, id, predicate.clone())
+                .map_err(|e| e.to_string())?;
+        }
+        match prev {
+            Some((o, _)) => out.push(o),
             None => out.push(Arc::new(TenantRuntime {
                 name: t.name.clone(),
                 activity,
@@ -472,8 +530,13 @@ fn apply_tenants(
                 open: AtomicUsize::new(0),
             })),
         }
+        all_classes.push(classes);
     }
-    Ok(out)
+    Ok(Live {
+        config,
+        tenants: out,
+        classes: all_classes,
+    })
 }
 
 impl Server {
@@ -516,6 +579,7 @@ impl Server {
             live: RwLock::new(Arc::new(Live {
                 config: config.clone(),
                 tenants: Vec::new(),
+                classes: Vec::new(),
             })),
             live_version: AtomicU64::new(0),
             stats: ServerStats::default(),
@@ -575,8 +639,8 @@ impl Server {
         };
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
         let rt = b.start().map_err(|e| e.to_string())?;
-        let tenants = apply_tenants(&rt, &config, &[])?;
-        *shared.live.write().expect("live lock") = Arc::new(Live { config, tenants });
+        let live = apply_tenants(&rt, config, None, work.id())?;
+        *shared.live.write().expect("live lock") = Arc::new(live);
         for core in 0..workers {
             rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Start)
                 .map_err(|e| format!("cannot start core {core}: {e}"))?;
@@ -585,6 +649,7 @@ impl Server {
             rt,
             shared,
             boot,
+            work: work.id(),
             local_addrs,
         })
     }
@@ -602,13 +667,18 @@ impl Server {
         &self.shared.stats
     }
 
+    /// The stage that answers requests (its gates hold the tenants' admission control).
+    pub fn work_stage(&self) -> StageId {
+        self.work
+    }
+
     /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
     /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
     pub fn reload(&self, config: Config) -> Result<(), String> {
         let old = self.shared.live.read().expect("live lock").clone();
         let same_listen = old.config.server.listen == config.server.listen;
-        let tenants = apply_tenants(&self.rt, &config, &old.tenants)?;
-        *self.shared.live.write().expect("live lock") = Arc::new(Live { config, tenants });
+        let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
+        *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);
         if same_listen {
             Ok(())
@@ -1098,8 +1168,20 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         // From now on this connection's readiness is the tenant's work.
         let _ = ctx.io_set_activity(c.handle, tr.activity);
     }
+    // A class of the tenant, if the request matches one (first match in config order);
+    // a prefix is matched against the target as sent.
+    let class = live.config.tenants[t]
+        .classes
+        .iter()
+        .position(|c| match &c.selector {
+            ClassSelector::Header { name, value } => request.header(name) == Some(value.as_str()),
+            ClassSelector::Prefix(p) => request.target.starts_with(p.as_str()),
+        });
+    let activity = class
+        .and_then(|i| live.classes[t].get(i).copied())
+        .unwrap_or(tr.activity);
     let opts = SendOpts {
-        activity: Some(tr.activity),
+        activity: Some(activity),
         ..Default::default()
     };
     let request = Box::new(request);

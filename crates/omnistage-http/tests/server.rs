@@ -1739,3 +1739,70 @@ fn send_scheduler_keeps_bodies_intact_and_order() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Classes and admission targets
+// ---------------------------------------------------------------------------------------------
+
+/// A request matching a class (by header, or by path prefix) is handled in the class's
+/// activity `/tenants/<t>/<class>`; other requests in the tenant's.
+#[test]
+fn classes_run_in_their_own_activities() {
+    let site = Site::new();
+    let extra = "[[tenant.class]]\nname = \"gold\"\nheader = \"x-class: gold\"\nweight = 80\n\n\
+                 [[tenant.class]]\nname = \"api\"\nprefix = \"/api/\"\nweight = 20\n";
+    let ts = TestServer::simple(&site, "", extra);
+    let mut c = ts.connect();
+    let gold = c.request("GET /hello.txt HTTP/1.1\r\nHost: x\r\nX-Class: gold\r\n\r\n");
+    assert_eq!(gold.body, HELLO);
+    assert_eq!(c.get("/api/nothing", "x").status, 404);
+    assert_eq!(c.get("/hello.txt", "x").body, HELLO);
+    let rt = ts.server().runtime();
+    let work = ts.server().work_stage();
+    let messages = |path: &str| -> u64 {
+        let id = rt
+            .activity_id(path)
+            .unwrap_or_else(|| panic!("{path} exists"));
+        rt.snapshot()
+            .rows
+            .iter()
+            .filter(|r| r.activity == id && r.stage == work)
+            .map(|r| r.messages)
+            .sum()
+    };
+    assert!(wait_until(|| messages("/tenants/t/gold") == 1
+        && messages("/tenants/t/api") == 1
+        && messages("/tenants/t") == 1));
+    let weight = |path: &str| {
+        rt.with_activities(|t| t.get(rt.activity_id(path).unwrap()).unwrap().spec.weight)
+    };
+    assert_eq!(weight("/tenants/t/gold"), 80);
+    assert_eq!(weight("/tenants/t/api"), 20);
+}
+
+/// A tenant's `p90_target_ms` puts SEDA's controller (a token bucket) on its work queue; a
+/// tenant without one has none; a reload that removes the target takes the bucket away.
+#[test]
+fn p90_target_puts_a_controller_on_the_tenant_queue() {
+    let (dir, ts) = two_tenants("", "p90_target_ms = 50");
+    let server = ts.server();
+    let rt = server.runtime();
+    let a = rt.activity_id("/tenants/a").unwrap();
+    let b = rt.activity_id("/tenants/b").unwrap();
+    let rate = rt.admission_rate(server.work_stage(), a);
+    assert!(rate.is_some_and(|r| r > 1000.0), "{rate:?}");
+    // The gate of b may not exist yet; when it does it has no bucket.
+    let mut c = ts.connect();
+    assert_eq!(c.get("/hello.txt", "b.test").status, 200);
+    assert_eq!(c.get("/hello.txt", "a.test").status, 200);
+    assert_eq!(rt.admission_rate(server.work_stage(), b), None);
+    let tables = vec![
+        tenant("a", &dir.path().join("a"), "hosts = [\"a.test\"]"),
+        tenant("b", &dir.path().join("b"), "hosts = [\"b.test\"]"),
+    ];
+    server
+        .reload(parse_config(&config_text("", &tables)).unwrap())
+        .unwrap();
+    assert_eq!(rt.admission_rate(server.work_stage(), a), None);
+    assert_eq!(c.get("/hello.txt", "a.test").status, 200);
+}

@@ -772,7 +772,9 @@ impl Runtime {
                 "#{activity}"
             ))));
         }
-        let effective = predicate.clone().unwrap_or_else(|| meta.config.predicate.clone());
+        let effective = predicate
+            .clone()
+            .unwrap_or_else(|| meta.config.predicate.clone());
         {
             let mut p = s.predicates.write().expect("predicates lock");
             match predicate {
@@ -790,14 +792,31 @@ impl Runtime {
         self.with_activities(|t| t.get(activity).map(|_| ()))
     }
 
-    /// Current token rate of the gate of (stage, activity), if it has a bucket.
+    /// Current token rate of the gate of (stage, activity), if its predicate has a bucket
+    /// (before the gate's first use: the rate it will start with).
     pub fn admission_rate(&self, stage: StageId, activity: ActivityId) -> Option<f64> {
-        self.shared
-            .gates
+        let s = &self.shared;
+        if let Some(g) = s.gates.read().expect("gates lock").get(&(stage, activity)) {
+            return g.rate_per_s();
+        }
+        let predicate = s
+            .predicates
             .read()
-            .expect("gates lock")
+            .expect("predicates lock")
             .get(&(stage, activity))
-            .and_then(|g| g.rate_per_s())
+            .cloned()
+            .or_else(|| {
+                s.stages
+                    .get(stage as usize)
+                    .map(|m| m.config.predicate.clone())
+            })?;
+        match predicate {
+            Predicate::Threshold => None,
+            Predicate::TokenBucket { rate_per_s, .. } => Some(rate_per_s),
+            Predicate::P90 {
+                initial_rate_per_s, ..
+            } => Some(initial_rate_per_s),
+        }
     }
 
     fn change(
