@@ -13,6 +13,10 @@
 //! pipeline_depth_max = 16           # 1..=1024
 //! access_log = "-"                  # "-" stdout, a path, or omitted for none
 //! cache_bytes_max = 268435456       # 0..=1 TiB
+//! disk_threads = 2                  # 0..=64 reads in flight on the disk stage; 0 = files are
+//!                                   # read inline by the worker (no disk scheduling)
+//! disk_direct = false               # read files with O_DIRECT (bypass the page cache)
+//! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
 //!                                   # with it, or any tenant's net_cap, sends go through the
 //!                                   # byte-fair send scheduler
@@ -67,6 +71,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+/// Most reads in flight on the disk stage.
+pub const DISK_THREADS_MAX: i64 = 64;
 /// Most listeners of the server.
 pub const LISTENERS_MAX: usize = 64;
 /// Most worker threads.
@@ -134,6 +140,12 @@ pub struct ServerConfig {
     pub cache_bytes_max: u64,
     /// The link rate all tenants share, bytes/s (enables the send scheduler).
     pub net_link_cap_bytes_per_s: Option<u64>,
+    /// Reads in flight on the disk stage (threads of its pool); 0 reads inline.
+    pub disk_threads: usize,
+    /// Open files with O_DIRECT.
+    pub disk_direct: bool,
+    /// The disk read rate all tenants share, bytes/s.
+    pub disk_cap_bytes_per_s: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -148,6 +160,9 @@ impl Default for ServerConfig {
             access_log: AccessLog::Off,
             cache_bytes_max: 256 << 20,
             net_link_cap_bytes_per_s: None,
+            disk_threads: 2,
+            disk_direct: false,
+            disk_cap_bytes_per_s: None,
         }
     }
 }
@@ -374,6 +389,9 @@ struct RawServer {
     access_log: Option<Spanned<String>>,
     cache_bytes_max: Option<Spanned<i64>>,
     net_link_cap: Option<Spanned<String>>,
+    disk_threads: Option<Spanned<i64>>,
+    disk_direct: Option<bool>,
+    disk_cap: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -734,6 +752,11 @@ fn server_config(
             .opt_int_in(&s.cache_bytes_max, "cache_bytes_max", 0, CACHE_BYTES_MAX)?
             .map_or(d.cache_bytes_max, |n| n as u64),
         net_link_cap_bytes_per_s: c.rate(&s.net_link_cap, "net_link_cap")?,
+        disk_threads: c
+            .opt_int_in(&s.disk_threads, "disk_threads", 0, DISK_THREADS_MAX)?
+            .map_or(d.disk_threads, |n| n as usize),
+        disk_direct: s.disk_direct.unwrap_or(d.disk_direct),
+        disk_cap_bytes_per_s: c.rate(&s.disk_cap, "disk_cap")?,
     })
 }
 

@@ -1806,3 +1806,74 @@ fn p90_target_puts_a_controller_on_the_tenant_queue() {
     assert_eq!(rt.admission_rate(server.work_stage(), a), None);
     assert_eq!(c.get("/hello.txt", "a.test").status, 200);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The file cache
+// ---------------------------------------------------------------------------------------------
+
+/// Cached files are served intact (whole and in ranges), the cache stays within its limit, and
+/// when it must make room it reclaims from the tenant furthest above its budget.
+#[test]
+fn cache_reclaims_from_the_tenant_furthest_above_its_budget() {
+    const KIB10: usize = 10 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        let root = dir.path().join(name);
+        std::fs::create_dir_all(&root).unwrap();
+        for i in 0..4u8 {
+            std::fs::write(root.join(format!("f{i}.bin")), vec![b'0' + i; KIB10]).unwrap();
+        }
+    }
+    // Test servers run 2 workers and the cache is split per core; one connection stays on one
+    // core, whose part is: limit 40 KiB, a's budget 10 KiB, b's 30 KiB.
+    let text = config_text(
+        "cache_bytes_max = 81920",
+        &[
+            tenant(
+                "a",
+                &dir.path().join("a"),
+                "hosts = [\"a.test\"]\ncache_bytes = 20480",
+            ),
+            tenant(
+                "b",
+                &dir.path().join("b"),
+                "hosts = [\"b.test\"]\ncache_bytes = 61440",
+            ),
+        ],
+    );
+    let ts = TestServer::start(&text);
+    let cached = |ts: &TestServer| -> (u64, u64) {
+        let v = ts.server().cache_bytes();
+        (v[0].1, v[1].1)
+    };
+    let mut c = ts.connect();
+    let fetch = |c: &mut Client, host: &str, i: u8| {
+        let r = c.get(&format!("/f{i}.bin"), host);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, vec![b'0' + i; KIB10], "{host} f{i}");
+    };
+    // a fills the whole cache (4 files): far above its budget, but nobody else needs room.
+    for i in 0..4 {
+        fetch(&mut c, "a.test", i);
+    }
+    assert_eq!(cached(&ts), (40960, 0));
+    // b's first file must come out of a's share.
+    fetch(&mut c, "b.test", 0);
+    assert_eq!(cached(&ts), (30720, 10240));
+    fetch(&mut c, "b.test", 1);
+    fetch(&mut c, "b.test", 2);
+    // Now both are at their budgets: a 10 KiB, b 30 KiB.
+    assert_eq!(cached(&ts), (10240, 30720));
+    // b's fourth file must come out of b's own share (a is at budget, b would be above).
+    fetch(&mut c, "b.test", 3);
+    let (a, b) = cached(&ts);
+    assert_eq!(a + b, 40960);
+    assert_eq!(a, 10240, "a is at its budget and keeps it");
+    // Hits serve the same bytes, in ranges too.
+    for i in 0..4 {
+        fetch(&mut c, "b.test", i);
+    }
+    let r = c.request("GET /f2.bin HTTP/1.1\r\nHost: b.test\r\nRange: bytes=100-199\r\n\r\n");
+    assert_eq!(r.status, 206);
+    assert_eq!(r.body, vec![b'2'; 100]);
+}

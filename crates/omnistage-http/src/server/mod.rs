@@ -26,6 +26,8 @@
 //! own core only, and handlers never call each other (they send messages), so a `RefCell`
 //! borrow is never held across another.
 
+mod output;
+
 use crate::cond::{self, RangeOutcome};
 use crate::config::{AccessLog, CapKind, ClassSelector, Config};
 use crate::path;
@@ -33,6 +35,7 @@ use crate::request::{self, Limits, Method, ParseOutcome, Request};
 use crate::response::{self, DateCache};
 use crate::synthetic::{self, Synthetic};
 use crate::HttpError;
+use bytes::Bytes;
 use omnistage::account::ActivityId;
 use omnistage::account::StageId;
 use omnistage::activity::{ActivitySpec, INFRA};
@@ -42,6 +45,7 @@ use omnistage::exec::{
     Affinity, Ctx, IoEvent, IoHandle, Runtime, SendError, SendOpts, StageConfig, StageRef,
 };
 use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
+use output::Output;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
@@ -74,6 +78,8 @@ const LOG_FLUSH_INTERVAL_NS: u64 = 1_000_000_000;
 const WORK_QUEUE_PER_TENANT: usize = 4096;
 /// `Retry-After` seconds sent with 503.
 const RETRY_AFTER_S: &str = "1";
+/// Files up to this size are kept in memory by the cache (larger ones are streamed).
+const CACHE_FILE_BYTES_MAX: u64 = 1 << 20;
 /// Open files (with their validators) kept per core, like nginx's `open_file_cache`.
 const FILE_CACHE_ENTRIES_MAX: usize = 1024;
 /// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
@@ -128,6 +134,8 @@ struct TenantRuntime {
     activity: ActivityId,
     path: String,
     open: AtomicUsize,
+    /// Bytes of this tenant's files in the cache, over all cores.
+    cache_bytes: AtomicU64,
 }
 
 /// The configuration and its tenants, swapped as one by a reload (so an index into one always
@@ -142,6 +150,7 @@ struct Live {
 
 /// State shared by every core of one server.
 struct ServerShared {
+    workers: usize,
     live: RwLock<Arc<Live>>,
     live_version: AtomicU64,
     stats: ServerStats,
@@ -313,6 +322,8 @@ struct CachedFile {
     last_modified: String,
     content_type: &'static str,
     expires_ns: u64,
+    /// The file's bytes, when the cache holds them (sent as shared slices, without copying).
+    content: Option<Bytes>,
 }
 
 /// Where a streamed body comes from.
@@ -341,8 +352,7 @@ struct Conn {
     /// Reading stopped with the input buffer full: read again once a request is taken out
     /// (the socket will not signal again for bytes it already holds).
     read_stalled: bool,
-    out: Vec<u8>,
-    out_pos: usize,
+    out: Output,
     body: Option<Body>,
     /// The send scheduler met `WouldBlock`: wait for the socket to be writable.
     send_blocked: bool,
@@ -373,6 +383,10 @@ struct CoreServer {
     files: HashMap<(ActivityId, String), CachedFile>,
     /// The send scheduler, when caps are configured; otherwise connections write directly.
     send: Option<SendSched>,
+    /// Bytes of file content cached on this core, and per activity.
+    cache_used: usize,
+    cache_by_activity: HashMap<ActivityId, usize>,
+    workers: usize,
     /// Reused read buffer: sockets are read here and only the bytes received are appended to
     /// the connection's buffer (no zeroing of a fresh buffer per read).
     scratch: Box<[u8]>,
@@ -528,6 +542,7 @@ fn apply_tenants(
                 activity,
                 path,
                 open: AtomicUsize::new(0),
+                cache_bytes: AtomicU64::new(0),
             })),
         }
         all_classes.push(classes);
@@ -576,6 +591,7 @@ impl Server {
             ))),
         };
         let shared = Arc::new(ServerShared {
+            workers,
             live: RwLock::new(Arc::new(Live {
                 config: config.clone(),
                 tenants: Vec::new(),
@@ -667,6 +683,15 @@ impl Server {
         &self.shared.stats
     }
 
+    /// Bytes of each tenant's files in the cache (all cores), in config order.
+    pub fn cache_bytes(&self) -> Vec<(String, u64)> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.cache_bytes.load(Ordering::Relaxed)))
+            .collect()
+    }
+
     /// The stage that answers requests (its gates hold the tenants' admission control).
     pub fn work_stage(&self) -> StageId {
         self.work
@@ -737,12 +762,114 @@ impl CoreServer {
         if v != self.live_version {
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
-            self.files.clear();
+            self.cache_clear();
             match &mut self.send {
                 Some(ss) => ss.configure(&self.live, 0),
                 None => self.send = SendSched::for_config(&self.live),
             }
         }
+    }
+
+    /// This core's part of the cache's byte limit.
+    fn cache_limit(&self) -> usize {
+        (self.live.config.server.cache_bytes_max / self.workers.max(1) as u64) as usize
+    }
+
+    /// This core's part of an activity's cache budget: its `cache_bytes`, or else its
+    /// weight's share of the limit.
+    fn cache_budget(&self, activity: ActivityId) -> usize {
+        let cfg = &self.live.config;
+        let wsum: u64 = cfg
+            .tenants
+            .iter()
+            .map(|t| u64::from(t.weight))
+            .sum::<u64>()
+            .max(1);
+        let workers = self.workers.max(1) as u64;
+        for (t, tr) in cfg.tenants.iter().zip(&self.live.tenants) {
+            if tr.activity == activity {
+                return match t.cache_bytes {
+                    Some(b) => (b / workers) as usize,
+                    None => (self.cache_limit() as u64 * u64::from(t.weight) / wsum) as usize,
+                };
+            }
+        }
+        0
+    }
+
+    fn cache_account(&mut self, activity: ActivityId, delta: isize) {
+        let used = self.cache_by_activity.entry(activity).or_insert(0);
+        *used = (*used as isize + delta).max(0) as usize;
+        self.cache_used = (self.cache_used as isize + delta).max(0) as usize;
+        if let Some(tr) = self.live.tenants.iter().find(|t| t.activity == activity) {
+            if delta >= 0 {
+                tr.cache_bytes.fetch_add(delta as u64, Ordering::Relaxed);
+            } else {
+                tr.cache_bytes
+                    .fetch_sub(delta.unsigned_abs() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Drops the cached content of one entry.
+    fn cache_drop(&mut self, k: &(ActivityId, String)) {
+        let freed = self
+            .files
+            .get_mut(k)
+            .and_then(|f| f.content.take())
+            .map(|b| b.len());
+        if let Some(n) = freed {
+            self.cache_account(k.0, -(n as isize));
+        }
+    }
+
+    /// Forgets every cached file (after a reload, or when the entry table is full).
+    fn cache_clear(&mut self) {
+        let keys: Vec<_> = self.files.keys().cloned().collect();
+        for k in &keys {
+            self.cache_drop(k);
+        }
+        self.files.clear();
+    }
+
+    /// Makes room for `need` more bytes of `for_activity` by reclaiming from the activity
+    /// furthest above its budget (counting `need` as already `for_activity`'s, so a tenant
+    /// that would go over its budget reclaims from itself); false if it cannot.
+    fn cache_make_room(&mut self, need: usize, for_activity: ActivityId) -> bool {
+        let limit = self.cache_limit();
+        if need > limit {
+            return false;
+        }
+        // Each round drops one entry; there are at most FILE_CACHE_ENTRIES_MAX.
+        for _ in 0..=FILE_CACHE_ENTRIES_MAX {
+            if self.cache_used + need <= limit {
+                return true;
+            }
+            let victim = self
+                .cache_by_activity
+                .iter()
+                .filter(|(_, &u)| u > 0)
+                .map(|(&a, &u)| {
+                    let prospective = u + if a == for_activity { need } else { 0 };
+                    (a, prospective as f64 / self.cache_budget(a).max(1) as f64)
+                })
+                .max_by(|x, y| x.1.total_cmp(&y.1))
+                .map(|(a, _)| a);
+            let Some(victim) = victim else { return false };
+            let entry = self
+                .files
+                .iter()
+                .filter(|(k, f)| k.0 == victim && f.content.is_some())
+                .max_by_key(|(_, f)| f.len)
+                .map(|(k, _)| k.clone());
+            match entry {
+                Some(k) => self.cache_drop(&k),
+                None => {
+                    self.cache_by_activity.remove(&victim);
+                }
+            }
+        }
+        false
     }
 
     fn conn(&mut self, key: u64) -> Option<&mut Conn> {
@@ -830,6 +957,9 @@ fn on_boot(
                     limits: Limits::default(),
                     files: HashMap::new(),
                     send: SendSched::for_config(&shared.live.read().expect("live lock")),
+                    cache_used: 0,
+                    cache_by_activity: HashMap::new(),
+                    workers: shared.workers,
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                 })
             });
@@ -904,8 +1034,7 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 activity: INFRA,
                 inbuf: Vec::new(),
                 read_stalled: false,
-                out: Vec::new(),
-                out_pos: 0,
+                out: Output::default(),
                 body: None,
                 send_blocked: false,
                 busy: false,
@@ -999,7 +1128,7 @@ fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId
 fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let scheduled = cs.send.is_some();
     let Some(c) = cs.conn(key) else { return false };
-    let pending = c.out_pos < c.out.len() || c.body.is_some();
+    let pending = !c.out.is_empty() || c.body.is_some();
     if scheduled && pending {
         if let Some(tr) = c.tenant.clone() {
             // A tenant's bytes go out when the send scheduler says so.
@@ -1012,14 +1141,13 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let Some(c) = cs.conn(key) else { return false };
     let mut chunks = 0;
     loop {
-        while c.out_pos < c.out.len() {
-            match c.stream.write(&c.out[c.out_pos..]) {
+        while !c.out.is_empty() {
+            match c.out.write_to(&mut c.stream, usize::MAX) {
                 Ok(0) => {
                     close(ctx, cs, key);
                     return false;
                 }
                 Ok(n) => {
-                    c.out_pos += n;
                     if let Some(t) = &c.tenant {
                         let a = t.activity;
                         ctx.record_bytes_out(a, n as u64);
@@ -1033,8 +1161,6 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
                 }
             }
         }
-        c.out.clear();
-        c.out_pos = 0;
         let Some(body) = &mut c.body else { break };
         if body.remaining == 0 {
             c.body = None;
@@ -1049,14 +1175,19 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
         match &body.source {
             Source::File(file) => {
-                c.out.resize(n, 0);
-                if file.read_exact_at(&mut c.out, body.offset).is_err() {
+                let mut chunk = vec![0; n];
+                if file.read_exact_at(&mut chunk, body.offset).is_err() {
                     // The file shrank under us: the length already sent cannot be honoured.
                     close(ctx, cs, key);
                     return false;
                 }
+                c.out.push_owned(chunk);
             }
-            Source::Pattern => fill_pattern(&mut c.out, body.offset, n),
+            Source::Pattern => {
+                let mut chunk = Vec::with_capacity(n);
+                fill_pattern(&mut chunk, body.offset, n);
+                c.out.push_owned(chunk);
+            }
         }
         body.offset += n as u64;
         body.remaining -= n as u64;
@@ -1118,7 +1249,7 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     if c.busy
         || c.closing
         || c.body.is_some()
-        || c.out.len() - c.out_pos > OUT_PENDING_BYTES_MAX
+        || c.out.pending() > OUT_PENDING_BYTES_MAX
         || c.inbuf.is_empty()
     {
         return Step::Idle;
@@ -1130,7 +1261,8 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             c.closing = true;
             let date = cs.date();
             let c = cs.conn(key).expect("live");
-            response::error_response(&mut c.out, e.status(), false, &date, &[]);
+            c.out
+                .with_head(|b| response::error_response(b, e.status(), false, &date, &[]));
             count_status(&cs.shared.stats, e.status());
             flush(ctx, cs, key);
             return Step::Closed;
@@ -1194,13 +1326,9 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             // Overload: answer at once, cheaply, in the sender's context.
             let date = cs.date();
             let c = cs.conn(key).expect("live");
-            response::error_response(
-                &mut c.out,
-                503,
-                keep,
-                &date,
-                &[("Retry-After", RETRY_AFTER_S)],
-            );
+            c.out.with_head(|b| {
+                response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
+            });
             c.closing |= !keep;
             cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
             count_status(&cs.shared.stats, 503);
@@ -1213,7 +1341,8 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         Err(_) => {
             let date = cs.date();
             let c = cs.conn(key).expect("live");
-            response::error_response(&mut c.out, 500, false, &date, &[]);
+            c.out
+                .with_head(|b| response::error_response(b, 500, false, &date, &[]));
             c.closing = true;
             count_status(&cs.shared.stats, 500);
             flush(ctx, cs, key);
@@ -1248,10 +1377,13 @@ fn answer_error(
     if let Some(l) = e.location() {
         extra.push(("Location", l));
     }
-    let body_start = response::error_response(&mut c.out, e.status(), keep, &date, &extra);
-    if req.method == Method::Head {
-        c.out.truncate(body_start);
-    }
+    let head_only = req.method == Method::Head;
+    c.out.with_head(|b| {
+        let body_start = response::error_response(b, e.status(), keep, &date, &extra);
+        if head_only {
+            b.truncate(body_start);
+        }
+    });
     c.closing |= !keep;
     finish(ctx, cs, key, req, e.status(), 0)
 }
@@ -1273,10 +1405,13 @@ fn answer_status(
     } else {
         &[]
     };
-    let body_start = response::error_response(&mut c.out, status, keep, &date, extra);
-    if req.method == Method::Head {
-        c.out.truncate(body_start);
-    }
+    let head_only = req.method == Method::Head;
+    c.out.with_head(|b| {
+        let body_start = response::error_response(b, status, keep, &date, extra);
+        if head_only {
+            b.truncate(body_start);
+        }
+    });
     c.closing |= !keep;
     if status == 503 {
         cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
@@ -1362,7 +1497,7 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
                 let Some(c) = cs.conn(key) else { return };
                 // Where this response starts: a panic unwinds to here and only this
                 // response's bytes are taken back.
-                let mark = c.out.len();
+                let mark = c.out.mark();
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     serve(ctx, cs, key, &request)
                 }));
@@ -1373,10 +1508,12 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
                         let date = cs.date();
                         match cs.conn(key) {
                             Some(c) => {
-                                c.out.truncate(mark.max(c.out_pos).min(c.out.len()));
+                                c.out.rollback(mark);
                                 c.body = None;
                                 c.closing = true;
-                                response::error_response(&mut c.out, 500, false, &date, &[]);
+                                c.out.with_head(|b| {
+                                    response::error_response(b, 500, false, &date, &[])
+                                });
                                 finish(ctx, cs, key, &request, 500, 0)
                             }
                             None => Step::Closed,
@@ -1431,18 +1568,20 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             } else {
                 "text/plain; charset=utf-8"
             };
-            response::write_head(
-                &mut c.out,
-                200,
-                "OK",
-                &[("Content-Type", ctype)],
-                Some(body_len),
-                keep,
-                &date,
-            );
+            c.out.with_head(|b| {
+                response::write_head(
+                    b,
+                    200,
+                    "OK",
+                    &[("Content-Type", ctype)],
+                    Some(body_len),
+                    keep,
+                    &date,
+                )
+            });
             if req.method != Method::Head {
                 match source {
-                    None => c.out.extend_from_slice(BURN_BODY),
+                    None => c.out.with_head(|b| b.extend_from_slice(BURN_BODY)),
                     Some(source) => {
                         // Generated bytes go out through the same credit window as files.
                         c.body = Some(Body {
@@ -1476,11 +1615,30 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
         };
         if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
-            cs.files.retain(|_, f| f.expires_ns > now_ns);
+            let stale: Vec<_> = cs
+                .files
+                .iter()
+                .filter(|(_, f)| f.expires_ns <= now_ns)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &stale {
+                cs.cache_drop(k);
+                cs.files.remove(k);
+            }
             if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
-                cs.files.clear();
+                cs.cache_clear();
             }
         }
+        // The cached bytes stay valid while the file's length and mtime do.
+        let content = match cs.files.get(&cache_key) {
+            Some(old) if old.len == resolved.len && old.modified == resolved.modified => {
+                old.content.clone()
+            }
+            _ => {
+                cs.cache_drop(&cache_key);
+                None
+            }
+        };
         let entry = CachedFile {
             file: Arc::new(file),
             len: resolved.len,
@@ -1489,11 +1647,13 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             last_modified: cond::last_modified(resolved.modified),
             content_type: crate::mime::content_type(&resolved.path),
             expires_ns: now_ns + FILE_CACHE_TTL_NS,
+            content,
         };
         cs.files.insert(cache_key.clone(), entry);
     }
     let f = &cs.files[&cache_key];
     let (file, flen, modified) = (f.file.clone(), f.len, f.modified);
+    let mut content = f.content.clone();
     let (etag, last_modified, ctype) = (f.etag.clone(), f.last_modified.clone(), f.content_type);
     let date = cs.date();
     if cond::not_modified(req, &etag, modified) {
@@ -1502,7 +1662,9 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             ("ETag", etag.as_str()),
             ("Last-Modified", last_modified.as_str()),
         ];
-        response::write_head(&mut c.out, 304, "Not Modified", &headers, None, keep, &date);
+        c.out.with_head(|b| {
+            response::write_head(b, 304, "Not Modified", &headers, None, keep, &date)
+        });
         c.closing |= !keep;
         return finish(ctx, cs, key, req, 304, 0);
     }
@@ -1516,11 +1678,14 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         RangeOutcome::Unsatisfiable => {
             let cr = cond::content_range(&range, flen).unwrap_or_default();
             let c = cs.conn(key).expect("live");
-            let body_start =
-                response::error_response(&mut c.out, 416, keep, &date, &[("Content-Range", &cr)]);
-            if req.method == Method::Head {
-                c.out.truncate(body_start);
-            }
+            let head_only = req.method == Method::Head;
+            c.out.with_head(|b| {
+                let body_start =
+                    response::error_response(b, 416, keep, &date, &[("Content-Range", &cr)]);
+                if head_only {
+                    b.truncate(body_start);
+                }
+            });
             c.closing |= !keep;
             return finish(ctx, cs, key, req, 416, 0);
         }
@@ -1536,25 +1701,54 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         headers.push(("Content-Range", cr));
     }
     let c = cs.conn(key).expect("live");
-    response::write_head(
-        &mut c.out,
-        status,
-        response::status_reason(status),
-        &headers,
-        Some(len),
-        keep,
-        &date,
-    );
+    c.out.with_head(|b| {
+        response::write_head(
+            b,
+            status,
+            response::status_reason(status),
+            &headers,
+            Some(len),
+            keep,
+            &date,
+        )
+    });
     c.closing |= !keep;
     if req.method != Method::Head && len > 0 {
-        if len <= INLINE_FILE_BYTES_MAX {
-            let at = c.out.len();
-            c.out.resize(at + len as usize, 0);
-            if file.read_exact_at(&mut c.out[at..], start).is_err() {
-                c.out.truncate(at);
+        let server = &cs.live.config.server;
+        let cacheable = content.is_none()
+            && server.cache_bytes_max > 0
+            && !server.disk_direct
+            && flen <= CACHE_FILE_BYTES_MAX;
+        if cacheable {
+            // A miss: read the whole file once, keep it if the cache makes room.
+            let mut all = vec![0; flen as usize];
+            if file.read_exact_at(&mut all, 0).is_err() {
                 close(ctx, cs, key);
                 return Step::Closed;
             }
+            let bytes = Bytes::from(all);
+            if cs.cache_make_room(bytes.len(), cache_key.0) {
+                if let Some(f) = cs.files.get_mut(&cache_key) {
+                    f.content = Some(bytes.clone());
+                    cs.cache_account(cache_key.0, bytes.len() as isize);
+                }
+            }
+            content = Some(bytes);
+        }
+    }
+    let c = cs.conn(key).expect("live");
+    if req.method != Method::Head && len > 0 {
+        if let Some(content) = content {
+            // A hit: the body is a slice of the cached bytes, queued without a copy.
+            c.out
+                .push_shared(content.slice(start as usize..(start + len) as usize));
+        } else if len <= INLINE_FILE_BYTES_MAX {
+            let mut body = vec![0; len as usize];
+            if file.read_exact_at(&mut body, start).is_err() {
+                close(ctx, cs, key);
+                return Step::Closed;
+            }
+            c.out.push_owned(body);
         } else {
             c.body = Some(Body {
                 source: Source::File(file),
@@ -1581,7 +1775,7 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 let timer = cs.stages.timer;
                 let shared = cs.shared.clone();
                 let Some(c) = cs.conn(key) else { return };
-                let deadline = if c.busy || c.body.is_some() || c.out_pos < c.out.len() {
+                let deadline = if c.busy || c.body.is_some() || !c.out.is_empty() {
                     // Work in progress: look again later.
                     now + idle_ns
                 } else if !c.inbuf.is_empty() || c.requests == 0 {
@@ -1599,7 +1793,8 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                     let date = cs.date();
                     let c = cs.conn(key).expect("live");
                     c.inbuf.clear();
-                    response::error_response(&mut c.out, 408, false, &date, &[]);
+                    c.out
+                        .with_head(|b| response::error_response(b, 408, false, &date, &[]));
                     c.closing = true;
                     flush(ctx, cs, key);
                 } else {
@@ -1671,20 +1866,16 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
         return sent;
     };
     while sent.bytes < SEND_QUANTUM_BYTES {
-        if c.out_pos < c.out.len() {
-            let end = c
+        if !c.out.is_empty() {
+            match c
                 .out
-                .len()
-                .min(c.out_pos + (SEND_QUANTUM_BYTES - sent.bytes));
-            match c.stream.write(&c.out[c.out_pos..end]) {
+                .write_to(&mut c.stream, SEND_QUANTUM_BYTES - sent.bytes)
+            {
                 Ok(0) => {
                     sent.failed = true;
                     break;
                 }
-                Ok(n) => {
-                    c.out_pos += n;
-                    sent.bytes += n;
-                }
+                Ok(n) => sent.bytes += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     sent.blocked = true;
                     break;
@@ -1697,28 +1888,30 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
             }
             continue;
         }
-        c.out.clear();
-        c.out_pos = 0;
         let Some(body) = &mut c.body else { break };
         if body.remaining == 0 {
             c.body = None;
             break;
         }
         let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
+        let mut chunk = vec![0; n];
         match &body.source {
             Source::File(file) => {
-                c.out.resize(n, 0);
-                if file.read_exact_at(&mut c.out, body.offset).is_err() {
+                if file.read_exact_at(&mut chunk, body.offset).is_err() {
                     sent.failed = true;
                     break;
                 }
             }
-            Source::Pattern => fill_pattern(&mut c.out, body.offset, n),
+            Source::Pattern => {
+                chunk.clear();
+                fill_pattern(&mut chunk, body.offset, n);
+            }
         }
+        c.out.push_owned(chunk);
         body.offset += n as u64;
         body.remaining -= n as u64;
     }
-    sent.more = c.out_pos < c.out.len() || c.body.is_some();
+    sent.more = !c.out.is_empty() || c.body.is_some();
     if let Some(t) = &c.tenant {
         let a = t.activity;
         ctx.record_bytes_out(a, sent.bytes as u64);

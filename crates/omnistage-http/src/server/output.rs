@@ -1,0 +1,253 @@
+//! A connection's pending output: a queue of segments written with `writev`.
+//!
+//! Response heads (and anything generated) go into owned buffers; file bodies from the cache
+//! are shared `Bytes` slices, so a cache hit is sent without copying its body. Pipelined
+//! responses simply queue up in order.
+
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::io::{IoSlice, Write};
+
+/// Most slices handed to one `writev` (the kernel allows 1024; a few cover a response).
+const IOVECS_MAX: usize = 16;
+
+enum Seg {
+    Own(Vec<u8>),
+    Shared(Bytes),
+}
+
+impl Seg {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Seg::Own(v) => v,
+            Seg::Shared(b) => b,
+        }
+    }
+}
+
+/// Pending output of one connection.
+#[derive(Default)]
+pub(super) struct Output {
+    segs: VecDeque<Seg>,
+    /// Bytes of the front segment already written.
+    front_pos: usize,
+    /// Bytes not yet written, over all segments.
+    pending: usize,
+    /// Bytes ever queued (a position in the stream, for marks).
+    queued_total: u64,
+}
+
+/// A position in the output stream to roll back to (a failed response takes back only its
+/// own bytes, as far as they are not written yet).
+#[derive(Clone, Copy)]
+pub(super) struct Mark(u64);
+
+impl Output {
+    pub(super) fn is_empty(&self) -> bool {
+        self.pending == 0
+    }
+
+    pub(super) fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Runs `f` on the owned buffer at the end of the queue (response heads are written
+    /// there) and accounts for what it added. `f` may truncate only what it added itself.
+    pub(super) fn with_head<R>(&mut self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+        if !matches!(self.segs.back(), Some(Seg::Own(_))) {
+            self.segs.push_back(Seg::Own(Vec::new()));
+        }
+        let Some(Seg::Own(v)) = self.segs.back_mut() else {
+            unreachable!("pushed above")
+        };
+        let before = v.len();
+        let r = f(v);
+        assert!(
+            v.len() >= before,
+            "a head writer truncated bytes it did not add"
+        );
+        let added = v.len() - before;
+        self.pending += added;
+        self.queued_total += added as u64;
+        r
+    }
+
+    /// Queues an owned buffer.
+    pub(super) fn push_owned(&mut self, v: Vec<u8>) {
+        if v.is_empty() {
+            return;
+        }
+        self.pending += v.len();
+        self.queued_total += v.len() as u64;
+        self.segs.push_back(Seg::Own(v));
+    }
+
+    /// Queues shared bytes (no copy).
+    pub(super) fn push_shared(&mut self, b: Bytes) {
+        if b.is_empty() {
+            return;
+        }
+        self.pending += b.len();
+        self.queued_total += b.len() as u64;
+        self.segs.push_back(Seg::Shared(b));
+    }
+
+    pub(super) fn mark(&self) -> Mark {
+        Mark(self.queued_total)
+    }
+
+    /// Drops what was queued after `m` and is not written yet.
+    pub(super) fn rollback(&mut self, m: Mark) {
+        let written_total = self.queued_total - self.pending as u64;
+        let keep_total = m.0.max(written_total);
+        let mut remove = (self.queued_total - keep_total) as usize;
+        while remove > 0 {
+            let only_front = self.segs.len() == 1;
+            let back = self.segs.back_mut().expect("pending bytes are queued");
+            let unwritten = back.bytes().len() - if only_front { self.front_pos } else { 0 };
+            if remove >= unwritten && !(only_front && self.front_pos > 0) {
+                self.segs.pop_back();
+                self.pending -= unwritten;
+                remove -= unwritten;
+                continue;
+            }
+            let cut = remove.min(unwritten);
+            match back {
+                Seg::Own(v) => v.truncate(v.len() - cut),
+                Seg::Shared(b) => b.truncate(b.len() - cut),
+            }
+            self.pending -= cut;
+            remove -= cut;
+        }
+        self.queued_total = keep_total;
+        if self.pending == 0 {
+            self.segs.clear();
+            self.front_pos = 0;
+        }
+    }
+
+    /// Writes up to `max` bytes with one `writev`; returns how many were written.
+    pub(super) fn write_to(&mut self, w: &mut impl Write, max: usize) -> std::io::Result<usize> {
+        let mut slices: [IoSlice<'_>; IOVECS_MAX] = [IoSlice::new(&[]); IOVECS_MAX];
+        let mut n = 0;
+        let mut total = 0;
+        for (i, s) in self.segs.iter().enumerate() {
+            if n == IOVECS_MAX || total >= max {
+                break;
+            }
+            let b = if i == 0 {
+                &s.bytes()[self.front_pos..]
+            } else {
+                s.bytes()
+            };
+            let b = &b[..b.len().min(max - total)];
+            slices[n] = IoSlice::new(b);
+            n += 1;
+            total += b.len();
+        }
+        if total == 0 {
+            return Ok(0);
+        }
+        let written = w.write_vectored(&slices[..n])?;
+        self.consume(written);
+        Ok(written)
+    }
+
+    fn consume(&mut self, mut n: usize) {
+        self.pending -= n;
+        while n > 0 {
+            let front_len = self
+                .segs
+                .front()
+                .expect("pending bytes are queued")
+                .bytes()
+                .len();
+            let left = front_len - self.front_pos;
+            if n < left {
+                self.front_pos += n;
+                return;
+            }
+            n -= left;
+            self.segs.pop_front();
+            self.front_pos = 0;
+        }
+        if self.pending == 0 {
+            self.segs.clear();
+            self.front_pos = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that accepts at most `cap` bytes per call and records everything.
+    struct Trickle {
+        cap: usize,
+        got: Vec<u8>,
+    }
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let n = b.len().min(self.cap);
+            self.got.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn segments_go_out_in_order_across_partial_writes() {
+        let mut o = Output::default();
+        o.with_head(|v| v.extend_from_slice(b"HEAD1 "));
+        o.push_shared(Bytes::from_static(b"body-one "));
+        o.with_head(|v| v.extend_from_slice(b"HEAD2 "));
+        o.push_owned(b"body-two".to_vec());
+        assert_eq!(o.pending(), 29);
+        let mut w = Trickle {
+            cap: 4,
+            got: Vec::new(),
+        };
+        while !o.is_empty() {
+            o.write_to(&mut w, 5).unwrap();
+        }
+        assert_eq!(w.got, b"HEAD1 body-one HEAD2 body-two");
+        assert_eq!(o.pending(), 0);
+    }
+
+    #[test]
+    fn head_truncation_is_accounted() {
+        let mut o = Output::default();
+        o.with_head(|v| {
+            v.extend_from_slice(b"0123456789");
+            v.truncate(4);
+        });
+        assert_eq!(o.pending(), 4);
+    }
+
+    #[test]
+    fn rollback_takes_back_only_what_followed_the_mark() {
+        let mut o = Output::default();
+        o.with_head(|v| v.extend_from_slice(b"first "));
+        let m = o.mark();
+        o.with_head(|v| v.extend_from_slice(b"second "));
+        o.push_shared(Bytes::from_static(b"body"));
+        o.rollback(m);
+        assert_eq!(o.pending(), 6);
+        let mut w = Trickle {
+            cap: 100,
+            got: Vec::new(),
+        };
+        o.write_to(&mut w, usize::MAX).unwrap();
+        assert_eq!(w.got, b"first ");
+        // From an empty output.
+        let mut o = Output::default();
+        let m = o.mark();
+        o.push_shared(Bytes::from_static(b"x"));
+        o.with_head(|v| v.extend_from_slice(b"y"));
+        o.rollback(m);
+        assert!(o.is_empty());
+    }
+}
