@@ -36,6 +36,9 @@ pub struct WebShareArgs {
     /// For `--bound net`: body size of each response (`/_bytes?n=N`).
     #[arg(long, default_value_t = 65_536)]
     body_bytes: u64,
+    /// For `--bound disk`: the disk read rate all tenants share, bytes/s.
+    #[arg(long, default_value_t = 100_000_000)]
+    disk_bytes_per_s: u64,
     /// CPU the server's worker is pinned to; the load generator takes the other.
     #[arg(long, default_value_t = 0)]
     server_cpu: usize,
@@ -77,19 +80,17 @@ struct LoadCli {
 
 const TENANTS: [(&str, u32); 3] = [("a", 50), ("b", 33), ("c", 17)];
 const WARMUP_S: f64 = 1.0;
+/// The file each request of `--bound disk` reads whole.
+const DISK_FILE_BYTES: usize = 4 << 20;
 
 pub fn run(a: WebShareArgs) -> Result<(), String> {
-    if a.bound == Bound::Disk {
-        return Err(
-            "web-share --bound disk: not available yet; the server has no disk resource \
-                    stage (fair by bytes, with a depth and rate cap) to share on"
-                .into(),
-        );
-    }
     if !(1_000_000..=1_000_000_000).contains(&a.link_bytes_per_s)
         || !(1..=1 << 24).contains(&a.body_bytes)
     {
         return Err("--link-bytes-per-s 1e6..=1e9, --body-bytes 1..=16 MiB".into());
+    }
+    if !(1_000_000..=10_000_000_000).contains(&a.disk_bytes_per_s) {
+        return Err("--disk-bytes-per-s 1e6..=1e10".into());
     }
     if !(1.0..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) || a.burn_us > 100_000
     {
@@ -110,6 +111,18 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     );
     if a.bound == Bound::Net {
         toml.push_str(&format!("net_link_cap = \"{}B/s\"\n", a.link_bytes_per_s));
+    }
+    if a.bound == Bound::Disk {
+        // Cache off, page cache bypassed: every body byte is a read by the disk stage, whose
+        // rate cap makes the disk the bottleneck.
+        toml.push_str(&format!(
+            "cache_bytes_max = 0\ndisk_direct = true\ndisk_threads = 2\ndisk_cap = \"{}B/s\"\n",
+            a.disk_bytes_per_s
+        ));
+        let data = (0..DISK_FILE_BYTES)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>();
+        std::fs::write(root.join("data.bin"), data).map_err(|e| e.to_string())?;
     }
     for (name, weight) in TENANTS {
         toml.push_str(&format!(
@@ -147,6 +160,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         argv.push("--tenant".into());
         let mix = match a.bound {
             Bound::Net => format!("bytes={}", a.body_bytes),
+            Bound::Disk => "path=/data.bin".to_string(),
             _ => format!("burn={}", a.burn_us),
         };
         argv.push(format!("{name}:{name}.test:{}:{mix}", a.conns));
@@ -166,8 +180,10 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     let handle = std::thread::spawn(move || omnistage_load::run(&load));
     std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
     let s0 = server.runtime().snapshot();
+    let d0 = server.disk_bytes();
     std::thread::sleep(Duration::from_secs_f64(a.seconds));
     let s1 = server.runtime().snapshot();
+    let d1 = server.disk_bytes();
     let report = handle.join().map_err(|_| "load generator panicked")??;
     server.drain(Duration::from_millis(500));
     let _ = std::fs::remove_dir_all(&root);
@@ -187,7 +203,11 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
             })
             .unwrap_or(0)
     };
-    let used: Vec<u64> = ids.iter().map(|&id| cpu(&s1, id) - cpu(&s0, id)).collect();
+    let used: Vec<u64> = if bound == Bound::Disk {
+        d1.iter().zip(&d0).map(|(b, a)| b.1 - a.1).collect()
+    } else {
+        ids.iter().map(|&id| cpu(&s1, id) - cpu(&s0, id)).collect()
+    };
     let total: u64 = used.iter().sum();
     let wsum: u32 = TENANTS.iter().map(|t| t.1).sum();
     let tenants = TENANTS
@@ -225,7 +245,11 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         .collect();
     let r = Report {
         experiment: "web-share",
-        bound: if a.bound == Bound::Net { "net" } else { "cpu" },
+        bound: match a.bound {
+            Bound::Cpu => "cpu",
+            Bound::Net => "net",
+            Bound::Disk => "disk",
+        },
         machine: machine(),
         seconds: a.seconds,
         conns_per_tenant: a.conns,
@@ -240,6 +264,10 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         Bound::Net => format!(
             "/_bytes?n={} under a {} B/s link cap, share of bytes sent",
             a.body_bytes, a.link_bytes_per_s
+        ),
+        Bound::Disk => format!(
+            "a {DISK_FILE_BYTES} B file, cache off, O_DIRECT, {} B/s disk cap, share of bytes read",
+            a.disk_bytes_per_s
         ),
         _ => format!("/_burn?us={}, share of charged CPU", r.burn_us),
     };

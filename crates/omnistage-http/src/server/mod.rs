@@ -26,6 +26,7 @@
 //! own core only, and handlers never call each other (they send messages), so a `RefCell`
 //! borrow is never held across another.
 
+mod disk;
 mod output;
 
 use crate::cond::{self, RangeOutcome};
@@ -136,6 +137,8 @@ struct TenantRuntime {
     open: AtomicUsize,
     /// Bytes of this tenant's files in the cache, over all cores.
     cache_bytes: AtomicU64,
+    /// Bytes the disk stage read for this tenant.
+    disk_bytes: AtomicU64,
 }
 
 /// The configuration and its tenants, swapped as one by a reload (so an index into one always
@@ -151,6 +154,8 @@ struct Live {
 /// State shared by every core of one server.
 struct ServerShared {
     workers: usize,
+    /// The disk stage, when `disk_threads` > 0 (set once the runtime runs).
+    disk: std::sync::OnceLock<Arc<disk::DiskPool>>,
     live: RwLock<Arc<Live>>,
     live_version: AtomicU64,
     stats: ServerStats,
@@ -169,6 +174,15 @@ struct Stages {
     work: StageRef<Work>,
     timer: StageRef<Tick>,
     send: StageRef<Pump>,
+    disk: StageRef<DiskDone>,
+}
+
+/// A finished disk read, on its way back to the connection's core.
+struct DiskDone {
+    key: u64,
+    offset: u64,
+    /// `None`: the read failed.
+    data: Option<Bytes>,
 }
 
 /// Wakes the send stage of this core.
@@ -337,6 +351,8 @@ struct Body {
     source: Source,
     offset: u64,
     remaining: u64,
+    /// A read of the next chunk is with the disk stage.
+    in_flight: bool,
 }
 
 struct Conn {
@@ -406,7 +422,7 @@ fn key_of(slot: u32, generation: u32) -> u64 {
 
 /// A running server.
 pub struct Server {
-    rt: Runtime,
+    rt: Arc<Runtime>,
     shared: Arc<ServerShared>,
     boot: StageRef<Boot>,
     work: StageId,
@@ -543,6 +559,7 @@ fn apply_tenants(
                 path,
                 open: AtomicUsize::new(0),
                 cache_bytes: AtomicU64::new(0),
+                disk_bytes: AtomicU64::new(0),
             })),
         }
         all_classes.push(classes);
@@ -592,6 +609,7 @@ impl Server {
         };
         let shared = Arc::new(ServerShared {
             workers,
+            disk: std::sync::OnceLock::new(),
             live: RwLock::new(Arc::new(Live {
                 config: config.clone(),
                 tenants: Vec::new(),
@@ -646,15 +664,29 @@ impl Server {
         let send = b
             .stage::<Pump, _, _>("http.send", StageConfig::default(), |_| on_send)
             .map_err(|e| e.to_string())?;
+        let disk_stage = b
+            .stage::<DiskDone, _, _>("http.disk", StageConfig::default(), |_| on_disk)
+            .map_err(|e| e.to_string())?;
         let stages = Stages {
             accept,
             conn,
             work,
             timer,
             send,
+            disk: disk_stage,
         };
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
-        let rt = b.start().map_err(|e| e.to_string())?;
+        let rt = Arc::new(b.start().map_err(|e| e.to_string())?);
+        let server_cfg = shared.live.read().expect("live lock").config.server.clone();
+        if server_cfg.disk_threads > 0 {
+            let pool = disk::DiskPool::start(
+                server_cfg.disk_threads,
+                server_cfg.disk_cap_bytes_per_s,
+                rt.clone(),
+                stages,
+            );
+            let _ = shared.disk.set(pool);
+        }
         let live = apply_tenants(&rt, config, None, work.id())?;
         *shared.live.write().expect("live lock") = Arc::new(live);
         for core in 0..workers {
@@ -681,6 +713,15 @@ impl Server {
 
     pub fn stats(&self) -> &ServerStats {
         &self.shared.stats
+    }
+
+    /// Bytes the disk stage read for each tenant, in config order.
+    pub fn disk_bytes(&self) -> Vec<(String, u64)> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.disk_bytes.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// Bytes of each tenant's files in the cache (all cores), in config order.
@@ -744,6 +785,9 @@ impl Server {
         let deadline = Instant::now() + LOG_FLUSH_WAIT;
         while done.load(Ordering::Acquire) < asked && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
+        }
+        if let Some(pool) = self.shared.disk.get() {
+            pool.stop();
         }
         self.rt.shutdown();
         if let Some(log) = &self.shared.log {
@@ -1127,6 +1171,7 @@ fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId
 /// Returns false when the connection was closed.
 fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let scheduled = cs.send.is_some();
+    let pool = cs.shared.disk.get().cloned();
     let Some(c) = cs.conn(key) else { return false };
     let pending = !c.out.is_empty() || c.body.is_some();
     if scheduled && pending {
@@ -1175,6 +1220,18 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
         match &body.source {
             Source::File(file) => {
+                if let Some(pool) = &pool {
+                    // The disk stage reads it; the bytes come back as a message.
+                    if !body.in_flight {
+                        let file = file.clone();
+                        let (offset, tenant) = (body.offset, c.tenant.clone());
+                        if !submit_read(ctx, cs, pool, key, tenant, file, offset, n) {
+                            close(ctx, cs, key);
+                            return false;
+                        }
+                    }
+                    return true;
+                }
                 let mut chunk = vec![0; n];
                 if file.read_exact_at(&mut chunk, body.offset).is_err() {
                     // The file shrank under us: the length already sent cannot be honoured.
@@ -1588,6 +1645,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
                             source,
                             offset: 0,
                             remaining: body_len,
+                            in_flight: false,
                         });
                     }
                 }
@@ -1610,7 +1668,8 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
                 return answer_error(ctx, cs, key, req, &e, keep);
             }
         };
-        let file = match File::open(&resolved.path) {
+        let direct = cs.live.config.server.disk_direct && cs.shared.disk.get().is_some();
+        let file = match open_file(&resolved.path, direct) {
             Ok(f) => f,
             Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
         };
@@ -1736,13 +1795,14 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             content = Some(bytes);
         }
     }
+    let disk_stage = cs.shared.disk.get().is_some();
     let c = cs.conn(key).expect("live");
     if req.method != Method::Head && len > 0 {
         if let Some(content) = content {
             // A hit: the body is a slice of the cached bytes, queued without a copy.
             c.out
                 .push_shared(content.slice(start as usize..(start + len) as usize));
-        } else if len <= INLINE_FILE_BYTES_MAX {
+        } else if len <= INLINE_FILE_BYTES_MAX && !disk_stage {
             let mut body = vec![0; len as usize];
             if file.read_exact_at(&mut body, start).is_err() {
                 close(ctx, cs, key);
@@ -1754,6 +1814,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
                 source: Source::File(file),
                 offset: start,
                 remaining: len,
+                in_flight: false,
             });
         }
     }
@@ -1850,16 +1911,20 @@ struct Sent {
     blocked: bool,
     /// The connection failed and must be closed.
     failed: bool,
+    /// Waiting for the disk stage to bring the next chunk.
+    waiting: bool,
 }
 
 /// Writes up to one quantum of a connection's pending output (response heads, then body
 /// chunks under the credit window).
 fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
+    let pool = cs.shared.disk.get().cloned();
     let mut sent = Sent {
         bytes: 0,
         more: false,
         blocked: false,
         failed: false,
+        waiting: false,
     };
     let Some(c) = cs.conn(key) else {
         sent.failed = true;
@@ -1897,6 +1962,18 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
         let mut chunk = vec![0; n];
         match &body.source {
             Source::File(file) => {
+                if let Some(pool) = &pool {
+                    if !body.in_flight {
+                        let file = file.clone();
+                        let (offset, tenant) = (body.offset, c.tenant.clone());
+                        if !submit_read(ctx, cs, pool, key, tenant, file, offset, n) {
+                            sent.failed = true;
+                            return sent;
+                        }
+                    }
+                    sent.waiting = true;
+                    return sent;
+                }
                 if file.read_exact_at(&mut chunk, body.offset).is_err() {
                     sent.failed = true;
                     break;
@@ -1937,7 +2014,7 @@ fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
             };
             let sent = send_some(ctx, cs, key);
             let ss = cs.send.as_mut().expect("checked");
-            let still = sent.more && !sent.blocked && !sent.failed;
+            let still = sent.more && !sent.blocked && !sent.failed && !sent.waiting;
             ss.tree.charge(leaf, sent.bytes.max(1) as u64, still, now);
             if sent.failed {
                 close(ctx, cs, key);
@@ -1947,6 +2024,10 @@ fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
                 if let Some(c) = cs.conn(key) {
                     c.send_blocked = true;
                 }
+                continue;
+            }
+            if sent.waiting {
+                // The disk stage's answer makes the connection ready again.
                 continue;
             }
             if !sent.more {
@@ -1978,6 +2059,95 @@ fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
                 };
                 ss.pump_pending = ctx.send_with(&send_stage, opts, Pump).is_ok();
             }
+        }
+    });
+}
+
+/// Opens a file to serve; with `direct`, bypassing the page cache (O_DIRECT), falling back to
+/// a normal open where the file system refuses it.
+fn open_file(path: &std::path::Path, direct: bool) -> std::io::Result<File> {
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            return Ok(f);
+        }
+    }
+    File::open(path)
+}
+
+/// Hands the read of a body chunk to the disk stage, in the tenant's name.
+#[allow(clippy::too_many_arguments)]
+fn submit_read(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    pool: &Arc<disk::DiskPool>,
+    key: u64,
+    tenant: Option<Arc<TenantRuntime>>,
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+) -> bool {
+    let Some(tr) = tenant else { return false };
+    let live = cs.live.clone();
+    let Some(t) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+        return false;
+    };
+    let job = disk::DiskJob {
+        core: ctx.core() as u16,
+        key,
+        activity: tr.activity,
+        weight: t.weight,
+        cap: t.disk_cap_bytes_per_s.map(|r| ShaperSpec {
+            kind: cap_kind(t.cap_kind),
+            rate_per_s: r,
+            burst: (r / 100).max(FLOW_CHUNK_BYTES as u64),
+        }),
+        file,
+        offset,
+        len,
+        direct: live.config.server.disk_direct,
+    };
+    if !pool.submit(job) {
+        return false;
+    }
+    if let Some(body) = cs.conn(key).and_then(|c| c.body.as_mut()) {
+        body.in_flight = true;
+    }
+    true
+}
+
+/// A disk read came back: queue its bytes (no copy) and go on writing.
+fn on_disk(ctx: &mut Ctx<'_>, d: DiskDone) {
+    with_core(|cs| {
+        cs.refresh();
+        let key = d.key;
+        let Some(c) = cs.conn(key) else { return };
+        let Some(body) = c.body.as_mut() else { return };
+        if !body.in_flight || body.offset != d.offset {
+            return;
+        }
+        body.in_flight = false;
+        let Some(data) = d.data else {
+            // A failed read: the length already promised cannot be honoured.
+            close(ctx, cs, key);
+            return;
+        };
+        let n = data.len() as u64;
+        body.offset += n;
+        body.remaining = body.remaining.saturating_sub(n);
+        if body.remaining == 0 {
+            c.body = None;
+        }
+        c.out.push_shared(data);
+        if let Some(t) = &c.tenant {
+            t.disk_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        if flush(ctx, cs, key) {
+            drive(ctx, cs, key);
         }
     });
 }

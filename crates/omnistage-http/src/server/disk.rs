@@ -1,0 +1,257 @@
+//! The disk resource stage: a bounded pool of reader threads fed by a scheduler that is fair
+//! by bytes between tenants.
+//!
+//! Every read of a file body that is not served from the cache is a job here. The jobs wait in
+//! one FIFO per tenant; a scheduling tree (SFQ over tenant leaves, charged in bytes before the
+//! read, each leaf optionally capped by the tenant's `disk_cap`, under a node capped by the
+//! server's `disk_cap`) decides which tenant's read goes next; `disk_threads` threads do the
+//! reads, which bounds the reads in flight. A finished read goes back to the core that owns the
+//! connection as a message in the tenant's activity, carrying the bytes (no copy on the way).
+//!
+//! The pool's lock is taken once per read, by a worker submitting and by a reader picking; the
+//! per-message path of the workers never takes it. io_uring per core would remove the threads
+//! and the lock; this is the blocking-pool fallback the architecture allows.
+
+use super::{DiskDone, Stages};
+use bytes::Bytes;
+use omnistage::account::ActivityId;
+use omnistage::exec::{Affinity, Runtime, SendError, SendOpts};
+use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// O_DIRECT needs buffers, offsets and lengths aligned to the device's block size; 4 KiB
+/// covers the common ones.
+pub(super) const DIRECT_ALIGN: u64 = 4096;
+/// Most jobs waiting, over all tenants (each connection has at most one read in flight, so
+/// this is reached only with more connections than this).
+const JOBS_QUEUED_MAX: usize = 1 << 20;
+/// How many times a reader retries handing a result to a full mailbox before giving up.
+const DELIVER_RETRIES: usize = 1000;
+
+/// One read.
+pub(super) struct DiskJob {
+    pub(super) core: u16,
+    pub(super) key: u64,
+    pub(super) activity: ActivityId,
+    pub(super) weight: u32,
+    pub(super) cap: Option<ShaperSpec>,
+    pub(super) file: Arc<File>,
+    pub(super) offset: u64,
+    pub(super) len: usize,
+    pub(super) direct: bool,
+}
+
+struct Sched {
+    tree: Tree,
+    disk: NodeId,
+    leaves: HashMap<ActivityId, NodeId>,
+    queues: HashMap<NodeId, VecDeque<DiskJob>>,
+    queued: usize,
+    stopping: bool,
+}
+
+/// The pool.
+pub(super) struct DiskPool {
+    state: Arc<(Mutex<Sched>, Condvar)>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    epoch: Instant,
+    /// Bytes read, all tenants.
+    pub(super) bytes_read: AtomicU64,
+}
+
+fn ns_since(epoch: Instant) -> u64 {
+    epoch.elapsed().as_nanos() as u64
+}
+
+impl DiskPool {
+    /// Starts `threads` readers. `deliver` hands a finished read to its core.
+    pub(super) fn start(
+        threads: usize,
+        disk_cap: Option<u64>,
+        rt: Arc<Runtime>,
+        stages: Stages,
+    ) -> Arc<DiskPool> {
+        let mut tree = Tree::new(PolicyKind::Sfq);
+        tree.set_min_cost(1);
+        let disk = tree
+            .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
+            .expect("a new tree has room");
+        if let Some(rate) = disk_cap {
+            let spec = ShaperSpec {
+                kind: ShaperKind::Token,
+                rate_per_s: rate,
+                burst: (rate / 100).max(super::FLOW_CHUNK_BYTES as u64),
+            };
+            tree.set_shaper(disk, Some(spec), 0)
+                .expect("validated by the config");
+        }
+        let pool = Arc::new(DiskPool {
+            state: Arc::new((
+                Mutex::new(Sched {
+                    tree,
+                    disk,
+                    leaves: HashMap::new(),
+                    queues: HashMap::new(),
+                    queued: 0,
+                    stopping: false,
+                }),
+                Condvar::new(),
+            )),
+            threads: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
+            bytes_read: AtomicU64::new(0),
+        });
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let pool2 = pool.clone();
+            let rt = rt.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("omnistage-disk{i}"))
+                .spawn(move || pool2.reader(&rt, stages))
+                .expect("spawn a disk reader");
+            handles.push(h);
+        }
+        *pool.threads.lock().expect("threads lock") = handles;
+        pool
+    }
+
+    /// Queues a read; false if the pool is full or stopping (the caller reads inline).
+    pub(super) fn submit(&self, job: DiskJob) -> bool {
+        let (lock, cv) = &*self.state;
+        let mut s = lock.lock().expect("disk lock");
+        if s.stopping || s.queued >= JOBS_QUEUED_MAX {
+            return false;
+        }
+        let now = ns_since(self.epoch);
+        let leaf = match s.leaves.get(&job.activity) {
+            Some(&l) => l,
+            None => {
+                let disk = s.disk;
+                let Ok(l) = s.tree.add_leaf(disk, ClientParams::weight(job.weight)) else {
+                    return false;
+                };
+                s.leaves.insert(job.activity, l);
+                l
+            }
+        };
+        // Weight and cap follow the tenant's configuration at its latest read.
+        let _ = s.tree.set_params(leaf, ClientParams::weight(job.weight));
+        let _ = s.tree.set_shaper(leaf, job.cap, now);
+        s.queues.entry(leaf).or_default().push_back(job);
+        s.queued += 1;
+        s.tree.leaf_ready(leaf, now);
+        cv.notify_one();
+        true
+    }
+
+    /// Stops the readers (jobs still queued are dropped) and waits for them.
+    pub(super) fn stop(&self) {
+        {
+            let (lock, cv) = &*self.state;
+            lock.lock().expect("disk lock").stopping = true;
+            cv.notify_all();
+        }
+        for h in std::mem::take(&mut *self.threads.lock().expect("threads lock")) {
+            let _ = h.join();
+        }
+    }
+
+    fn next_job(&self) -> Option<DiskJob> {
+        let (lock, cv) = &*self.state;
+        let mut s = lock.lock().expect("disk lock");
+        loop {
+            if s.stopping {
+                return None;
+            }
+            let now = ns_since(self.epoch);
+            if let Some(leaf) = s.tree.pick(now) {
+                let q = s.queues.get_mut(&leaf).expect("a ready leaf has a queue");
+                let job = q.pop_front().expect("a ready leaf has a job");
+                let more = !q.is_empty();
+                // Charged before the read: its cost (bytes) is known.
+                s.tree.charge(leaf, job.len as u64, more, now);
+                s.queued -= 1;
+                return Some(job);
+            }
+            s = match s.tree.next_decision_ns(now) {
+                Some(d) => {
+                    cv.wait_timeout(s, Duration::from_nanos(d.max(1)))
+                        .expect("disk lock")
+                        .0
+                }
+                None => cv.wait(s).expect("disk lock"),
+            };
+        }
+    }
+
+    fn reader(&self, rt: &Runtime, stages: Stages) {
+        while let Some(job) = self.next_job() {
+            let result = read(&job);
+            if let Ok(b) = &result {
+                self.bytes_read.fetch_add(b.len() as u64, Ordering::Relaxed);
+            }
+            let data = result.ok();
+            let opts = SendOpts {
+                activity: Some(job.activity),
+                affinity: Affinity::Core(job.core),
+                ..Default::default()
+            };
+            for _ in 0..DELIVER_RETRIES {
+                // A refused send drops its message; the bytes are shared, so a retry is cheap.
+                let done = DiskDone {
+                    key: job.key,
+                    offset: job.offset,
+                    data: data.clone(),
+                };
+                match rt.send_with(&stages.disk, opts, done) {
+                    Ok(()) => break,
+                    Err(SendError::MailboxFull) | Err(SendError::Rejected(_)) => {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Reads `job.len` bytes at `job.offset` (fewer at the end of the file). With O_DIRECT the
+/// aligned superset is read into an aligned part of the buffer, and the bytes asked for are
+/// sliced out of it without a copy.
+fn read(job: &DiskJob) -> Result<Bytes, std::io::Error> {
+    if !job.direct {
+        let mut v = vec![0; job.len];
+        job.file.read_exact_at(&mut v, job.offset)?;
+        return Ok(Bytes::from(v));
+    }
+    let start = job.offset / DIRECT_ALIGN * DIRECT_ALIGN;
+    let end = (job.offset + job.len as u64).div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
+    let span = (end - start) as usize;
+    let mut v = vec![0u8; span + DIRECT_ALIGN as usize];
+    let skew = v.as_ptr().align_offset(DIRECT_ALIGN as usize);
+    let buf = &mut v[skew..skew + span];
+    let mut got = 0;
+    // Bounded: each round reads at least one byte or ends.
+    while got < span {
+        let n = job.file.read_at(&mut buf[got..], start + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    let from = skew + (job.offset - start) as usize;
+    let to = from + job.len;
+    if to > skew + got {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "file shorter than the read",
+        ));
+    }
+    Ok(Bytes::from(v).slice(from..to))
+}
