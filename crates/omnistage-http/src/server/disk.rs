@@ -214,7 +214,10 @@ impl DiskPool {
                     Err(SendError::MailboxFull) | Err(SendError::Rejected(_)) => {
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    Err(_) => return,
+                    Err(SendError::Stopped) => return,
+                    // Anything else concerns this result only (its activity was removed, say):
+                    // drop it and go on serving the others.
+                    Err(_) => break,
                 }
             }
         }

@@ -175,6 +175,9 @@ struct Stages {
     timer: StageRef<Tick>,
     send: StageRef<Pump>,
     disk: StageRef<DiskDone>,
+    /// Continuations of a connection (more body, more pipelined requests): a stage whose
+    /// queues hold one per connection and never refuse, unlike `work`'s admission gates.
+    cont: StageRef<Work>,
 }
 
 /// A finished disk read, on its way back to the connection's core.
@@ -185,8 +188,10 @@ struct DiskDone {
     data: Option<Bytes>,
 }
 
-/// Wakes the send stage of this core.
-struct Pump;
+/// Wakes the send stage of this core: now, or when a shaper allows (`timer`).
+struct Pump {
+    timer: bool,
+}
 
 /// The network send resource stage of one core: a scheduling tree charged in bytes.
 struct SendSched {
@@ -195,8 +200,11 @@ struct SendSched {
     tenants: HashMap<ActivityId, NodeId>,
     leaves: HashMap<u64, NodeId>,
     conn_of: HashMap<NodeId, u64>,
-    /// A `Pump` message is queued or a pump timer is set.
-    pump_pending: bool,
+    /// An immediate `Pump` is queued.
+    pump_queued: bool,
+    /// A `Pump` waits on a timer for a shaper (it does not stand for the immediate one: a
+    /// tenant that is not throttled must not wait for one that is).
+    pump_timer: bool,
 }
 
 fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
@@ -239,7 +247,8 @@ impl SendSched {
             tenants: HashMap::new(),
             leaves: HashMap::new(),
             conn_of: HashMap::new(),
-            pump_pending: false,
+            pump_queued: false,
+            pump_timer: false,
         };
         s.configure(live, 0);
         Some(s)
@@ -338,6 +347,8 @@ struct CachedFile {
     expires_ns: u64,
     /// The file's bytes, when the cache holds them (sent as shared slices, without copying).
     content: Option<Bytes>,
+    /// The descriptor was opened with O_DIRECT (reads must be aligned).
+    direct: bool,
 }
 
 /// Where a streamed body comes from.
@@ -349,6 +360,8 @@ enum Source {
 
 struct Body {
     source: Source,
+    /// The file was opened with O_DIRECT.
+    direct: bool,
     offset: u64,
     remaining: u64,
     /// A read of the next chunk is with the disk stage.
@@ -378,6 +391,9 @@ struct Conn {
     closing: bool,
     /// When the request being received started (its first byte, or the accept).
     request_start_ns: u64,
+    /// When a write last made progress: a client that stops reading is closed after
+    /// `keepalive_timeout` without progress.
+    last_progress_ns: u64,
     last_active_ns: u64,
     requests: u64,
 }
@@ -423,6 +439,7 @@ fn key_of(slot: u32, generation: u32) -> u64 {
 /// A running server.
 pub struct Server {
     rt: Arc<Runtime>,
+    reloading: Mutex<()>,
     shared: Arc<ServerShared>,
     boot: StageRef<Boot>,
     work: StageId,
@@ -667,6 +684,16 @@ impl Server {
         let disk_stage = b
             .stage::<DiskDone, _, _>("http.disk", StageConfig::default(), |_| on_disk)
             .map_err(|e| e.to_string())?;
+        let cont_cfg = StageConfig {
+            batch_max: 4,
+            // At most one continuation per connection is queued, and connections are bounded
+            // far below this: the gate never refuses.
+            queue_limit: omnistage::exec::QUEUE_LIMIT_MAX,
+            ..Default::default()
+        };
+        let cont = b
+            .stage::<Work, _, _>("http.cont", cont_cfg, |_| on_work)
+            .map_err(|e| e.to_string())?;
         let stages = Stages {
             accept,
             conn,
@@ -674,6 +701,7 @@ impl Server {
             timer,
             send,
             disk: disk_stage,
+            cont,
         };
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
         let rt = Arc::new(b.start().map_err(|e| e.to_string())?);
@@ -695,6 +723,7 @@ impl Server {
         }
         Ok(Server {
             rt,
+            reloading: Mutex::new(()),
             shared,
             boot,
             work: work.id(),
@@ -741,6 +770,8 @@ impl Server {
     /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
     /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
     pub fn reload(&self, config: Config) -> Result<(), String> {
+        // One reload at a time: each builds on the state the previous one left.
+        let _one = self.reloading.lock().expect("reload lock");
         let old = self.shared.live.read().expect("live lock").clone();
         let same_listen = old.config.server.listen == config.server.listen;
         let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
@@ -798,15 +829,26 @@ impl Server {
     }
 }
 
+impl Drop for Server {
+    /// A server dropped without `drain` still stops its disk readers and workers.
+    fn drop(&mut self) {
+        if let Some(pool) = self.shared.disk.get() {
+            pool.stop();
+        }
+        self.rt.shutdown();
+    }
+}
+
 impl CoreServer {
     /// Picks up a reload: the new config and tenants, and an empty file cache (a docroot may
     /// have changed).
     fn refresh(&mut self) {
         let v = self.shared.live_version.load(Ordering::Acquire);
         if v != self.live_version {
+            // Clear under the old tenants, so each one's count goes back down.
+            self.cache_clear();
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
-            self.cache_clear();
             match &mut self.send {
                 Some(ss) => ss.configure(&self.live, 0),
                 None => self.send = SendSched::for_config(&self.live),
@@ -889,17 +931,25 @@ impl CoreServer {
             if self.cache_used + need <= limit {
                 return true;
             }
+            let own = self
+                .cache_by_activity
+                .get(&for_activity)
+                .copied()
+                .unwrap_or(0);
             let victim = self
                 .cache_by_activity
                 .iter()
-                .filter(|(_, &u)| u > 0)
-                .map(|(&a, &u)| {
-                    let prospective = u + if a == for_activity { need } else { 0 };
-                    (a, prospective as f64 / self.cache_budget(a).max(1) as f64)
-                })
+                .filter(|(&a, &u)| u > 0 && a != for_activity)
+                .map(|(&a, &u)| (a, u))
+                .chain(std::iter::once((for_activity, own + need)))
+                .map(|(a, u)| (a, u as f64 / self.cache_budget(a).max(1) as f64))
                 .max_by(|x, y| x.1.total_cmp(&y.1))
                 .map(|(a, _)| a);
             let Some(victim) = victim else { return false };
+            if victim == for_activity && own == 0 {
+                // The requester alone would be furthest above its budget: do not cache.
+                return false;
+            }
             let entry = self
                 .files
                 .iter()
@@ -971,6 +1021,8 @@ fn on_boot(
     let stages = *stages.get().expect("stages set before start");
     match m {
         Boot::Start => {
+            // The version first: a reload in between is then picked up at the next refresh.
+            let live_version = shared.live_version.load(Ordering::Acquire);
             let live = shared.live.read().expect("live lock").clone();
             let core = ctx.core();
             let taken = std::mem::take(&mut shared.listeners.lock().expect("listeners lock")[core]);
@@ -991,7 +1043,7 @@ fn on_boot(
                     shared: shared.clone(),
                     stages,
                     live,
-                    live_version: shared.live_version.load(Ordering::Acquire),
+                    live_version,
                     conns: Vec::new(),
                     free: Vec::new(),
                     generations: Vec::new(),
@@ -1048,10 +1100,12 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
             };
             let shared = cs.shared.clone();
             let stats = &shared.stats;
-            if stats.open_connections.load(Ordering::Acquire)
+            // Take a place first, then check, so cores accepting at once cannot overshoot.
+            if stats.open_connections.fetch_add(1, Ordering::AcqRel)
                 >= cs.live.config.server.connections_max
             {
                 // Over the server's limit: refuse at once rather than let it wait unserved.
+                stats.open_connections.fetch_sub(1, Ordering::AcqRel);
                 stats.refused_connections.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -1063,11 +1117,11 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 Ok(h) => h,
                 Err(_) => {
                     cs.release(slot);
+                    stats.open_connections.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
             };
             stats.accepted.fetch_add(1, Ordering::Relaxed);
-            stats.open_connections.fetch_add(1, Ordering::AcqRel);
             cs.conns[slot as usize] = Some(Conn {
                 stream,
                 handle,
@@ -1084,6 +1138,7 @@ fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 busy: false,
                 closing: false,
                 request_start_ns: now,
+                last_progress_ns: now,
                 last_active_ns: now,
                 requests: 0,
             });
@@ -1164,7 +1219,9 @@ fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId
         activity: Some(activity),
         ..Default::default()
     };
-    let _ = ctx.send_with(&cs.stages.work, opts, Work::Continue { key });
+    // Refused only past 2^24 queued continuations (far above any connection limit); then the
+    // connection's no-progress deadline closes it rather than leaving it stalled.
+    let _ = ctx.send_with(&cs.stages.cont, opts, Work::Continue { key });
 }
 
 /// Writes what is pending; streams the next chunks of a body under the credit window.
@@ -1176,11 +1233,11 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let pending = !c.out.is_empty() || c.body.is_some();
     if scheduled && pending {
         if let Some(tr) = c.tenant.clone() {
-            // A tenant's bytes go out when the send scheduler says so.
-            if !c.send_blocked {
-                schedule_send(ctx, cs, key, &tr);
+            // A tenant's bytes go out when the send scheduler says so (unless it cannot take
+            // them: then they are written directly below).
+            if c.send_blocked || schedule_send(ctx, cs, key, &tr) {
+                return true;
             }
-            return true;
         }
     }
     let Some(c) = cs.conn(key) else { return false };
@@ -1193,6 +1250,7 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
                     return false;
                 }
                 Ok(n) => {
+                    c.last_progress_ns = ctx.now_ns();
                     if let Some(t) = &c.tenant {
                         let a = t.activity;
                         ctx.record_bytes_out(a, n as u64);
@@ -1225,7 +1283,13 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
                     if !body.in_flight {
                         let file = file.clone();
                         let (offset, tenant) = (body.offset, c.tenant.clone());
-                        if !submit_read(ctx, cs, pool, key, tenant, file, offset, n) {
+                        let read = ChunkRead {
+                            file,
+                            offset,
+                            len: n,
+                            direct: body.direct,
+                        };
+                        if !submit_read(ctx, cs, pool, key, tenant, read) {
                             close(ctx, cs, key);
                             return false;
                         }
@@ -1329,6 +1393,7 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     c.inbuf.drain(..consumed);
     c.requests += 1;
     c.last_active_ns = ctx.now_ns();
+    c.last_progress_ns = ctx.now_ns();
     c.request_start_ns = ctx.now_ns();
     let stalled = c.read_stalled;
     let local = c.local;
@@ -1347,8 +1412,13 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     if !c.tenant.as_ref().is_some_and(|x| Arc::ptr_eq(x, &tr)) {
         if let Some(prev) = c.tenant.take() {
             prev.open.fetch_sub(1, Ordering::AcqRel);
+            // Its send leaf hangs under the old tenant's node: start afresh.
+            if let Some(ss) = &mut cs.send {
+                ss.forget(key);
+            }
         }
         let open = tr.open.fetch_add(1, Ordering::AcqRel);
+        let c = cs.conn(key).expect("live");
         c.tenant = Some(tr.clone());
         if limit.is_some_and(|l| open >= l) {
             return answer_status(ctx, cs, key, &request, 503, false);
@@ -1643,6 +1713,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
                         // Generated bytes go out through the same credit window as files.
                         c.body = Some(Body {
                             source,
+                            direct: false,
                             offset: 0,
                             remaining: body_len,
                             in_flight: false,
@@ -1664,6 +1735,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         let resolved = match path::resolve(&tenant.docroot, &cache_key.1, &tenant.index) {
             Ok(r) => r,
             Err(e) => {
+                cs.cache_drop(&cache_key);
                 cs.files.remove(&cache_key);
                 return answer_error(ctx, cs, key, req, &e, keep);
             }
@@ -1707,11 +1779,12 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             content_type: crate::mime::content_type(&resolved.path),
             expires_ns: now_ns + FILE_CACHE_TTL_NS,
             content,
+            direct,
         };
         cs.files.insert(cache_key.clone(), entry);
     }
     let f = &cs.files[&cache_key];
-    let (file, flen, modified) = (f.file.clone(), f.len, f.modified);
+    let (file, flen, modified, direct) = (f.file.clone(), f.len, f.modified, f.direct);
     let mut content = f.content.clone();
     let (etag, last_modified, ctype) = (f.etag.clone(), f.last_modified.clone(), f.content_type);
     let date = cs.date();
@@ -1812,6 +1885,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         } else {
             c.body = Some(Body {
                 source: Source::File(file),
+                direct,
                 offset: start,
                 remaining: len,
                 in_flight: false,
@@ -1836,8 +1910,12 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 let timer = cs.stages.timer;
                 let shared = cs.shared.clone();
                 let Some(c) = cs.conn(key) else { return };
-                let deadline = if c.busy || c.body.is_some() || !c.out.is_empty() {
-                    // Work in progress: look again later.
+                let sending = !c.out.is_empty() || c.body.as_ref().is_some_and(|b| !b.in_flight);
+                let deadline = if sending {
+                    // Bytes wait for the client: it must keep reading.
+                    c.last_progress_ns + idle_ns
+                } else if c.busy || c.body.is_some() {
+                    // The server is working on it (a queued request, a disk read): look again.
                     now + idle_ns
                 } else if !c.inbuf.is_empty() || c.requests == 0 {
                     // Receiving a request head: bounded from its first byte (slowloris).
@@ -1850,14 +1928,19 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                     return;
                 }
                 shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if !c.inbuf.is_empty() {
+                if !c.inbuf.is_empty() && !sending {
                     let date = cs.date();
                     let c = cs.conn(key).expect("live");
                     c.inbuf.clear();
                     c.out
                         .with_head(|b| response::error_response(b, 408, false, &date, &[]));
                     c.closing = true;
-                    flush(ctx, cs, key);
+                    c.last_progress_ns = now;
+                    if flush(ctx, cs, key) {
+                        // Not all of it went out: if the client never reads, the no-progress
+                        // deadline closes the connection.
+                        let _ = ctx.send_after(&timer, idle_ns, Tick::Deadline { key });
+                    }
                 } else {
                     close(ctx, cs, key);
                 }
@@ -1867,22 +1950,26 @@ fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
 }
 
 /// Makes a connection's pending output a client of the send scheduler, and wakes the pump.
-fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRuntime) {
+/// False if the scheduler cannot take it (its tenant is gone from the config and it has no
+/// leaf yet, or the tree is full): the caller writes directly.
+fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRuntime) -> bool {
     let now = ctx.now_ns();
     let live = cs.live.clone();
-    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
-        return;
-    };
     let send_stage = cs.stages.send;
-    let Some(ss) = cs.send.as_mut() else { return };
+    let Some(ss) = cs.send.as_mut() else {
+        return false;
+    };
     let leaf = match ss.leaves.get(&key) {
         Some(&l) => l,
         None => {
+            let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+                return false;
+            };
             let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
-                return;
+                return false;
             };
             let Ok(l) = ss.tree.add_leaf(node, ClientParams::default()) else {
-                return;
+                return false;
             };
             ss.leaves.insert(key, l);
             ss.conn_of.insert(l, key);
@@ -1890,16 +1977,16 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
         }
     };
     ss.tree.leaf_ready(leaf, now);
-    if !ss.pump_pending {
-        ss.pump_pending = true;
+    if !ss.pump_queued {
         let opts = SendOpts {
             activity: Some(INFRA),
             ..Default::default()
         };
-        if ctx.send_with(&send_stage, opts, Pump).is_err() {
-            ss.pump_pending = false;
-        }
+        ss.pump_queued = ctx
+            .send_with(&send_stage, opts, Pump { timer: false })
+            .is_ok();
     }
+    true
 }
 
 /// What one pick of the send scheduler did with a connection.
@@ -1940,7 +2027,10 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
                     sent.failed = true;
                     break;
                 }
-                Ok(n) => sent.bytes += n,
+                Ok(n) => {
+                    sent.bytes += n;
+                    c.last_progress_ns = ctx.now_ns();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     sent.blocked = true;
                     break;
@@ -1959,30 +2049,42 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
             break;
         }
         let n = (body.remaining as usize).min(FLOW_CHUNK_BYTES);
-        let mut chunk = vec![0; n];
+        let mut chunk = Vec::new();
         match &body.source {
             Source::File(file) => {
                 if let Some(pool) = &pool {
                     if !body.in_flight {
                         let file = file.clone();
                         let (offset, tenant) = (body.offset, c.tenant.clone());
-                        if !submit_read(ctx, cs, pool, key, tenant, file, offset, n) {
+                        let activity = tenant.as_ref().map(|t| t.activity);
+                        let read = ChunkRead {
+                            file,
+                            offset,
+                            len: n,
+                            direct: body.direct,
+                        };
+                        if !submit_read(ctx, cs, pool, key, tenant, read) {
                             sent.failed = true;
-                            return sent;
                         }
+                        if let Some(a) = activity {
+                            ctx.record_bytes_out(a, sent.bytes as u64);
+                        }
+                        sent.waiting = !sent.failed;
+                        return sent;
                     }
                     sent.waiting = true;
+                    if let Some(a) = c.tenant.as_ref().map(|t| t.activity) {
+                        ctx.record_bytes_out(a, sent.bytes as u64);
+                    }
                     return sent;
                 }
+                chunk.resize(n, 0);
                 if file.read_exact_at(&mut chunk, body.offset).is_err() {
                     sent.failed = true;
                     break;
                 }
             }
-            Source::Pattern => {
-                chunk.clear();
-                fill_pattern(&mut chunk, body.offset, n);
-            }
+            Source::Pattern => fill_pattern(&mut chunk, body.offset, n),
         }
         c.out.push_owned(chunk);
         body.offset += n as u64;
@@ -1996,13 +2098,19 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
     sent
 }
 
-fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
+fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
     with_core(|cs| {
         cs.refresh();
         let now = ctx.now_ns();
         let send_stage = cs.stages.send;
         match cs.send.as_mut() {
-            Some(ss) => ss.pump_pending = false,
+            Some(ss) => {
+                if pump.timer {
+                    ss.pump_timer = false;
+                } else {
+                    ss.pump_queued = false;
+                }
+            }
             None => return,
         }
         for _ in 0..SEND_PICKS_PER_DISPATCH {
@@ -2047,18 +2155,22 @@ fn on_send(ctx: &mut Ctx<'_>, _: Pump) {
             ..Default::default()
         };
         match ss.tree.next_decision_ns(now) {
-            None => {}
-            Some(0) => {
-                ss.pump_pending = ctx.send_with(&send_stage, opts, Pump).is_ok();
+            Some(0) if !ss.pump_queued => {
+                ss.pump_queued = ctx
+                    .send_with(&send_stage, opts, Pump { timer: false })
+                    .is_ok();
             }
-            Some(d) => {
-                // Shaped: come back when a bucket allows the next write.
+            // Shaped: come back when a bucket allows the next write.
+            Some(d) if d > 0 && !ss.pump_timer => {
                 let opts = SendOpts {
                     delay_ns: d,
                     ..opts
                 };
-                ss.pump_pending = ctx.send_with(&send_stage, opts, Pump).is_ok();
+                ss.pump_timer = ctx
+                    .send_with(&send_stage, opts, Pump { timer: true })
+                    .is_ok();
             }
+            _ => {}
         }
     });
 }
@@ -2079,17 +2191,23 @@ fn open_file(path: &std::path::Path, direct: bool) -> std::io::Result<File> {
     File::open(path)
 }
 
+/// One chunk to read.
+struct ChunkRead {
+    file: Arc<File>,
+    offset: u64,
+    len: usize,
+    /// The descriptor was opened with O_DIRECT.
+    direct: bool,
+}
+
 /// Hands the read of a body chunk to the disk stage, in the tenant's name.
-#[allow(clippy::too_many_arguments)]
 fn submit_read(
     ctx: &mut Ctx<'_>,
     cs: &mut CoreServer,
     pool: &Arc<disk::DiskPool>,
     key: u64,
     tenant: Option<Arc<TenantRuntime>>,
-    file: Arc<File>,
-    offset: u64,
-    len: usize,
+    read: ChunkRead,
 ) -> bool {
     let Some(tr) = tenant else { return false };
     let live = cs.live.clone();
@@ -2106,10 +2224,10 @@ fn submit_read(
             rate_per_s: r,
             burst: (r / 100).max(FLOW_CHUNK_BYTES as u64),
         }),
-        file,
-        offset,
-        len,
-        direct: live.config.server.disk_direct,
+        file: read.file,
+        offset: read.offset,
+        len: read.len,
+        direct: read.direct,
     };
     if !pool.submit(job) {
         return false;

@@ -1,0 +1,310 @@
+//! Regressions found in review of the server: each test once failed against the code it
+//! describes in its comment, and guards the fix.
+use omnistage::exec::Predicate;
+use omnistage_http::config::parse_config;
+use omnistage_http::server::{Server, ServerOptions};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn start(toml: &str) -> Server {
+    let config = parse_config(toml).unwrap_or_else(|e| panic!("bad config: {e}\n{toml}"));
+    Server::start(
+        config,
+        ServerOptions {
+            workers: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Reads until `want` bytes arrived, the peer closed, or `stall` passes without a byte.
+fn read_total(s: &mut TcpStream, want: usize, stall: Duration) -> usize {
+    s.set_read_timeout(Some(stall)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut got = 0;
+    while got < want {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => break, // timed out: no progress for `stall`
+        }
+    }
+    got
+}
+
+/// Once: A `Work::Continue` refused by the work stage's gate is dropped (`let _ =` in yield_conn):
+/// the streamed body stops for good; the deadline timer re-arms forever because `body` is Some.
+#[test]
+fn a_streamed_body_continues_when_the_work_gate_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let rt = server.runtime();
+    let t = rt.activity_id("/tenants/t").unwrap();
+    // Stands in for a p90 controller that has cut the tenant's rate (or a full 4096 queue).
+    rt.set_admission(
+        server.work_stage(),
+        t,
+        Some(Predicate::TokenBucket {
+            rate_per_s: 0.001,
+            burst: 1,
+        }),
+    )
+    .unwrap();
+    let n: usize = 8 << 20;
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    write!(s, "GET /_bytes?n={n} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let got = read_total(&mut s, n + 100, Duration::from_secs(3));
+    let open = server.stats().open_connections.load(Ordering::Relaxed);
+    server.drain(Duration::from_millis(100));
+    assert!(
+        got > n,
+        "body stalled after {got} of {n} bytes; connection still open: {open}"
+    );
+}
+
+/// Once: A client that never reads holds its connection forever: the deadline re-arms while
+/// `out` is non-empty, there is no send/progress timeout.
+#[test]
+fn a_client_that_never_reads_is_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 200\nkeepalive_timeout_ms = 200\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    write!(s, "GET /_bytes?n=500000000 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    // 15x the timeouts.
+    std::thread::sleep(Duration::from_secs(3));
+    let open = server.stats().open_connections.load(Ordering::Relaxed);
+    let timeouts = server.stats().timeouts.load(Ordering::Relaxed);
+    server.drain(Duration::from_millis(100));
+    assert_eq!(
+        open, 0,
+        "connection still open after 3 s; timeouts counted: {timeouts}"
+    );
+    drop(s);
+}
+
+/// Once: `serve` drops a cache entry with `files.remove` (not `cache_drop`) when the path no longer
+/// resolves: cache_used / cache_by_activity / tenant cache_bytes keep the bytes for good.
+#[test]
+fn a_deleted_cached_file_gives_back_its_cache_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.bin"), vec![b'a'; 20 * 1024]).unwrap();
+    std::fs::write(dir.path().join("b.bin"), vec![b'b'; 10 * 1024]).unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 81920\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    let get = |s: &mut TcpStream, p: &str| -> String {
+        write!(s, "GET {p} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let h = String::from_utf8_lossy(&head).to_string();
+        let len: usize = h
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).unwrap();
+        h.lines().next().unwrap().to_string()
+    };
+    assert!(get(&mut s, "/a.bin").contains("200"));
+    assert_eq!(server.cache_bytes()[0].1, 20 * 1024);
+    std::fs::remove_file(dir.path().join("a.bin")).unwrap();
+    std::thread::sleep(Duration::from_millis(1200)); // past FILE_CACHE_TTL_NS
+    assert!(get(&mut s, "/a.bin").contains("404"));
+    assert!(get(&mut s, "/b.bin").contains("200"));
+    let cached = server.cache_bytes()[0].1;
+    server.drain(Duration::from_millis(100));
+    assert_eq!(cached, 10 * 1024, "a.bin is gone, only b.bin is cached");
+}
+
+/// Once: With the send scheduler on, a tenant removed by a reload while its connection still has
+/// output pending: `schedule_send` returns early (tenant not in config) without making the
+/// leaf ready, so the rest of the response is never written.
+#[test]
+fn send_scheduler_finishes_a_response_of_a_tenant_removed_by_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = |name: &str| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\nhosts = [\"{name}.test\"]\ndocroot = '{}'\nsynthetic = true\n",
+            dir.path().display()
+        )
+    };
+    let head = "[server]\nlisten = [\"127.0.0.1:0\"]\nnet_link_cap = \"1GB/s\"\n\n";
+    let server = start(&format!("{head}{}{}", t("a"), t("b")));
+    let n: usize = 64 << 20;
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    write!(s, "GET /_bytes?n={n} HTTP/1.1\r\nHost: b.test\r\n\r\n").unwrap();
+    // Let the socket buffers fill (the pump meets WouldBlock and waits for writability).
+    std::thread::sleep(Duration::from_millis(300));
+    let toml = format!("{head}{}", t("a"));
+    let _ = server.reload(parse_config(&toml).unwrap());
+    let got = read_total(&mut s, n + 200, Duration::from_secs(3));
+    server.drain(Duration::from_millis(100));
+    assert!(got > n, "response stalled after {got} of {n} bytes");
+}
+
+/// Once: `send_some` returns early when it hands a read to the disk stage, skipping
+/// `record_bytes_out`: bytes written in that pick (every response head) are not in the ledger.
+#[test]
+fn send_scheduler_with_disk_stage_counts_every_byte_in_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 1 << 20;
+    std::fs::write(dir.path().join("big.bin"), vec![7u8; len]).unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nnet_link_cap = \"1GB/s\"\ncache_bytes_max = 0\ndisk_threads = 2\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    write!(
+        s,
+        "GET /big.bin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let got = read_total(&mut s, usize::MAX, Duration::from_secs(3));
+    assert!(got > len);
+    std::thread::sleep(Duration::from_millis(100));
+    let rt = server.runtime();
+    let id = rt.activity_id("/tenants/t").unwrap();
+    let sent: u64 = rt
+        .snapshot()
+        .rows
+        .iter()
+        .filter(|r| r.activity == id)
+        .map(|r| r.bytes_out)
+        .sum();
+    server.drain(Duration::from_millis(100));
+    assert_eq!(sent as usize, got, "ledger bytes_out vs bytes on the wire");
+}
+
+/// Once: While the send stage's only ready work is a throttled tenant, on_send parks a *delayed*
+/// Pump and sets `pump_pending`; `schedule_send` for another, unthrottled tenant then sees
+/// `pump_pending` and sends no Pump, so its bytes wait for the throttled tenant's bucket.
+#[test]
+fn an_unthrottled_tenant_does_not_wait_for_a_throttled_one() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hello.txt"), b"hello\n").unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{d}'\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{d}'\nsynthetic = true\nnet_cap = \"10KB/s\"\n",
+        d = dir.path().display()
+    );
+    let config = parse_config(&toml).unwrap();
+    let server = Server::start(
+        config,
+        ServerOptions {
+            workers: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let addr = server.local_addrs()[0];
+    let mut b = TcpStream::connect(addr).unwrap();
+    write!(b, "GET /_bytes?n=1000000 HTTP/1.1\r\nHost: b.test\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200)); // b has spent its burst and is throttled
+    let mut a = TcpStream::connect(addr).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let t = Instant::now();
+        write!(a, "GET /hello.txt HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(b"hello\n") {
+            let n = a.read(&mut buf).unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        worst = worst.max(t.elapsed());
+    }
+    server.drain(Duration::from_millis(100));
+    drop(b);
+    assert!(
+        worst < Duration::from_millis(300),
+        "tenant a's 6-byte answer took {worst:?}"
+    );
+}
+
+/// Once: `cache_make_room` filters candidates with `u > 0`, so a requester with nothing cached is
+/// never the victim even when the incoming file alone puts it far above its budget: it evicts a
+/// tenant that is within its budget instead.
+#[test]
+fn a_tenant_with_nothing_cached_does_not_evict_one_within_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+    }
+    for i in 0..3u8 {
+        std::fs::write(
+            dir.path().join("b").join(format!("f{i}.bin")),
+            vec![b'0' + i; 10 * 1024],
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("a").join("big.bin"), vec![b'x'; 20 * 1024]).unwrap();
+    // Per core (2 workers): limit 40 KiB, a's budget 10 KiB, b's 30 KiB.
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 81920\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\ncache_bytes = 20480\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{}'\ncache_bytes = 61440\n",
+        dir.path().join("a").display(),
+        dir.path().join("b").display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    let mut get = |p: &str, host: &str| {
+        write!(s, "GET {p} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let h = String::from_utf8_lossy(&head).to_string();
+        let len: usize = h
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).unwrap();
+    };
+    for i in 0..3 {
+        get(&format!("/f{i}.bin"), "b.test");
+    }
+    let before: Vec<u64> = server.cache_bytes().iter().map(|x| x.1).collect();
+    get("/big.bin", "a.test");
+    let after: Vec<u64> = server.cache_bytes().iter().map(|x| x.1).collect();
+    server.drain(Duration::from_millis(100));
+    assert_eq!(before, vec![0, 30720]);
+    assert_eq!(
+        after,
+        vec![0, 30720],
+        "a (budget 10 KiB) took 20 KiB from b (at its budget)"
+    );
+}
