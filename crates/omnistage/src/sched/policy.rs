@@ -771,9 +771,12 @@ impl Scheduler for Drr {
         }
     }
     fn schedule(&mut self) -> Option<ClientId> {
-        // Each pass over a client either returns it or adds a positive quantum to it; a deficit
-        // is never below -(largest cost), so the loop ends. The bound is an assertion of that.
+        // Each pass over a client either returns it or adds a positive quantum to it. After a
+        // whole round without a positive deficit (every client in debt from a long dispatch),
+        // the rounds that would serve nobody are added in one O(n) step, so a decision costs
+        // O(n) whatever the debt; the round after that step serves someone.
         let mut turns = 0usize;
+        let mut skips = 0usize;
         loop {
             let id = *self.queue.front()?;
             let c = &mut self.clients[id as usize];
@@ -789,7 +792,33 @@ impl Scheduler for Drr {
             c.topped_up = false;
             self.queue.rotate_left(1);
             turns += 1;
-            assert!(turns < 1 << 24, "DRR made no progress");
+            if turns == self.queue.len() {
+                skips += 1;
+                assert!(
+                    skips <= 2,
+                    "DRR made no progress after skipping idle rounds"
+                );
+                let quantum = |w: u32| i64::from(w) * DRR_QUANTUM_NS_PER_WEIGHT as i64;
+                // Rounds until the first client turns positive, counting the one the next
+                // pass adds.
+                let rounds = self
+                    .queue
+                    .iter()
+                    .map(|&x| {
+                        let c = &self.clients[x as usize];
+                        let need = (1 - c.deficit).max(0) as u64;
+                        need.div_ceil(quantum(c.weight) as u64) as i64
+                    })
+                    .min()
+                    .unwrap_or(1);
+                if rounds > 1 {
+                    for &x in &self.queue {
+                        let c = &mut self.clients[x as usize];
+                        c.deficit = c.deficit.saturating_add((rounds - 1) * quantum(c.weight));
+                    }
+                }
+                turns = 0;
+            }
         }
     }
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
@@ -996,6 +1025,24 @@ mod tests {
         p.client_ready(1);
         // quantum 3000 vs 1000, cost 1000: three of client 0, then one of client 1.
         assert_eq!(run(&mut p, 8, |_| 1000), vec![0, 0, 0, 1, 0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn drr_decides_in_bounded_time_after_a_huge_debt() {
+        let mut p = Drr::default();
+        p.add_client(0, &ClientParams::weight(1));
+        p.add_client(1, &ClientParams::weight(3));
+        p.client_ready(0);
+        p.client_ready(1);
+        // Client 1 (quantum 3000) goes first; charge both far into debt.
+        let a = p.schedule().unwrap();
+        p.resource_record(a, 20_000_000_000, true);
+        let b = p.schedule().unwrap();
+        assert_ne!(a, b);
+        p.resource_record(b, 20_000_000_000, true);
+        // Both owe 2e10: the next decision must come without 2e7 rotations (or a panic), and
+        // the lighter-debt-per-quantum client (weight 3) is the one that recovers first.
+        assert_eq!(p.schedule(), Some(1));
     }
 
     #[test]
