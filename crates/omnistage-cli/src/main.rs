@@ -1,7 +1,10 @@
-//! The `omnistage` command: the server, the load generator, and experiments.
+//! The `omnistage` command: the server, the load generator, experiments, and the admin
+//! commands (`top`, `tree`, `set`, `graph`) that watch and steer a running server.
 
+mod admin_cli;
 mod exp;
 mod serve;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +27,14 @@ enum Command {
     Load(omnistage_load::LoadArgs),
     /// Run an experiment (a benchmark, not a test) and print its results.
     Exp(exp::ExpArgs),
+    /// Watch a running server live (over its admin API), like `top`.
+    Top(top::TopArgs),
+    /// Print a running server's activity tree (over its admin API).
+    Tree(admin_cli::TreeArgs),
+    /// Create or change an activity of a running server: `set /tenants/a weight=70`.
+    Set(admin_cli::SetArgs),
+    /// Print a running server's stage graph as measured (Graphviz dot, or --json).
+    Graph(admin_cli::GraphArgs),
 }
 
 fn main() {
@@ -31,6 +42,10 @@ fn main() {
     let result = match cli.command {
         Command::Exp(args) => exp::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Top(args) => top::run(args),
+        Command::Tree(args) => admin_cli::tree(args),
+        Command::Set(args) => admin_cli::set(args),
+        Command::Graph(args) => admin_cli::graph(args),
         Command::Load(args) => omnistage_load::run(&args).map(|r| {
             if args.json {
                 println!("{}", serde_json::to_string(&r).expect("report serializes"));

@@ -1,11 +1,15 @@
 //! `omnistage serve`: runs the multi-tenant HTTP server until SIGTERM or SIGINT (graceful drain),
-//! reloading its config on SIGHUP.
+//! reloading its config on SIGHUP, with the admin API and dashboard on a separate listener
+//! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it).
 
 use clap::Args;
+use omnistage_admin::{start_admin, AdminConfig, TOKEN_ENV};
 use omnistage_http::config::{default_config, load_config};
 use omnistage_http::server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args)]
@@ -26,6 +30,33 @@ pub struct ServeArgs {
     /// Seconds open connections get to finish after SIGTERM.
     #[arg(long, default_value_t = 10)]
     drain_s: u64,
+    /// Admin API and dashboard listener (`ADDR:PORT`), or `off`.
+    #[arg(long, default_value = omnistage_admin::DEFAULT_LISTEN)]
+    admin: String,
+    /// Bearer token the admin API requires (default: the OMNISTAGE_ADMIN_TOKEN environment
+    /// variable); mandatory when `--admin` is not a loopback address.
+    #[arg(long)]
+    admin_token: Option<String>,
+}
+
+/// The admin listener's settings from the command line, or `None` for `--admin off`.
+fn admin_config(a: &ServeArgs) -> Result<Option<AdminConfig>, String> {
+    if a.admin == "off" {
+        return Ok(None);
+    }
+    let listen: SocketAddr = a
+        .admin
+        .parse()
+        .map_err(|_| format!("--admin {:?}: want ADDR:PORT or off", a.admin))?;
+    let token = a
+        .admin_token
+        .clone()
+        .or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
+    Ok(Some(AdminConfig {
+        listen,
+        token,
+        ..Default::default()
+    }))
 }
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
@@ -36,6 +67,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             default_config(&cwd)
         }
     };
+    let admin_cfg = admin_config(&a)?;
     let tenants: Vec<String> = config.tenants.iter().map(|t| t.name.clone()).collect();
     let server = Server::start(
         config,
@@ -53,6 +85,20 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             server.runtime().workers()
         );
     }
+    // The admin server shares the server (and through it the runtime) until it is stopped.
+    let server = Arc::new(server);
+    let mut admin = match admin_cfg {
+        None => None,
+        Some(cfg) => {
+            let h = start_admin(server.clone(), Server::runtime, cfg)
+                .map_err(|e| format!("{e} (use --admin ADDR:PORT, or --admin off)"))?;
+            eprintln!(
+                "omnistage: admin API and dashboard on http://{}/",
+                h.local_addr()
+            );
+            Some(h)
+        }
+    };
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     for sig in signals.forever() {
@@ -71,6 +117,13 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             },
             _ => {
                 eprintln!("omnistage: draining (up to {} s)", a.drain_s);
+                if let Some(h) = admin.as_mut() {
+                    h.stop();
+                }
+                let server = match Arc::try_unwrap(server) {
+                    Ok(s) => s,
+                    Err(_) => return Err("the admin server still holds the server".into()),
+                };
                 server.drain(Duration::from_secs(a.drain_s));
                 eprintln!("omnistage: stopped");
                 return Ok(());

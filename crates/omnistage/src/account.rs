@@ -11,11 +11,16 @@
 //! work), infra (polling, mailboxes, scheduling decisions), and the OS's own count of the worker
 //! thread's CPU time, so that "unattributed" is measured against an independent clock.
 //!
+//! Each cell also keeps two latency [`Histogram`]s (queue wait and response time per message,
+//! 64 fixed half-octave buckets, single writer), and an [`EdgeCounts`] table counts messages
+//! per (source stage, destination stage) edge per core (SEDA's profiler): the stage graph as
+//! measured.
+//!
 //! This layer is pure: it never reads a clock; costs arrive as numbers.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Dense id of an activity (index in the activity table).
 pub type ActivityId = u32;
@@ -66,6 +71,256 @@ pub struct Cell {
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     pub disk_bytes: Counter,
+    /// Per message: time from enqueue to the start of its dispatch, ns.
+    pub wait_hist: Histogram,
+    /// Per message: time from enqueue to the end of its dispatch (its batch's), ns.
+    pub response_hist: Histogram,
+}
+
+/// Buckets of a latency [`Histogram`].
+pub const HIST_BUCKETS: usize = 64;
+/// Values below this (ns) fall into bucket 0.
+const HIST_FIRST_BOUND: u64 = 64;
+/// log2 of [`HIST_FIRST_BOUND`].
+const HIST_FIRST_EXP: u32 = 6;
+
+/// A latency histogram with fixed half-octave buckets, written by one thread and read by any.
+///
+/// Bucket 0 holds `[0, 64)` ns; above that every power of two is split in two halves:
+/// bucket `1 + 2(e-6) + h` holds `[2^e + h·2^(e-1), 2^e + (h+1)·2^(e-1))`. The last bucket
+/// (63) holds everything from `2^37` ns (about 137 s) up. A percentile read from it is
+/// interpolated inside its bucket, so it is within a factor 1.5 of the truth (within a
+/// quarter of an octave for most values). Recording is a leading-zero count and two relaxed
+/// load/store pairs: no allocation, no read-modify-write.
+#[derive(Debug)]
+pub struct Histogram {
+    buckets: [Counter; HIST_BUCKETS],
+    sum: Counter,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| Counter::default()),
+            sum: Counter::default(),
+        }
+    }
+}
+
+impl Histogram {
+    /// The bucket of a value.
+    #[inline]
+    pub fn bucket_of(v: u64) -> usize {
+        if v < HIST_FIRST_BOUND {
+            return 0;
+        }
+        let e = 63 - v.leading_zeros();
+        let half = ((v >> (e - 1)) & 1) as usize;
+        (1 + 2 * (e - HIST_FIRST_EXP) as usize + half).min(HIST_BUCKETS - 1)
+    }
+
+    /// `[lower, upper)` of bucket `i`; the last bucket's upper bound is `u64::MAX`.
+    pub fn bounds(i: usize) -> (u64, u64) {
+        assert!(i < HIST_BUCKETS, "bucket {i} out of range");
+        if i == 0 {
+            return (0, HIST_FIRST_BOUND);
+        }
+        let e = HIST_FIRST_EXP + ((i - 1) / 2) as u32;
+        let half = ((i - 1) % 2) as u64;
+        let lower = (1u64 << e) + half * (1u64 << (e - 1));
+        if i == HIST_BUCKETS - 1 {
+            return (lower, u64::MAX);
+        }
+        (lower, lower + (1u64 << (e - 1)))
+    }
+
+    /// Records one value. Only the owning thread may call this (single writer).
+    #[inline]
+    pub fn record(&self, v: u64) {
+        self.buckets[Self::bucket_of(v)].add(1);
+        self.sum.add(v);
+    }
+
+    /// A copy of the counts (each bucket exact to within the record in progress).
+    pub fn snapshot(&self) -> HistSnapshot {
+        HistSnapshot {
+            counts: std::array::from_fn(|i| self.buckets[i].get()),
+            sum: self.sum.get(),
+        }
+    }
+}
+
+/// A copy of a [`Histogram`]: counts per bucket and the exact sum of the values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistSnapshot {
+    pub counts: [u64; HIST_BUCKETS],
+    pub sum: u64,
+}
+
+impl Default for HistSnapshot {
+    fn default() -> Self {
+        HistSnapshot {
+            counts: [0; HIST_BUCKETS],
+            sum: 0,
+        }
+    }
+}
+
+impl HistSnapshot {
+    /// Number of values recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Adds another histogram's counts (merging cores, stages or activities).
+    pub fn add(&mut self, o: &HistSnapshot) {
+        for (a, b) in self.counts.iter_mut().zip(o.counts.iter()) {
+            *a += b;
+        }
+        self.sum += o.sum;
+    }
+
+    /// What was recorded since `earlier` (a snapshot of the same histograms taken before).
+    pub fn since(&self, earlier: &HistSnapshot) -> HistSnapshot {
+        HistSnapshot {
+            counts: std::array::from_fn(|i| self.counts[i].saturating_sub(earlier.counts[i])),
+            sum: self.sum.saturating_sub(earlier.sum),
+        }
+    }
+
+    /// The `q`-quantile (0 < q <= 1), interpolated linearly inside its bucket; `None` when
+    /// nothing was recorded. A value in the open-ended last bucket reads as its lower bound.
+    pub fn percentile(&self, q: f64) -> Option<u64> {
+        let n = self.count();
+        if n == 0 {
+            return None;
+        }
+        let q = if q.is_nan() { 1.0 } else { q.clamp(0.0, 1.0) };
+        let rank = ((q * n as f64).ceil() as u64).clamp(1, n);
+        let mut before = 0u64;
+        for (i, &c) in self.counts.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            if before + c >= rank {
+                let (lo, hi) = Histogram::bounds(i);
+                if hi == u64::MAX {
+                    return Some(lo);
+                }
+                let frac = (rank - before) as f64 / c as f64;
+                return Some(lo + ((hi - lo) as f64 * frac) as u64);
+            }
+            before += c;
+        }
+        unreachable!("rank is at most the count")
+    }
+}
+
+/// Latency histograms of one (activity, stage, core).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyRow {
+    pub activity: ActivityId,
+    pub stage: StageId,
+    pub core: u32,
+    /// Queue wait per message, ns.
+    pub wait: HistSnapshot,
+    /// Response time per message (enqueue to end of its dispatch), ns.
+    pub response: HistSnapshot,
+}
+
+/// Where a message on an edge of the stage graph came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EdgeFrom {
+    /// Sent by a handler of this stage.
+    Stage(StageId),
+    /// I/O readiness turned into a message by a worker.
+    Io,
+    /// Sent from outside the workers (`Runtime::send`).
+    External,
+}
+
+/// Messages counted on one edge of the stage graph, summed over cores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EdgeRow {
+    pub from: EdgeFrom,
+    pub to: StageId,
+    pub messages: u64,
+}
+
+/// Messages per (source, destination stage) edge, per core: SEDA's profiler of the stage
+/// graph. Each core writes only its own rows (single writer); a source's row of destination
+/// counters is allocated when that source first sends on that core, never per message.
+/// Sends from outside the workers go to one shared row (read-modify-write; not the hot path).
+#[derive(Debug)]
+pub struct EdgeCounts {
+    stages: usize,
+    /// Per core: one lazily allocated row per source (stages, then `Io`).
+    cores: Vec<Vec<OnceLock<Box<[Counter]>>>>,
+    external: Box<[Counter]>,
+}
+
+impl EdgeCounts {
+    pub fn new(cores: usize, stages: usize) -> Self {
+        EdgeCounts {
+            stages,
+            cores: (0..cores)
+                .map(|_| (0..=stages).map(|_| OnceLock::new()).collect())
+                .collect(),
+            external: (0..stages).map(|_| Counter::default()).collect(),
+        }
+    }
+
+    fn row(&self, core: usize, from: usize) -> &[Counter] {
+        self.cores[core][from]
+            .get_or_init(|| (0..self.stages).map(|_| Counter::default()).collect())
+    }
+
+    /// Counts a message sent on `core` from `from` to stage `to`. Only `core`'s worker may call
+    /// this (single writer). Out-of-range stages are ignored.
+    #[inline]
+    pub fn record(&self, core: usize, from: EdgeFrom, to: StageId) {
+        let to = to as usize;
+        if to >= self.stages {
+            return;
+        }
+        match from {
+            EdgeFrom::Stage(s) if (s as usize) < self.stages => {
+                self.row(core, s as usize)[to].add(1)
+            }
+            EdgeFrom::Io => self.row(core, self.stages)[to].add(1),
+            EdgeFrom::Stage(_) | EdgeFrom::External => self.external[to].add_shared(1),
+        }
+    }
+
+    /// Every edge that carried a message, summed over cores, in (from, to) order.
+    pub fn edges(&self) -> Vec<EdgeRow> {
+        let mut sum: BTreeMap<(EdgeFrom, StageId), u64> = BTreeMap::new();
+        for rows in &self.cores {
+            for (from, row) in rows.iter().enumerate() {
+                let Some(row) = row.get() else { continue };
+                let from = if from == self.stages {
+                    EdgeFrom::Io
+                } else {
+                    EdgeFrom::Stage(from as StageId)
+                };
+                for (to, c) in row.iter().enumerate() {
+                    let v = c.get();
+                    if v > 0 {
+                        *sum.entry((from, to as StageId)).or_default() += v;
+                    }
+                }
+            }
+        }
+        for (to, c) in self.external.iter().enumerate() {
+            let v = c.get();
+            if v > 0 {
+                *sum.entry((EdgeFrom::External, to as StageId)).or_default() += v;
+            }
+        }
+        sum.into_iter()
+            .map(|((from, to), messages)| EdgeRow { from, to, messages })
+            .collect()
+    }
 }
 
 /// Loop-level counters of one core.
@@ -180,6 +435,27 @@ impl Ledger {
             });
         }
         Snapshot { rows, cores }
+    }
+
+    /// Latency histograms of every cell that has recorded a message.
+    pub fn latencies(&self) -> Vec<LatencyRow> {
+        let mut out = Vec::new();
+        for (core, c) in self.cores.iter().enumerate() {
+            for (&(activity, stage), cell) in c.cells.lock().expect("ledger lock").iter() {
+                let wait = cell.wait_hist.snapshot();
+                if wait.count() == 0 {
+                    continue;
+                }
+                out.push(LatencyRow {
+                    activity,
+                    stage,
+                    core: core as u32,
+                    wait,
+                    response: cell.response_hist.snapshot(),
+                });
+            }
+        }
+        out
     }
 }
 
@@ -365,6 +641,128 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(row.unattributed_ns(), 50);
+    }
+
+    #[test]
+    fn histogram_buckets_tile_the_range() {
+        assert_eq!(Histogram::bucket_of(0), 0);
+        assert_eq!(Histogram::bucket_of(63), 0);
+        assert_eq!(Histogram::bucket_of(64), 1);
+        assert_eq!(Histogram::bucket_of(95), 1);
+        assert_eq!(Histogram::bucket_of(96), 2);
+        assert_eq!(Histogram::bucket_of(128), 3);
+        assert_eq!(Histogram::bucket_of(u64::MAX), HIST_BUCKETS - 1);
+        // Bounds are contiguous and every value lands in the bucket whose bounds hold it.
+        let mut prev_hi = 0;
+        for i in 0..HIST_BUCKETS {
+            let (lo, hi) = Histogram::bounds(i);
+            assert_eq!(lo, prev_hi, "bucket {i}");
+            assert!(hi > lo);
+            assert_eq!(Histogram::bucket_of(lo), i);
+            if hi != u64::MAX {
+                assert_eq!(Histogram::bucket_of(hi - 1), i);
+            }
+            prev_hi = hi;
+        }
+        assert_eq!(prev_hi, u64::MAX);
+        assert_eq!(Histogram::bounds(HIST_BUCKETS - 1).0, 1 << 37);
+    }
+
+    #[test]
+    fn histogram_percentiles_are_within_their_bucket() {
+        let h = Histogram::default();
+        assert_eq!(h.snapshot().percentile(0.5), None);
+        // 1..=1000 µs.
+        for us in 1..=1000u64 {
+            h.record(us * 1000);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count(), 1000);
+        assert_eq!(s.sum, 500_500_000);
+        for (q, truth) in [(0.5, 500_000u64), (0.9, 900_000), (0.99, 990_000)] {
+            let p = s.percentile(q).unwrap();
+            let (lo, hi) = Histogram::bounds(Histogram::bucket_of(truth));
+            assert!(
+                p >= lo && p <= hi,
+                "p{q} = {p}, truth {truth} in [{lo}, {hi})"
+            );
+            // Interpolation keeps it close for a uniform spread.
+            let err = (p as f64 - truth as f64).abs() / truth as f64;
+            assert!(err < 0.1, "p{q} = {p}, truth {truth}");
+        }
+        assert_eq!(s.percentile(1.0), s.percentile(2.0));
+        // One huge value reads as the open bucket's lower bound.
+        let big = Histogram::default();
+        big.record(u64::MAX / 2);
+        assert_eq!(big.snapshot().percentile(0.5), Some(1 << 37));
+    }
+
+    #[test]
+    fn histogram_snapshots_merge_and_subtract() {
+        let h = Histogram::default();
+        h.record(100);
+        let before = h.snapshot();
+        h.record(10_000);
+        h.record(10_000);
+        let after = h.snapshot();
+        let d = after.since(&before);
+        assert_eq!(d.count(), 2);
+        assert_eq!(d.sum, 20_000);
+        assert_eq!(d.counts[Histogram::bucket_of(10_000)], 2);
+        let mut m = before;
+        m.add(&d);
+        assert_eq!(m, after);
+    }
+
+    #[test]
+    fn ledger_lists_latencies_of_cells_that_recorded() {
+        let l = Ledger::new(2);
+        l.cell(0, 1, 0).unwrap().bytes_out.add(5);
+        let c = l.cell(1, 2, 3).unwrap();
+        c.wait_hist.record(1_000);
+        c.response_hist.record(5_000);
+        let rows = l.latencies();
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].activity, rows[0].stage, rows[0].core), (2, 3, 1));
+        assert_eq!(rows[0].wait.sum, 1_000);
+        assert_eq!(rows[0].response.sum, 5_000);
+    }
+
+    #[test]
+    fn edges_sum_over_cores_and_sources() {
+        let e = EdgeCounts::new(2, 3);
+        e.record(0, EdgeFrom::Stage(0), 1);
+        e.record(1, EdgeFrom::Stage(0), 1);
+        e.record(1, EdgeFrom::Stage(1), 2);
+        e.record(0, EdgeFrom::Io, 0);
+        e.record(0, EdgeFrom::External, 2);
+        e.record(0, EdgeFrom::Stage(99), 2); // unknown source: counted as external
+        e.record(0, EdgeFrom::Stage(0), 7); // unknown destination: ignored
+        assert_eq!(
+            e.edges(),
+            vec![
+                EdgeRow {
+                    from: EdgeFrom::Stage(0),
+                    to: 1,
+                    messages: 2
+                },
+                EdgeRow {
+                    from: EdgeFrom::Stage(1),
+                    to: 2,
+                    messages: 1
+                },
+                EdgeRow {
+                    from: EdgeFrom::Io,
+                    to: 0,
+                    messages: 1
+                },
+                EdgeRow {
+                    from: EdgeFrom::External,
+                    to: 2,
+                    messages: 2
+                },
+            ]
+        );
     }
 
     #[test]

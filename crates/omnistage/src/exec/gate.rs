@@ -63,6 +63,9 @@ pub(crate) struct Gate {
     controller: Mutex<Option<P90Controller>>,
     controller_on: AtomicBool,
     pub(crate) rejected: AtomicU64,
+    /// Of `queued`, the messages admitted with a delay and still waiting for their time (on
+    /// a timer or in transit to one); touched only on the timer path.
+    pub(crate) delayed: AtomicUsize,
 }
 
 /// Rate of a bucket that is off (never consulted); any valid value.
@@ -80,6 +83,7 @@ impl Gate {
             controller: Mutex::new(None),
             controller_on: AtomicBool::new(false),
             rejected: AtomicU64::new(0),
+            delayed: AtomicUsize::new(0),
         };
         g.set_predicate(predicate);
         g
@@ -181,6 +185,22 @@ impl Gate {
             let w = self.weight_in_sum.load(Ordering::Relaxed);
             stage.active_weight.fetch_sub(w, Ordering::AcqRel);
         }
+    }
+
+    /// A message admitted with a delay starts waiting for its time.
+    pub(crate) fn delay_begin(&self) {
+        self.delayed.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A delayed message reached its queue (or was dropped).
+    pub(crate) fn delay_end(&self) {
+        self.delayed.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Messages admitted and waiting for a dispatch, not counting delayed ones.
+    pub(crate) fn ready_queued(&self) -> usize {
+        let delayed = self.delayed.load(Ordering::Acquire);
+        self.queued.load(Ordering::Acquire).saturating_sub(delayed)
     }
 
     pub(crate) fn has_controller(&self) -> bool {

@@ -24,6 +24,12 @@
 //! queue (no allocation, no lock); a send to another core allocates one box and goes through
 //! that core's bounded lock-free mailbox. Every send passes the destination queue's gate first
 //! and returns `Rejected` at once in the sender's context.
+//!
+//! Observation (what the admin API reads): every admitted send is counted on its (source
+//! stage, destination stage) edge by the sending core ([`Runtime::edges`]); every message's
+//! queue wait and response time go into its ledger cell's histograms
+//! ([`Runtime::latencies`]); the gates give queue lengths and rejections per (stage, activity)
+//! ([`Runtime::queues`]).
 
 mod gate;
 mod sys;
@@ -32,7 +38,9 @@ mod worker;
 pub use gate::Predicate;
 pub use worker::{Ctx, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
 
-use crate::account::{ActivityId, Ledger, Snapshot, StageId};
+use crate::account::{
+    ActivityId, EdgeCounts, EdgeFrom, EdgeRow, LatencyRow, Ledger, Snapshot, StageId,
+};
 use crate::activity::{ActivityError, ActivitySpec, ActivityTable};
 use crate::admit::{RejectReason, SharedQueueLimit, Verdict};
 use crate::sched::PolicyKind;
@@ -165,6 +173,22 @@ pub struct SendOpts {
     pub delay_ns: u64,
 }
 
+/// One (stage, activity) queue as [`Runtime::queues`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QueueStat {
+    pub stage: StageId,
+    pub activity: ActivityId,
+    /// Admitted and waiting for a dispatch, all cores (as [`Runtime::queued`]).
+    pub queued: usize,
+    /// Admitted with a delay and still waiting for their time (timers). Both counts are
+    /// held against the queue bound.
+    pub delayed: usize,
+    /// Refused at the gate since it was created.
+    pub rejected: u64,
+    /// Token rate of its predicate's bucket, if it has one.
+    pub rate_per_s: Option<f64>,
+}
+
 /// Why a send failed. The message is dropped; nothing else changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendError {
@@ -278,6 +302,8 @@ pub(crate) struct Shared {
     pub(crate) clock: quanta::Clock,
     pub(crate) start_raw: u64,
     pub(crate) ledger: Ledger,
+    /// Messages per (source, destination stage) edge.
+    pub(crate) edges: EdgeCounts,
     pub(crate) activities: RwLock<ActivityTable>,
     pub(crate) stages: Vec<StageMeta>,
     gates: RwLock<HashMap<(StageId, ActivityId), Arc<Gate>>>,
@@ -410,6 +436,10 @@ impl Shared {
             return Err(SendError::Rejected(r));
         }
         self.core_pending[core].0.fetch_add(1, Ordering::AcqRel);
+        let delayed = due_ns > enq_ns;
+        if delayed {
+            gate.delay_begin();
+        }
         let boxed: Box<dyn Deliver> = Box::new(Remote {
             stage,
             activity,
@@ -420,6 +450,9 @@ impl Shared {
         });
         let mb = &self.mailboxes[core];
         if mb.messages.push(boxed).is_err() {
+            if delayed {
+                gate.delay_end();
+            }
             gate.release(load);
             self.core_pending[core].0.fetch_sub(1, Ordering::AcqRel);
             return Err(SendError::MailboxFull);
@@ -589,6 +622,7 @@ impl Builder {
             clock,
             start_raw,
             ledger: Ledger::new(self.workers),
+            edges: EdgeCounts::new(self.workers, stages.len()),
             activities: RwLock::new(self.activities),
             stages,
             gates: RwLock::new(HashMap::new()),
@@ -684,7 +718,9 @@ impl Runtime {
             enq_ns: now,
             due_ns: now.saturating_add(opts.delay_ns),
         };
-        s.send_remote(core, &gate, dest, msg)
+        s.send_remote(core, &gate, dest, msg)?;
+        s.edges.record(core, EdgeFrom::External, to.id);
+        Ok(())
     }
 
     /// Messages admitted and not yet handled, over all cores.
@@ -732,6 +768,78 @@ impl Runtime {
             .get(stage as usize)
             .and_then(|s| s.batch_now.get(core))
             .map(|b| b.load(Ordering::Relaxed))
+    }
+
+    /// Number of registered stages (ids `0..stage_count()`).
+    pub fn stage_count(&self) -> usize {
+        self.shared.stages.len()
+    }
+
+    /// The settings a stage was registered with.
+    pub fn stage_config(&self, id: StageId) -> Option<&StageConfig> {
+        self.shared.stages.get(id as usize).map(|s| &s.config)
+    }
+
+    /// Messages admitted to the (stage, activity) queue and waiting for a dispatch (queued
+    /// or in a mailbox on their way), summed over cores; delayed messages still waiting for
+    /// their time are not counted (see [`QueueStat::delayed`]). 0 if nothing was ever sent
+    /// there.
+    pub fn queued(&self, stage: StageId, activity: ActivityId) -> usize {
+        self.shared
+            .gates
+            .read()
+            .expect("gates lock")
+            .get(&(stage, activity))
+            .map(|g| g.ready_queued())
+            .unwrap_or(0)
+    }
+
+    /// Every (stage, activity) queue that has been used: its queued count, rejections and
+    /// admission rate, in (stage, activity) order.
+    pub fn queues(&self) -> Vec<QueueStat> {
+        let mut v: Vec<QueueStat> = self
+            .shared
+            .gates
+            .read()
+            .expect("gates lock")
+            .iter()
+            .map(|(&(stage, activity), g)| QueueStat {
+                stage,
+                activity,
+                queued: g.ready_queued(),
+                delayed: g.delayed.load(Ordering::Relaxed),
+                rejected: g.rejected.load(Ordering::Relaxed),
+                rate_per_s: g.rate_per_s(),
+            })
+            .collect();
+        v.sort_by_key(|q| (q.stage, q.activity));
+        v
+    }
+
+    /// The admission predicate in force for (stage, activity): its own if one was set with
+    /// [`Runtime::set_admission`], else the stage's.
+    pub fn admission(&self, stage: StageId, activity: ActivityId) -> Option<Predicate> {
+        let s = &self.shared;
+        let meta = s.stages.get(stage as usize)?;
+        Some(
+            s.predicates
+                .read()
+                .expect("predicates lock")
+                .get(&(stage, activity))
+                .cloned()
+                .unwrap_or_else(|| meta.config.predicate.clone()),
+        )
+    }
+
+    /// Messages counted per edge of the stage graph since start (sends that were admitted,
+    /// from handlers, from I/O readiness and from outside), summed over cores.
+    pub fn edges(&self) -> Vec<EdgeRow> {
+        self.shared.edges.edges()
+    }
+
+    /// Queue-wait and response-time histograms per (activity, stage, core) since start.
+    pub fn latencies(&self) -> Vec<LatencyRow> {
+        self.shared.ledger.latencies()
     }
 
     /// Rejections counted at the gate of (stage, activity).

@@ -3,7 +3,7 @@
 use super::gate::Gate;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
 use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
-use crate::account::{ActivityId, Cell, StageId};
+use crate::account::{ActivityId, Cell, EdgeFrom, StageId};
 use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
 use crate::admit::Verdict;
 use crate::sched::{ClientParams, NodeId, SharedTag, Tree};
@@ -155,10 +155,13 @@ impl<M: Send + 'static> Deliver for Remote<M> {
             stage,
             activity,
             enq_ns,
+            due_ns,
             gate,
             msg,
-            ..
         } = *self;
+        if due_ns > enq_ns {
+            gate.delay_end();
+        }
         match st.queue_index::<M>(shared, stage, activity) {
             Ok(q) => st.push::<M>(stage, q, Envelope { msg, enq_ns }),
             Err(_) => st.drop_admitted(shared, &gate, stage),
@@ -168,6 +171,9 @@ impl<M: Send + 'static> Deliver for Remote<M> {
         self.due_ns
     }
     fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared) {
+        if self.due_ns > self.enq_ns {
+            self.gate.delay_end();
+        }
         st.drop_admitted(shared, &self.gate, self.stage);
     }
 }
@@ -289,9 +295,12 @@ where
         let mut wait_ns = 0;
         st.responses.clear();
         let observe = gate.has_controller();
+        // Enqueue times feed the controller and, when accounting, the latency histograms
+        // (a reused buffer: no allocation once it has grown to the batch size).
+        let keep = observe || !st.bypass;
         for e in &self.buf {
             wait_ns += now.saturating_sub(e.enq_ns);
-            if observe {
+            if keep {
                 st.responses.push(e.enq_ns);
             }
         }
@@ -456,6 +465,7 @@ impl CoreState {
                     shared.core_pending[self.core]
                         .0
                         .fetch_add(1, Ordering::AcqRel);
+                    shared.edges.record(self.core, EdgeFrom::Io, stage);
                     self.push::<IoEvent>(
                         stage,
                         q,
@@ -475,6 +485,7 @@ impl CoreState {
                             shared.core_pending[self.core]
                                 .0
                                 .fetch_add(1, Ordering::AcqRel);
+                            shared.edges.record(self.core, EdgeFrom::Io, stage);
                             self.push::<IoEvent>(
                                 stage,
                                 q,
@@ -941,6 +952,20 @@ impl Ctx<'_> {
         opts: SendOpts,
         msg: M,
     ) -> Result<(), SendError> {
+        self.send_routed(to, opts, msg)?;
+        // The stage graph as measured: one single-writer counter per (source, destination).
+        self.shared
+            .edges
+            .record(self.st.core, EdgeFrom::Stage(self.st.current_stage), to.id);
+        Ok(())
+    }
+
+    fn send_routed<M: Send + 'static>(
+        &mut self,
+        to: &StageRef<M>,
+        opts: SendOpts,
+        msg: M,
+    ) -> Result<(), SendError> {
         let (st, shared) = (&mut *self.st, self.shared);
         let activity = opts.activity.unwrap_or(st.current_activity);
         let now = st.now_ns;
@@ -974,6 +999,7 @@ impl Ctx<'_> {
                 return Err(SendError::TooManyTimers);
             }
             let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
+            gate.delay_begin();
             st.add_timer(
                 Box::new(Remote {
                     stage: to.id,
@@ -1158,6 +1184,10 @@ pub(crate) fn run(
                 cell.dispatches.add(1);
                 cell.messages.add(u64::from(b.messages));
                 cell.queue_wait_ns.add(b.wait_ns);
+                for &enq in &st.responses {
+                    cell.wait_hist.record(st.now_ns.saturating_sub(enq));
+                    cell.response_hist.record(end_ns.saturating_sub(enq));
+                }
                 if b.panics > 0 {
                     cell.panics.add(u64::from(b.panics));
                     counters.panics.add(u64::from(b.panics));

@@ -1,0 +1,382 @@
+//! The admin listener: a small blocking HTTP/1.1 server on its own threads, parsed with
+//! `httparse`.
+//!
+//! One acceptor thread hands connections to a fixed pool of handler threads through a bounded
+//! queue; when the queue is full the acceptor answers 503 itself and closes. Each connection
+//! carries one request (`Connection: close`), so an idle browser connection never holds a
+//! handler thread. Limits: request head [`HEAD_BYTES_MAX`], [`HEADERS_MAX`] headers, body
+//! [`BODY_BYTES_MAX`], and [`REQUEST_TIMEOUT`] to receive the whole request.
+
+use crate::routes::{self, Headers, Request, Response};
+use crate::sampler::{self, State};
+use crate::{AdminConfig, Source};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Largest request head (request line and headers).
+pub(crate) const HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Most request headers.
+pub(crate) const HEADERS_MAX: usize = 64;
+/// Largest request body.
+pub(crate) const BODY_BYTES_MAX: usize = 64 * 1024;
+/// Time allowed to receive a whole request.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed to write an answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Accepted connections waiting for a handler thread.
+pub(crate) const ACCEPT_QUEUE: usize = 64;
+
+pub(crate) struct Shared {
+    pub(crate) source: Arc<dyn Source>,
+    pub(crate) state: Arc<Mutex<State>>,
+    pub(crate) token: Option<String>,
+}
+
+/// The threads of a running admin server.
+pub(crate) struct Running {
+    addr: SocketAddr,
+    stopping: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+    handlers: Vec<JoinHandle<()>>,
+    sampler: Option<(JoinHandle<()>, SyncSender<()>)>,
+}
+
+impl Running {
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub(crate) fn stop(mut self) {
+        self.stopping.store(true, Ordering::Release);
+        // Wake the acceptor out of `accept` with a connection of our own.
+        let wake = if self.addr.ip().is_unspecified() {
+            SocketAddr::new(
+                if self.addr.is_ipv4() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    std::net::Ipv6Addr::LOCALHOST.into()
+                },
+                self.addr.port(),
+            )
+        } else {
+            self.addr
+        };
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        if let Some(a) = self.acceptor.take() {
+            // The acceptor owns the queue's sender: when it ends, the handlers see the queue
+            // close and end after the requests in progress.
+            let _ = a.join();
+        }
+        for h in self.handlers.drain(..) {
+            let _ = h.join();
+        }
+        if let Some((t, stop)) = self.sampler.take() {
+            let _ = stop.send(());
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running, String> {
+    let listener = TcpListener::bind(cfg.listen)
+        .map_err(|e| format!("admin: cannot listen on {}: {e}", cfg.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let state = Arc::new(Mutex::new(State::default()));
+    // A first sample now, so rates exist one interval after start.
+    sampler::tick(source.runtime(), &state);
+    let shared = Arc::new(Shared {
+        source: source.clone(),
+        state: state.clone(),
+        token: cfg.token.clone(),
+    });
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::sync_channel::<TcpStream>(ACCEPT_QUEUE);
+    let rx = Arc::new(Mutex::new(rx));
+    let mut handlers = Vec::with_capacity(cfg.threads);
+    for i in 0..cfg.threads {
+        let rx = rx.clone();
+        let shared = shared.clone();
+        handlers.push(
+            std::thread::Builder::new()
+                .name(format!("omnistage-admin-{i}"))
+                .spawn(move || handler_loop(&rx, &shared))
+                .map_err(|e| format!("admin: cannot start a thread: {e}"))?,
+        );
+    }
+    let acceptor = {
+        let stopping = stopping.clone();
+        std::thread::Builder::new()
+            .name("omnistage-admin-accept".into())
+            .spawn(move || accept_loop(listener, tx, &stopping))
+            .map_err(|e| format!("admin: cannot start a thread: {e}"))?
+    };
+    let (stop_tx, stop_rx) = mpsc::sync_channel::<()>(1);
+    let sampler = {
+        let interval = cfg.sample_interval;
+        std::thread::Builder::new()
+            .name("omnistage-admin-sampler".into())
+            .spawn(move || sampler::run(source, state, interval, stop_rx))
+            .map_err(|e| format!("admin: cannot start a thread: {e}"))?
+    };
+    Ok(Running {
+        addr,
+        stopping,
+        acceptor: Some(acceptor),
+        handlers,
+        sampler: Some((sampler, stop_tx)),
+    })
+}
+
+fn accept_loop(listener: TcpListener, tx: SyncSender<TcpStream>, stopping: &AtomicBool) {
+    loop {
+        let conn = listener.accept();
+        if stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let stream = match conn {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // Out of descriptors and the like: back off briefly rather than spin.
+                eprintln!("omnistage admin: accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        match tx.try_send(stream) {
+            Ok(()) => {}
+            Err(TrySendError::Full(mut s)) => {
+                let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
+                let r = Response::error(503, "the admin server is busy; try again");
+                let _ = write_response(&mut s, &r);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+    }
+}
+
+fn handler_loop(rx: &Mutex<Receiver<TcpStream>>, shared: &Shared) {
+    loop {
+        let next = rx.lock().expect("admin queue lock").recv();
+        match next {
+            Ok(mut s) => serve(&mut s, shared),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Why a request could not be read.
+#[derive(Debug)]
+enum ReadError {
+    /// Answer with this and close.
+    Answer(Response),
+    /// The peer went away or timed out: close without answering.
+    Gone,
+}
+
+fn serve(s: &mut TcpStream, shared: &Shared) {
+    let _ = s.set_nodelay(true);
+    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
+    let resp = match read_request(s) {
+        Ok(req) => {
+            // A handler that panics answers 500 and the thread goes on.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                routes::handle(shared, &req)
+            }))
+            .unwrap_or_else(|_| Response::error(500, "internal error"))
+        }
+        Err(ReadError::Answer(r)) => r,
+        Err(ReadError::Gone) => return,
+    };
+    let _ = write_response(s, &resp);
+    let _ = s.shutdown(Shutdown::Write);
+    // Let the peer read the answer before the socket closes (bounded, small).
+    let _ = s.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut sink = [0u8; 1024];
+    for _ in 0..4 {
+        match s.read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}
+
+fn read_request(s: &mut TcpStream) -> Result<Request, ReadError> {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    // The head.
+    let (head_len, method, target, content_length, hdrs) = loop {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let method = req.method.unwrap_or("").to_string();
+                let target = req.path.unwrap_or("").to_string();
+                let mut cl: Option<usize> = None;
+                let mut hdrs = Headers::default();
+                let text = |v: &[u8]| String::from_utf8_lossy(v).trim().to_string();
+                for h in req.headers.iter() {
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        let v = std::str::from_utf8(h.value)
+                            .ok()
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .ok_or_else(|| {
+                                ReadError::Answer(Response::error(400, "bad Content-Length"))
+                            })?;
+                        if cl.is_some_and(|c| c != v) {
+                            return Err(ReadError::Answer(Response::error(
+                                400,
+                                "conflicting Content-Length headers",
+                            )));
+                        }
+                        cl = Some(v);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        return Err(ReadError::Answer(Response::error(
+                            411,
+                            "send the body with Content-Length (no Transfer-Encoding)",
+                        )));
+                    } else if h.name.eq_ignore_ascii_case("authorization") {
+                        hdrs.authorization = Some(text(h.value));
+                    } else if h.name.eq_ignore_ascii_case("host") {
+                        hdrs.host = Some(text(h.value));
+                    } else if h.name.eq_ignore_ascii_case("origin") {
+                        hdrs.origin = Some(text(h.value));
+                    } else if h.name.eq_ignore_ascii_case("content-type") {
+                        hdrs.content_type = Some(text(h.value));
+                    }
+                }
+                break (n, method, target, cl.unwrap_or(0), hdrs);
+            }
+            Ok(httparse::Status::Partial) => {
+                if buf.len() >= HEAD_BYTES_MAX {
+                    return Err(ReadError::Answer(Response::error(
+                        431,
+                        "request head larger than 16 KiB",
+                    )));
+                }
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(ReadError::Answer(Response::error(
+                    431,
+                    "more than 64 request headers",
+                )))
+            }
+            Err(e) => {
+                return Err(ReadError::Answer(Response::error(
+                    400,
+                    &format!("malformed request: {e}"),
+                )))
+            }
+        }
+        read_some(s, &mut buf, &mut chunk, deadline, HEAD_BYTES_MAX)?;
+    };
+    if content_length > BODY_BYTES_MAX {
+        return Err(ReadError::Answer(Response::error(
+            413,
+            "request body larger than 64 KiB",
+        )));
+    }
+    while buf.len() < head_len + content_length {
+        read_some(s, &mut buf, &mut chunk, deadline, head_len + content_length)?;
+    }
+    let body = buf[head_len..head_len + content_length].to_vec();
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), q.to_string()),
+        None => (target, String::new()),
+    };
+    Ok(Request {
+        method,
+        path,
+        query,
+        headers: hdrs,
+        body,
+    })
+}
+
+/// Reads more bytes (at most up to `limit` in `buf`) before the deadline.
+fn read_some(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    chunk: &mut [u8],
+    deadline: Instant,
+    limit: usize,
+) -> Result<(), ReadError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ReadError::Answer(Response::error(
+            408,
+            "request not received in time",
+        )));
+    }
+    let _ = s.set_read_timeout(Some(left));
+    let want = limit.saturating_sub(buf.len()).clamp(1, chunk.len());
+    match s.read(&mut chunk[..want]) {
+        Ok(0) => Err(ReadError::Gone),
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(ReadError::Answer(Response::error(
+                408,
+                "request not received in time",
+            )))
+        }
+        Err(_) => Err(ReadError::Gone),
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        204 => "No Content",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        415 => "Unsupported Media Type",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        503 => "Service Unavailable",
+        _ => "",
+    }
+}
+
+fn write_response(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
+    let mut head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
+        r.status,
+        reason(r.status),
+        r.content_type,
+        r.body.len()
+    );
+    for (k, v) in &r.headers {
+        head.push_str(k);
+        head.push_str(": ");
+        head.push_str(v);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes())?;
+    s.write_all(&r.body)?;
+    s.flush()
+}

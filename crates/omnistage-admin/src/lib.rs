@@ -1,0 +1,191 @@
+//! `omnistage-admin`: seeing and steering a running runtime over HTTP.
+//!
+//! A separate listener (default `127.0.0.1:9090`) serves, from its own threads:
+//!
+//! ```text
+//! GET    /                                   the dashboard (embedded page, no build step)
+//! GET    /api/v1/tree                        the activity tree with counters, rates, shares,
+//!                                            latency percentiles
+//! GET    /api/v1/stages                      per stage and per (stage, activity)
+//! GET    /api/v1/graph[?format=dot]          the stage graph as measured (JSON, or Graphviz)
+//! GET    /api/v1/graph.dot                   the same as Graphviz dot
+//! GET    /api/v1/history                     shares of the last minutes (for charts)
+//! GET    /api/v1/activities/{path}           one node of the tree
+//! PUT    /api/v1/activities/{path}           create or change (weight, cap, policy, admission)
+//! DELETE /api/v1/activities/{path}           remove one without children
+//! POST   /api/v1/activities/{path}:move      move the sub-tree: {"to": "/new/parent"}
+//! GET    /metrics                            Prometheus (OpenMetrics text) via prometheus-client
+//! ```
+//!
+//! The admin server talks to the runtime only through [`omnistage::exec::Runtime`]'s public
+//! API: snapshots of the ledger, the gates' queue lengths and rejections, the latency
+//! histograms, the stage-graph edge counts, and the activity changes (which every worker
+//! applies before its next scheduling decision). A sampler thread takes a sample every
+//! interval (one second by default) so that rates, shares and interval percentiles cover the
+//! last complete interval; totals are read fresh on every request.
+//!
+//! Answers: 400 for a malformed request (with the reason), 401 without the bearer token when
+//! one is configured, 403 from the browser guards below, 404 for unknown paths and
+//! activities, 405 for a wrong method, 409 for a change the activity tree refuses (weight out
+//! of range, removing `/infra`, a cycle, a node with children...; nothing changes), 411/413/
+//! 431 for chunked bodies and past the size limits, 415 for a body that is not
+//! `application/json`, 501 for what the runtime cannot change (`persist=true`, network and
+//! disk caps, cache budgets, moving connections), 503 when all handler threads are busy and
+//! the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
+//!
+//! Off a loopback address the server refuses to start without a bearer token; with a token
+//! every API path and `/metrics` require `Authorization: Bearer <token>` (the dashboard page
+//! itself carries no data and is served without it; it reads the token from `#token=...`).
+//! Browser guards: bodies must be JSON (so a page of another origin cannot send a change
+//! without a CORS preflight, which is refused), a change whose `Origin` is not this server is
+//! refused, and without a token only an IP literal or `localhost` may stand in `Host` (DNS
+//! rebinding).
+
+pub mod client;
+mod http;
+mod metrics;
+pub mod model;
+mod routes;
+mod sampler;
+mod view;
+
+use omnistage::exec::Runtime;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Default listen address of the admin server.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
+/// Environment variable the command line reads the bearer token from.
+pub const TOKEN_ENV: &str = "OMNISTAGE_ADMIN_TOKEN";
+/// Longest bearer token accepted.
+pub const TOKEN_BYTES_MAX: usize = 256;
+/// Most handler threads.
+pub const THREADS_MAX: usize = 64;
+
+/// Settings of the admin server.
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    /// Where to listen (port 0: any free port; see [`AdminHandle::local_addr`]).
+    pub listen: SocketAddr,
+    /// Bearer token required on the API; mandatory off a loopback address.
+    pub token: Option<String>,
+    /// How often the sampler takes a sample (rates cover one interval), 10 ms..=60 s.
+    pub sample_interval: Duration,
+    /// Threads that answer requests (1..=THREADS_MAX); connections beyond them wait in a
+    /// bounded queue, and past that get 503.
+    pub threads: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: DEFAULT_LISTEN.parse().expect("valid default"),
+            token: None,
+            sample_interval: Duration::from_secs(1),
+            threads: 4,
+        }
+    }
+}
+
+impl AdminConfig {
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=THREADS_MAX).contains(&self.threads) {
+            return Err(format!("admin threads must be in 1..={THREADS_MAX}"));
+        }
+        if self.sample_interval < Duration::from_millis(10)
+            || self.sample_interval > Duration::from_secs(60)
+        {
+            return Err("admin sample interval must be in 10 ms..=60 s".into());
+        }
+        match &self.token {
+            Some(t) if t.is_empty() || t.len() > TOKEN_BYTES_MAX => {
+                Err(format!("admin token must be 1..={TOKEN_BYTES_MAX} bytes"))
+            }
+            Some(t) if !t.bytes().all(|b| b.is_ascii_graphic()) => {
+                Err("admin token must be printable ASCII without spaces".into())
+            }
+            Some(_) => Ok(()),
+            None if !self.listen.ip().is_loopback() => Err(format!(
+                "the admin API on {} (not a loopback address) needs a bearer token \
+                 (--admin-token or {TOKEN_ENV})",
+                self.listen
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Gives the admin server's threads a [`Runtime`]: anything that owns one (an
+/// `Arc<Runtime>`, a server) plus how to reach it.
+pub(crate) trait Source: Send + Sync + 'static {
+    fn runtime(&self) -> &Runtime;
+}
+
+struct Owned<S, F> {
+    owner: Arc<S>,
+    get: F,
+}
+
+impl<S, F> Source for Owned<S, F>
+where
+    S: Send + Sync + 'static,
+    F: Fn(&S) -> &Runtime + Send + Sync + 'static,
+{
+    fn runtime(&self) -> &Runtime {
+        (self.get)(&self.owner)
+    }
+}
+
+/// A running admin server; dropping it stops it.
+pub struct AdminHandle {
+    inner: Option<http::Running>,
+    local_addr: SocketAddr,
+}
+
+impl AdminHandle {
+    /// The address actually listened on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, finishes the requests in progress, and joins every thread (so the
+    /// owner passed to [`start_admin`] is no longer referenced afterwards). Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(r) = self.inner.take() {
+            r.stop();
+        }
+    }
+}
+
+impl Drop for AdminHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts the admin server for the runtime that `owner` holds; `get` reaches it (a function
+/// such as `Server::runtime` for an HTTP server; see [`start_admin_rt`] for an
+/// `Arc<Runtime>`).
+pub fn start_admin<S, F>(owner: Arc<S>, get: F, cfg: AdminConfig) -> Result<AdminHandle, String>
+where
+    S: Send + Sync + 'static,
+    F: Fn(&S) -> &Runtime + Send + Sync + 'static,
+{
+    cfg.validate()?;
+    let source: Arc<dyn Source> = Arc::new(Owned { owner, get });
+    let running = http::start(source, cfg)?;
+    let local_addr = running.local_addr();
+    Ok(AdminHandle {
+        inner: Some(running),
+        local_addr,
+    })
+}
+
+/// Starts the admin server for an `Arc<Runtime>`.
+pub fn start_admin_rt(rt: Arc<Runtime>, cfg: AdminConfig) -> Result<AdminHandle, String> {
+    fn itself(r: &Runtime) -> &Runtime {
+        r
+    }
+    start_admin(rt, itself, cfg)
+}

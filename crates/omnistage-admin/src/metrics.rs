@@ -1,0 +1,419 @@
+//! `GET /metrics`: the ledger, the gates, the latency histograms, the stage graph and the
+//! workers' loop counters in the OpenMetrics text format (which Prometheus scrapes), encoded
+//! by `prometheus-client` from one fresh sample per scrape.
+//!
+//! Names follow Prometheus conventions (base units, `_total` on counters, `_seconds`,
+//! `_bytes`): `omnistage_activity_cpu_seconds_total{activity="/tenants/a"}` and so on.
+//! Per-activity counters are each activity's own records (sum a sub-tree with PromQL, e.g.
+//! `sum(rate(omnistage_activity_cpu_seconds_total{activity=~"/tenants/a(/.*)?"}[1m]))`).
+//! Latency histograms are per (stage, activity) with octave buckets from 128 ns to 137 s.
+//! A scrape costs one snapshot (a lock per core, held while its cells are copied) and the
+//! encoding; nothing on the workers' path.
+
+use crate::sampler::Sample;
+use crate::view::{self, Agg};
+use omnistage::account::{HistSnapshot, Histogram, HIST_BUCKETS};
+use omnistage::exec::Runtime;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// Content type of the answer.
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Smallest and largest finite bucket bounds of the exported histograms, as powers of two ns.
+const LE_FIRST_EXP: u32 = 7;
+const LE_LAST_EXP: u32 = 37;
+
+#[derive(Debug)]
+enum Value {
+    Counter(f64),
+    CounterInt(u64),
+    Gauge(f64),
+    Histogram {
+        sum: f64,
+        count: u64,
+        buckets: Vec<(f64, u64)>,
+    },
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    series: Vec<(Labels, Value)>,
+}
+
+#[derive(Debug, Default)]
+struct Scrape {
+    families: Vec<Family>,
+}
+
+impl Scrape {
+    fn family(&mut self, name: &'static str, help: &'static str, kind: MetricType) -> &mut Family {
+        self.families.push(Family {
+            name,
+            help,
+            kind,
+            series: Vec::new(),
+        });
+        self.families.last_mut().expect("just pushed")
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.families {
+            if f.series.is_empty() {
+                continue;
+            }
+            let mut me = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
+            for (labels, v) in &f.series {
+                let fe = me.encode_family(labels)?;
+                match v {
+                    Value::Counter(x) => ConstCounter::new(*x).encode(fe)?,
+                    Value::CounterInt(x) => ConstCounter::new(*x).encode(fe)?,
+                    Value::Gauge(x) => ConstGauge::new(*x).encode(fe)?,
+                    Value::Histogram {
+                        sum,
+                        count,
+                        buckets,
+                    } => {
+                        let mut fe = fe;
+                        fe.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A histogram in octave buckets (non-cumulative counts per upper bound, seconds; the
+/// encoder accumulates them).
+fn octaves(h: &HistSnapshot) -> Value {
+    let mut buckets: Vec<(f64, u64)> = (LE_FIRST_EXP..=LE_LAST_EXP)
+        .map(|e| ((1u64 << e) as f64 / 1e9, 0))
+        .collect();
+    let mut inf = 0;
+    for (i, &c) in h.counts.iter().enumerate().take(HIST_BUCKETS) {
+        if c == 0 {
+            continue;
+        }
+        let (_, hi) = Histogram::bounds(i);
+        if hi == u64::MAX {
+            inf += c;
+            continue;
+        }
+        // The octave whose bound is the first power of two >= hi.
+        let e = (64 - (hi - 1).leading_zeros()).max(LE_FIRST_EXP);
+        buckets[(e - LE_FIRST_EXP) as usize].1 += c;
+    }
+    buckets.push((f64::INFINITY, inf));
+    Value::Histogram {
+        sum: h.sum as f64 / 1e9,
+        count: h.count(),
+        buckets,
+    }
+}
+
+fn secs(ns: u64) -> Value {
+    Value::Counter(ns as f64 / 1e9)
+}
+
+/// Encodes one fresh sample of `rt`.
+pub(crate) fn render(rt: &Runtime, s: &Sample) -> String {
+    let (_, acts) = view::activities(rt);
+    let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
+    let mut sc = Scrape::default();
+    let per_act = view::by_activity(s);
+    let alive: Vec<(String, &Agg)> = per_act
+        .iter()
+        .filter_map(|(a, agg)| Some((path(*a)?, agg)))
+        .collect();
+    type Pick = fn(&Agg) -> Value;
+    let activity_families: [(&'static str, &'static str, MetricType, Pick); 10] = [
+        (
+            "omnistage_activity_cpu_seconds",
+            "CPU time of dispatches charged to the activity (its own records).",
+            MetricType::Counter,
+            |a| secs(a.c.cpu_ns),
+        ),
+        (
+            "omnistage_activity_dispatches",
+            "Handler calls (batches) charged to the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.dispatches),
+        ),
+        (
+            "omnistage_activity_messages",
+            "Messages handled for the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.messages),
+        ),
+        (
+            "omnistage_activity_queue_wait_seconds",
+            "Sum of the queue waits of the activity's messages.",
+            MetricType::Counter,
+            |a| secs(a.c.queue_wait_ns),
+        ),
+        (
+            "omnistage_activity_panics",
+            "Handler panics contained while handling the activity's messages.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.panics),
+        ),
+        (
+            "omnistage_activity_received_bytes",
+            "Bytes received for the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.bytes_in),
+        ),
+        (
+            "omnistage_activity_sent_bytes",
+            "Bytes sent for the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.bytes_out),
+        ),
+        (
+            "omnistage_activity_disk_read_bytes",
+            "Bytes read from disk for the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.disk_bytes),
+        ),
+        (
+            "omnistage_activity_rejected_messages",
+            "Sends refused at the activity's queues' gates.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.rejected),
+        ),
+        (
+            "omnistage_activity_queued_messages",
+            "Messages of the activity waiting for a dispatch now.",
+            MetricType::Gauge,
+            |a| Value::Gauge(a.queued as f64),
+        ),
+    ];
+    for (name, help, kind, pick) in &activity_families {
+        let f = sc.family(name, help, *kind);
+        for (p, agg) in &alive {
+            f.series.push((vec![("activity", p.clone())], pick(agg)));
+        }
+    }
+    {
+        let f = sc.family(
+            "omnistage_activity_weight",
+            "The activity's weight among its siblings.",
+            MetricType::Gauge,
+        );
+        for a in acts.values() {
+            f.series.push((
+                vec![("activity", a.path.clone())],
+                Value::Gauge(f64::from(a.spec.weight)),
+            ));
+        }
+    }
+
+    let per_sa = view::by_stage_activity(s);
+    let stage_name = |id: u32| {
+        rt.stage_name(id)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("#{id}"))
+    };
+    let sa: Vec<(Labels, &Agg, u32, u32)> = per_sa
+        .iter()
+        .filter_map(|(&(st, a), agg)| {
+            Some((
+                vec![("stage", stage_name(st)), ("activity", path(a)?)],
+                agg,
+                st,
+                a,
+            ))
+        })
+        .collect();
+    let stage_families: [(&'static str, &'static str, MetricType, Pick); 6] = [
+        (
+            "omnistage_stage_cpu_seconds",
+            "CPU time of the stage's dispatches for the activity.",
+            MetricType::Counter,
+            |a| secs(a.c.cpu_ns),
+        ),
+        (
+            "omnistage_stage_messages",
+            "Messages the stage handled for the activity.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.messages),
+        ),
+        (
+            "omnistage_stage_queued_messages",
+            "Messages in the (stage, activity) queue now.",
+            MetricType::Gauge,
+            |a| Value::Gauge(a.queued as f64),
+        ),
+        (
+            "omnistage_stage_delayed_messages",
+            "Messages for the (stage, activity) queue waiting on timers now.",
+            MetricType::Gauge,
+            |a| Value::Gauge(a.delayed as f64),
+        ),
+        (
+            "omnistage_stage_rejected_messages",
+            "Sends refused at the (stage, activity) gate.",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.rejected),
+        ),
+        (
+            "omnistage_stage_queue_wait_seconds",
+            "Queue wait per message.",
+            MetricType::Histogram,
+            |a| octaves(&a.wait),
+        ),
+    ];
+    for (name, help, kind, pick) in &stage_families {
+        let f = sc.family(name, help, *kind);
+        for (labels, agg, _, _) in &sa {
+            if matches!(kind, MetricType::Histogram) && agg.wait.count() == 0 {
+                continue;
+            }
+            f.series.push((labels.clone(), pick(agg)));
+        }
+    }
+    {
+        let f = sc.family(
+            "omnistage_stage_response_seconds",
+            "Response time per message: enqueue to the end of its dispatch.",
+            MetricType::Histogram,
+        );
+        for (labels, agg, _, _) in &sa {
+            if agg.resp.count() > 0 {
+                f.series.push((labels.clone(), octaves(&agg.resp)));
+            }
+        }
+    }
+    {
+        let f = sc.family(
+            "omnistage_stage_admission_rate",
+            "Admissions per second the (stage, activity) gate's token bucket allows now.",
+            MetricType::Gauge,
+        );
+        for q in &s.queues {
+            if let (Some(r), Some(p)) = (q.rate_per_s, path(q.activity)) {
+                f.series.push((
+                    vec![("stage", stage_name(q.stage)), ("activity", p)],
+                    Value::Gauge(r),
+                ));
+            }
+        }
+    }
+    {
+        let f = sc.family(
+            "omnistage_stage_batch_size",
+            "Messages the stage takes per dispatch on the core now.",
+            MetricType::Gauge,
+        );
+        for st in 0..rt.stage_count() as u32 {
+            for core in 0..rt.workers() {
+                if let Some(b) = rt.batch_size(st, core) {
+                    f.series.push((
+                        vec![("stage", stage_name(st)), ("core", core.to_string())],
+                        Value::Gauge(f64::from(b)),
+                    ));
+                }
+            }
+        }
+    }
+    {
+        let f = sc.family(
+            "omnistage_edge_messages",
+            "Messages sent along an edge of the stage graph (from a stage, io or external).",
+            MetricType::Counter,
+        );
+        for e in &s.edges {
+            let from = match e.from {
+                omnistage::account::EdgeFrom::Stage(x) => stage_name(x),
+                omnistage::account::EdgeFrom::Io => "io".into(),
+                omnistage::account::EdgeFrom::External => "external".into(),
+            };
+            f.series.push((
+                vec![("from", from), ("to", stage_name(e.to))],
+                Value::CounterInt(e.messages),
+            ));
+        }
+    }
+    type CorePick = fn(&omnistage::account::CoreRow) -> Value;
+    let core_families: [(&'static str, &'static str, CorePick); 5] = [
+        (
+            "omnistage_worker_idle_seconds",
+            "Time the worker was blocked waiting for work.",
+            |c| secs(c.idle_ns),
+        ),
+        (
+            "omnistage_worker_infra_seconds",
+            "The loop's own work (mailboxes, timers, decisions), charged to /infra.",
+            |c| secs(c.infra_ns),
+        ),
+        (
+            "omnistage_worker_dispatch_seconds",
+            "Time in dispatches (charged to activities).",
+            |c| secs(c.dispatch_ns),
+        ),
+        (
+            "omnistage_worker_os_cpu_seconds",
+            "The worker thread's CPU time as the OS counts it.",
+            |c| secs(c.os_cpu_ns),
+        ),
+        (
+            "omnistage_worker_unattributed_seconds",
+            "OS busy time minus charged time (negative: charged time the OS did not see).",
+            |c| Value::Gauge(c.unattributed_ns() as f64 / 1e9),
+        ),
+    ];
+    for (name, help, pick) in &core_families {
+        let kind = if name.ends_with("unattributed_seconds") {
+            MetricType::Gauge
+        } else {
+            MetricType::Counter
+        };
+        let f = sc.family(name, help, kind);
+        for c in &s.snap.cores {
+            f.series.push((vec![("core", c.core.to_string())], pick(c)));
+        }
+    }
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(sc));
+    let mut out = String::with_capacity(64 * 1024);
+    prometheus_client::encoding::text::encode(&mut out, &registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn octave_buckets_keep_every_count() {
+        let h = Histogram::default();
+        for v in [0u64, 100, 128, 129, 1_000_000, 1 << 40] {
+            h.record(v);
+        }
+        let Value::Histogram { count, buckets, .. } = octaves(&h.snapshot()) else {
+            panic!("a histogram")
+        };
+        assert_eq!(count, 6);
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 6);
+        // 0 and 100 are below 128 ns; 128 and 129 share the bucket [128, 192), counted
+        // under le = 256 ns (a value exactly on a power of two lands one octave up).
+        assert_eq!(buckets[0], (128e-9, 2));
+        assert_eq!(buckets[1], (256e-9, 2));
+        assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, 1));
+        // Bounds strictly increase.
+        assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+}

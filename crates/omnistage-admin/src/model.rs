@@ -1,0 +1,350 @@
+//! The JSON documents of the admin API, as Rust types: the server serializes them and the
+//! command line (`omnistage top`, `tree`, `set`, `graph`) deserializes them.
+//!
+//! Units are in the field names: `_ns` nanoseconds, `_s` seconds, `bytes_*` bytes; rates are
+//! per second over the sampler's last complete interval (`interval_s`, about one second) and
+//! are `null` until two samples exist.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Counters of the ledger (summed over stages and cores) plus the gates' rejections.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    /// CPU time of dispatches, ns.
+    pub cpu_ns: u64,
+    /// Handler calls (one per batch).
+    pub dispatches: u64,
+    /// Messages handled.
+    pub messages: u64,
+    /// Sum of queue waits, ns.
+    pub queue_wait_ns: u64,
+    /// Handler panics contained.
+    pub panics: u64,
+    /// Bytes received (recorded by receive stages).
+    pub bytes_in: u64,
+    /// Bytes sent (recorded by send stages).
+    pub bytes_out: u64,
+    /// Bytes read from disk.
+    pub disk_bytes: u64,
+    /// Sends refused at the gates.
+    pub rejected: u64,
+}
+
+/// The same counters as rates, per second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    pub cpu_ns: f64,
+    pub dispatches: f64,
+    pub messages: f64,
+    pub queue_wait_ns: f64,
+    pub panics: f64,
+    pub bytes_in: f64,
+    pub bytes_out: f64,
+    pub disk_bytes: f64,
+    pub rejected: f64,
+}
+
+/// Percentiles of a latency histogram (`null` when nothing was recorded).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Messages recorded.
+    pub count: u64,
+    pub p50: Option<u64>,
+    pub p90: Option<u64>,
+    pub p99: Option<u64>,
+}
+
+/// Queue wait (enqueue to dispatch start) and response time (enqueue to dispatch end) per
+/// message, ns.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub queue_ns: Percentiles,
+    pub response_ns: Percentiles,
+}
+
+/// A CPU cap (a shaper on the activity's node, per core).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cap {
+    /// `token` or `leaky`.
+    pub kind: String,
+    /// The rate in cores (`rate_per_s` / 1e9) per worker: each worker's tree enforces its own
+    /// bucket, so an activity served on N workers may use up to N times this.
+    pub cores: f64,
+    /// CPU ns per second.
+    pub rate_per_s: u64,
+    /// Bucket depth, CPU ns.
+    pub burst: u64,
+}
+
+/// One node of the activity tree.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: u32,
+    pub path: String,
+    pub name: String,
+    pub weight: u32,
+    /// Policy over its children.
+    pub policy: String,
+    pub priority: u8,
+    pub cap: Option<Cap>,
+    /// Messages waiting for a dispatch now, this node and its sub-tree.
+    pub queued: u64,
+    /// Messages waiting for their time on timers now (held against queue bounds too).
+    pub delayed: u64,
+    /// Its sub-tree's part of all charged CPU over the last interval.
+    pub share: Option<f64>,
+    /// What its weight entitles it to over the last interval: its parent's target split by
+    /// weight among the siblings that used CPU, water-filled (a sibling using less than its
+    /// portion keeps what it used and leaves the rest to the others).
+    pub target_share: Option<f64>,
+    /// CPU over the last interval, percent of one core (sub-tree).
+    pub cpu_percent: Option<f64>,
+    /// Since start, this node and its sub-tree.
+    pub total: Counters,
+    /// Since start, this node's own records.
+    pub own: Counters,
+    /// Over the last interval, sub-tree.
+    pub rate: Option<Rates>,
+    /// Since start, sub-tree.
+    pub latency: Latency,
+    /// Over the last interval, sub-tree.
+    pub latency_1s: Option<Latency>,
+    pub children: Vec<Node>,
+}
+
+/// One worker's loop counters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Core {
+    pub core: u32,
+    pub elapsed_ns: u64,
+    pub idle_ns: u64,
+    pub infra_ns: u64,
+    pub dispatch_ns: u64,
+    pub os_cpu_ns: u64,
+    /// OS busy time minus charged time (see `account::CoreRow::unattributed_ns`).
+    pub unattributed_ns: i64,
+}
+
+/// `GET /api/v1/tree`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tree {
+    /// Version of the activity table (bumped on every accepted change).
+    pub version: u64,
+    /// Seconds since the runtime started.
+    pub uptime_s: f64,
+    pub workers: usize,
+    /// Length of the interval the rates cover, s.
+    pub interval_s: Option<f64>,
+    /// All charged CPU over the last interval, ns/s.
+    pub cpu_ns_per_s: Option<f64>,
+    pub root: Node,
+    pub cores: Vec<Core>,
+}
+
+/// The admission predicate of a queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Admission {
+    /// `threshold`, `token` or `p90`.
+    pub predicate: String,
+    /// The bucket's rate now (token, p90), admissions/s.
+    pub rate_per_s: Option<f64>,
+    pub burst: Option<u32>,
+    /// The p90 response-time target, ms.
+    pub target_ms: Option<f64>,
+}
+
+/// One (stage, activity) queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageActivity {
+    /// The activity's path (`#id` once removed).
+    pub activity: String,
+    pub id: u32,
+    pub queued: u64,
+    pub delayed: u64,
+    pub total: Counters,
+    pub rate: Option<Rates>,
+    pub latency: Latency,
+    pub latency_1s: Option<Latency>,
+    pub admission: Option<Admission>,
+}
+
+/// One stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    pub id: u32,
+    pub name: String,
+    /// Largest batch per dispatch (`null` for the loop's pseudo-stage).
+    pub batch_max: Option<u32>,
+    /// The batch each core takes now (moves for adaptive stages).
+    pub batch_now: Vec<u32>,
+    pub adaptive_batch: bool,
+    pub queue_limit: Option<usize>,
+    /// Weight of the stage's leaves beside an activity's other children.
+    pub weight: Option<u32>,
+    /// The stage's default predicate.
+    pub admission: Option<Admission>,
+    pub queued: u64,
+    pub delayed: u64,
+    pub total: Counters,
+    pub rate: Option<Rates>,
+    pub latency: Latency,
+    pub latency_1s: Option<Latency>,
+    pub activities: Vec<StageActivity>,
+}
+
+/// `GET /api/v1/stages`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stages {
+    pub interval_s: Option<f64>,
+    pub stages: Vec<Stage>,
+}
+
+/// A node of the stage graph.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphNode {
+    pub name: String,
+    /// `stage`, `io` (readiness turned into messages) or `external` (sends from outside).
+    pub kind: String,
+    pub id: Option<u32>,
+}
+
+/// An edge of the stage graph: messages sent from one stage (or source) to another.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphEdge {
+    pub from: String,
+    pub to: String,
+    /// Since start.
+    pub messages: u64,
+    /// Over the last interval.
+    pub per_s: Option<f64>,
+}
+
+/// `GET /api/v1/graph`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Graph {
+    pub interval_s: Option<f64>,
+    pub nodes: Vec<GraphNode>,
+    pub edges: Vec<GraphEdge>,
+}
+
+/// One sample of the share history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryPoint {
+    /// Seconds since the runtime started.
+    pub t_s: f64,
+    /// Share of charged CPU by activity path (sub-trees).
+    pub shares: BTreeMap<String, f64>,
+    pub targets: BTreeMap<String, f64>,
+    /// p90 response time over the interval, ns, by activity path (sub-trees).
+    pub p90_response_ns: BTreeMap<String, u64>,
+}
+
+/// `GET /api/v1/history`: the last minutes of shares, one point per sampler interval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub interval_s: f64,
+    pub points: Vec<HistoryPoint>,
+}
+
+/// A CPU cap as a change gives it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapChange {
+    /// Cores (CPU seconds per second), > 0.
+    pub cores: f64,
+    /// `token` (default) or `leaky`.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// Bucket depth in ms of the rate (token only; default 10).
+    #[serde(default)]
+    pub burst_ms: Option<f64>,
+}
+
+/// An admission change for one (stage, this activity) queue.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionChange {
+    /// Stage name.
+    pub stage: String,
+    /// `threshold`, `token`, `p90`, or `inherit` (back to the stage's).
+    pub predicate: String,
+    #[serde(default)]
+    pub rate_per_s: Option<f64>,
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// p90 target, ms.
+    #[serde(default)]
+    pub target_ms: Option<f64>,
+}
+
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+/// Body of `PUT /api/v1/activities/{path}`: fields left out keep their value (or take the
+/// default when the activity is created).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActivityChange {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+    /// `fifo`, `rr`, `priority`, `wfq`, `sfq`, `drr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
+    /// A CPU cap; `null` removes it.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cap: Option<Option<CapChange>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionChange>,
+    /// Network cap: refused with 501 (net caps live in the HTTP server's send stage and change
+    /// through its config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_net: Option<serde_json::Value>,
+    /// Disk cap: refused with 501 (as `cap_net`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_disk: Option<serde_json::Value>,
+    /// Cache budget: refused with 501 (budgets live in the HTTP server's cache config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<serde_json::Value>,
+}
+
+/// Body of `POST /api/v1/activities/{path}:move`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The new parent (moves the sub-tree).
+    #[serde(default)]
+    pub to: Option<String>,
+    /// Moving connections is refused with 501: connections belong to the HTTP server.
+    #[serde(default)]
+    pub connections_to: Option<String>,
+}
+
+/// Reply to a change.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Changed {
+    pub path: String,
+    pub id: u32,
+    /// `created`, `changed`, `moved` or `removed`.
+    pub action: String,
+    /// Version of the activity table after the change.
+    pub version: u64,
+}
+
+/// Body of every 4xx/5xx answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub status: u16,
+    pub error: String,
+}

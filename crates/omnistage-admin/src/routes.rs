@@ -1,0 +1,713 @@
+//! Routing and the handlers of the admin API: reads build documents with `view`, changes go
+//! through `Runtime::create_activity`, `set_activity`, `move_activity`, `remove_activity` and
+//! `set_admission` after every part of the request has been checked, so a refused request
+//! changes nothing.
+
+use crate::http::Shared;
+use crate::model::{self, ActivityChange, AdmissionChange, CapChange, Changed, MoveRequest};
+use crate::sampler::Sample;
+use crate::{metrics, view};
+use omnistage::activity::{parse_path, ActivityError};
+use omnistage::admit::{GcraBucket, P90Params};
+use omnistage::exec::{Predicate, Runtime, RuntimeError};
+use omnistage::sched::{PolicyKind, ShaperKind, ShaperSpec};
+
+/// The dashboard page and its script, embedded in the binary.
+const INDEX_HTML: &str = include_str!("../assets/index.html");
+const DASHBOARD_JS: &str = include_str!("../assets/dashboard.js");
+
+/// Where activity paths start in the URL.
+const ACTIVITIES: &str = "/api/v1/activities";
+/// The verb suffix that moves a sub-tree (`:` never occurs in an activity path).
+const MOVE_VERB: &str = ":move";
+
+/// Default burst of a CPU cap given in cores: 10 ms of its rate (as the HTTP config does).
+const CAP_BURST_MS_DEFAULT: f64 = 10.0;
+/// A p90 admission created through the API: up to this many admissions/s (SEDA's ceiling of
+/// 5,000/s is too low for an HTTP server), starting there, additive step of a thousandth.
+const P90_RATE_MAX_PER_S: f64 = 100_000.0;
+const P90_BURST: u32 = 1_000;
+
+/// The request headers the API looks at.
+#[derive(Debug, Default)]
+pub(crate) struct Headers {
+    pub(crate) authorization: Option<String>,
+    pub(crate) host: Option<String>,
+    pub(crate) origin: Option<String>,
+    pub(crate) content_type: Option<String>,
+}
+
+/// A parsed request.
+#[derive(Debug)]
+pub(crate) struct Request {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) query: String,
+    pub(crate) headers: Headers,
+    pub(crate) body: Vec<u8>,
+}
+
+/// An answer.
+#[derive(Debug)]
+pub(crate) struct Response {
+    pub(crate) status: u16,
+    pub(crate) content_type: &'static str,
+    pub(crate) headers: Vec<(&'static str, String)>,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Response {
+    fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Self {
+        Response {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body,
+        }
+    }
+
+    fn json<T: serde::Serialize>(status: u16, v: &T) -> Self {
+        let mut body = serde_json::to_vec(v).expect("documents serialize");
+        body.push(b'\n');
+        Response::new(status, "application/json", body)
+    }
+
+    pub(crate) fn error(status: u16, msg: &str) -> Self {
+        Response::json(
+            status,
+            &model::ErrorBody {
+                status,
+                error: msg.to_string(),
+            },
+        )
+    }
+
+    fn method_not_allowed(allow: &'static str) -> Self {
+        let mut r = Response::error(405, &format!("method not allowed here; allowed: {allow}"));
+        r.headers.push(("Allow", allow.to_string()));
+        r
+    }
+}
+
+/// Compares without stopping at the first difference (the token is a secret).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
+}
+
+fn authorized(shared: &Shared, req: &Request) -> bool {
+    let Some(token) = &shared.token else {
+        return true;
+    };
+    let Some(h) = &req.headers.authorization else {
+        return false;
+    };
+    let mut parts = h.splitn(2, ' ');
+    let scheme = parts.next().unwrap_or("");
+    let given = parts.next().unwrap_or("").trim();
+    scheme.eq_ignore_ascii_case("bearer") && same_secret(given.as_bytes(), token.as_bytes())
+}
+
+/// Query parameters (no percent-decoding: none of ours need it).
+fn query_pairs(q: &str) -> Vec<(&str, &str)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .collect()
+}
+
+fn check_query(q: &str, allowed: &[&str]) -> Result<(), Response> {
+    for (k, _) in query_pairs(q) {
+        if !allowed.contains(&k) {
+            return Err(Response::error(
+                400,
+                &format!("unknown query parameter {k:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn query_get<'a>(q: &'a str, key: &str) -> Option<&'a str> {
+    query_pairs(q)
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// The host part of a `Host` header value (`[::1]:9090` → `::1`, `a.b:80` → `a.b`).
+fn host_name(h: &str) -> &str {
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    h.rsplit_once(':').map(|(n, _)| n).unwrap_or(h)
+}
+
+/// Browser guards: without a token, only IP literals and `localhost` may name the server
+/// (a page cannot rebind a name of its own to 127.0.0.1 and read or change the API), and a
+/// change coming from a page of another origin is refused.
+fn browser_guard(shared: &Shared, req: &Request) -> Option<Response> {
+    if shared.token.is_none() {
+        if let Some(h) = &req.headers.host {
+            let name = host_name(h);
+            if name.parse::<std::net::IpAddr>().is_err() && !name.eq_ignore_ascii_case("localhost")
+            {
+                return Some(Response::error(
+                    403,
+                    "without a token the admin API answers only to an IP address or localhost \
+                     in Host (a DNS rebinding guard)",
+                ));
+            }
+        }
+    }
+    if req.method != "GET" {
+        if let (Some(origin), Some(host)) = (&req.headers.origin, &req.headers.host) {
+            let same = origin
+                .strip_prefix("http://")
+                .is_some_and(|o| o.eq_ignore_ascii_case(host));
+            if !same {
+                return Some(Response::error(
+                    403,
+                    &format!("a change from another origin ({origin}) is refused"),
+                ));
+            }
+        }
+    }
+    None
+}
+
+pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
+    if let Some(r) = browser_guard(shared, req) {
+        return r;
+    }
+    let path = req.path.as_str();
+    let get_only = |f: &dyn Fn() -> Response| {
+        if req.method == "GET" {
+            f()
+        } else {
+            Response::method_not_allowed("GET")
+        }
+    };
+    match path {
+        "/" | "/index.html" => {
+            return get_only(&|| {
+                Response::new(
+                    200,
+                    "text/html; charset=utf-8",
+                    INDEX_HTML.as_bytes().to_vec(),
+                )
+            })
+        }
+        "/dashboard.js" => {
+            return get_only(&|| {
+                Response::new(
+                    200,
+                    "text/javascript; charset=utf-8",
+                    DASHBOARD_JS.as_bytes().to_vec(),
+                )
+            })
+        }
+        _ => {}
+    }
+    let known = matches!(
+        path,
+        "/metrics"
+            | "/api/v1/tree"
+            | "/api/v1/stages"
+            | "/api/v1/graph"
+            | "/api/v1/graph.dot"
+            | "/api/v1/history"
+    ) || path == ACTIVITIES
+        || path.starts_with("/api/v1/activities/");
+    if !known {
+        return Response::error(404, &format!("no such path {path:?}"));
+    }
+    if !authorized(shared, req) {
+        let mut r = Response::error(401, "this admin API needs Authorization: Bearer <token>");
+        r.headers.push(("WWW-Authenticate", "Bearer".into()));
+        return r;
+    }
+    let rt = shared.source.runtime();
+    let window = || shared.state.lock().expect("sampler lock").window();
+    match path {
+        "/metrics" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            let body = metrics::render(rt, &Sample::take(rt));
+            Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
+        }),
+        "/api/v1/tree" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            Response::json(200, &view::tree(rt, &Sample::take(rt), window().as_ref()))
+        }),
+        "/api/v1/stages" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            Response::json(200, &view::stages(rt, &Sample::take(rt), window().as_ref()))
+        }),
+        "/api/v1/graph" | "/api/v1/graph.dot" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &["format"]) {
+                return r;
+            }
+            let g = view::graph(rt, &Sample::take(rt), window().as_ref());
+            let format = query_get(&req.query, "format").unwrap_or(if path.ends_with(".dot") {
+                "dot"
+            } else {
+                "json"
+            });
+            match format {
+                "json" => Response::json(200, &g),
+                "dot" => Response::new(
+                    200,
+                    "text/vnd.graphviz; charset=utf-8",
+                    view::dot(&g).into_bytes(),
+                ),
+                other => Response::error(400, &format!("format {other:?}: want json or dot")),
+            }
+        }),
+        "/api/v1/history" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            let st = shared.state.lock().expect("sampler lock");
+            Response::json(
+                200,
+                &model::History {
+                    interval_s: st.window().map(|w| w.dt_s()).unwrap_or(0.0),
+                    points: st.history(),
+                },
+            )
+        }),
+        _ => activity(shared, rt, req),
+    }
+}
+
+/// `/api/v1/activities[/{path}][:move]`.
+fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
+    let rest = &req.path[ACTIVITIES.len()..];
+    let (rest, verb_move) = match rest.strip_suffix(MOVE_VERB) {
+        Some(r) => (r, true),
+        None => (rest, false),
+    };
+    if rest.contains(':') {
+        return Response::error(400, "unknown verb: the only one is :move");
+    }
+    let path = if rest.is_empty() { "/" } else { rest };
+    if let Err(e) = parse_path(path) {
+        return Response::error(400, &e.to_string());
+    }
+    if verb_move {
+        return if req.method == "POST" {
+            move_activity(rt, req, path)
+        } else {
+            Response::method_not_allowed("POST")
+        };
+    }
+    match req.method.as_str() {
+        "GET" => {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            let window = shared.state.lock().expect("sampler lock").window();
+            let t = view::tree(rt, &Sample::take(rt), window.as_ref());
+            match view::find(&t.root, path) {
+                Some(n) => Response::json(200, n),
+                None => Response::error(404, &format!("no activity {path}")),
+            }
+        }
+        "PUT" => put_activity(rt, req, path),
+        "DELETE" => {
+            if let Err(r) = check_query(&req.query, &["persist"]) {
+                return r;
+            }
+            if let Some(r) = persist_refused(&req.query) {
+                return r;
+            }
+            match rt.remove_activity(path) {
+                Ok(()) => changed(rt, path, 0, "removed"),
+                Err(e) => runtime_error(&e, path),
+            }
+        }
+        _ => Response::method_not_allowed("GET, PUT, DELETE"),
+    }
+}
+
+fn changed(rt: &Runtime, path: &str, id: u32, action: &str) -> Response {
+    let (version, id) = rt.with_activities(|t| (t.version(), t.lookup(path).unwrap_or(id)));
+    Response::json(
+        if action == "created" { 201 } else { 200 },
+        &Changed {
+            path: path.to_string(),
+            id,
+            action: action.to_string(),
+            version,
+        },
+    )
+}
+
+/// `persist=true` is refused: see the crate's README section (the config file's format and
+/// parser belong to the HTTP server; rewriting it safely, comments and all, is not done).
+fn persist_refused(query: &str) -> Option<Response> {
+    match query_get(query, "persist") {
+        None | Some("false") | Some("0") => None,
+        Some("true") | Some("1") => Some(Response::error(
+            501,
+            "persist=true is not implemented: changes apply to the running server only; edit \
+             the config file and send SIGHUP to keep them",
+        )),
+        Some(v) => Some(Response::error(
+            400,
+            &format!("persist={v:?}: want true or false"),
+        )),
+    }
+}
+
+/// Status of a refused activity change: 404 when `path` itself is missing, 400 for a path
+/// that is not one, 409 for everything the tree's invariants refuse.
+fn activity_status(e: &ActivityError, path: &str) -> u16 {
+    match e {
+        ActivityError::BadPath(_) => 400,
+        ActivityError::NotFound(p) if p == path => 404,
+        _ => 409,
+    }
+}
+
+fn runtime_error(e: &RuntimeError, path: &str) -> Response {
+    match e {
+        RuntimeError::Activity(a) => Response::error(activity_status(a, path), &a.to_string()),
+        RuntimeError::Config(s) => Response::error(409, s),
+        RuntimeError::Io(e) => Response::error(500, &e.to_string()),
+    }
+}
+
+fn body_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
+    // JSON only: a cross-origin page can send text/plain without asking (no CORS preflight).
+    let json = req.headers.content_type.as_deref().is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    });
+    if !json {
+        return Err(Response::error(
+            415,
+            "send the body as Content-Type: application/json",
+        ));
+    }
+    if req.body.is_empty() {
+        return Err(Response::error(400, "want a JSON object in the body"));
+    }
+    serde_json::from_slice(&req.body).map_err(|e| Response::error(400, &format!("body: {e}")))
+}
+
+fn cap_spec(c: &CapChange) -> Result<ShaperSpec, Response> {
+    if !c.cores.is_finite() {
+        return Err(Response::error(400, "cap.cores must be a number"));
+    }
+    let kind = match c.kind.as_deref() {
+        None | Some("token") => ShaperKind::Token,
+        Some("leaky") => ShaperKind::Leaky,
+        Some(k) => {
+            return Err(Response::error(
+                400,
+                &format!("cap.kind {k:?}: want token or leaky"),
+            ))
+        }
+    };
+    let burst_ms = c.burst_ms.unwrap_or(CAP_BURST_MS_DEFAULT);
+    if !burst_ms.is_finite() || burst_ms < 0.0 {
+        return Err(Response::error(400, "cap.burst_ms must be a number >= 0"));
+    }
+    // Out-of-range values (0 cores, a huge rate) are left for the tree's validation: 409.
+    let rate = (c.cores * 1e9).max(0.0);
+    Ok(ShaperSpec {
+        kind,
+        rate_per_s: rate as u64,
+        burst: match kind {
+            ShaperKind::Token => ((rate * burst_ms / 1e3) as u64).max(1),
+            ShaperKind::Leaky => 0,
+        },
+    })
+}
+
+/// The predicate an admission change asks for (`None`: back to the stage's), validated.
+fn admission_predicate(
+    rt: &Runtime,
+    stage: u32,
+    activity: Option<u32>,
+    a: &AdmissionChange,
+) -> Result<Option<Predicate>, Response> {
+    let bad = |m: &str| Err(Response::error(409, m));
+    let p = match a.predicate.as_str() {
+        "inherit" => return Ok(None),
+        "threshold" => Predicate::Threshold,
+        "token" => {
+            let (Some(rate_per_s), Some(burst)) = (a.rate_per_s, a.burst) else {
+                return Err(Response::error(
+                    400,
+                    "a token predicate needs rate_per_s and burst",
+                ));
+            };
+            Predicate::TokenBucket { rate_per_s, burst }
+        }
+        "p90" => {
+            let Some(ms) = a.target_ms else {
+                return Err(Response::error(400, "a p90 predicate needs target_ms"));
+            };
+            if !ms.is_finite() || ms <= 0.0 {
+                return bad("target_ms must be > 0");
+            }
+            // Changing the target of a p90 predicate in force keeps its other parameters.
+            let current = activity.and_then(|id| rt.admission(stage, id));
+            let (mut params, initial, burst) = match current {
+                Some(Predicate::P90 {
+                    params,
+                    initial_rate_per_s,
+                    burst,
+                }) => (params, initial_rate_per_s, burst),
+                _ => (
+                    P90Params {
+                        rate_max_per_s: P90_RATE_MAX_PER_S,
+                        adj_i: P90_RATE_MAX_PER_S / 1000.0,
+                        ..P90Params::default()
+                    },
+                    P90_RATE_MAX_PER_S,
+                    P90_BURST,
+                ),
+            };
+            params.target_ns = (ms * 1e6) as u64;
+            Predicate::P90 {
+                params,
+                initial_rate_per_s: a.rate_per_s.unwrap_or(initial),
+                burst: a.burst.unwrap_or(burst),
+            }
+        }
+        other => {
+            return Err(Response::error(
+                400,
+                &format!("admission.predicate {other:?}: want threshold, token, p90 or inherit"),
+            ))
+        }
+    };
+    match &p {
+        Predicate::Threshold => {}
+        Predicate::TokenBucket { rate_per_s, burst } => {
+            if let Err(e) = GcraBucket::validate(*rate_per_s, *burst) {
+                return bad(&e);
+            }
+        }
+        Predicate::P90 {
+            params,
+            initial_rate_per_s,
+            burst,
+        } => {
+            if let Err(e) = params
+                .validate()
+                .and_then(|()| GcraBucket::validate(*initial_rate_per_s, *burst))
+            {
+                return bad(&e);
+            }
+        }
+    }
+    Ok(Some(p))
+}
+
+fn put_activity(rt: &Runtime, req: &Request, path: &str) -> Response {
+    if let Err(r) = check_query(&req.query, &["persist"]) {
+        return r;
+    }
+    if let Some(r) = persist_refused(&req.query) {
+        return r;
+    }
+    let change: ActivityChange = match body_json(req) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if change.cap_net.is_some() || change.cap_disk.is_some() {
+        return Response::error(
+            501,
+            "network and disk caps are not activity settings of the runtime: they live in the \
+             HTTP server's send and disk stages and change through its config (SIGHUP)",
+        );
+    }
+    if change.budget.is_some() {
+        return Response::error(
+            501,
+            "cache budgets live in the HTTP server's cache and change through its config \
+             (SIGHUP)",
+        );
+    }
+    let existing = rt.with_activities(|t| {
+        t.lookup(path)
+            .and_then(|id| t.get(id).map(|a| (id, a.spec.clone())))
+    });
+    let mut spec = existing
+        .as_ref()
+        .map(|(_, s)| s.clone())
+        .unwrap_or_default();
+    if let Some(w) = change.weight {
+        spec.weight = w;
+    }
+    if let Some(p) = &change.policy {
+        match PolicyKind::parse(p) {
+            Some(k) => spec.policy = k,
+            None => {
+                return Response::error(
+                    400,
+                    &format!("policy {p:?}: want fifo, rr, priority, wfq, sfq or drr"),
+                )
+            }
+        }
+    }
+    if let Some(p) = change.priority {
+        spec.priority = p;
+    }
+    if let Some(cap) = &change.cap {
+        spec.cap = match cap {
+            None => None,
+            Some(c) => match cap_spec(c) {
+                Ok(s) => Some(s),
+                Err(r) => return r,
+            },
+        };
+    }
+    // Check everything before changing anything.
+    if let Err(e) = spec.validate() {
+        return Response::error(activity_status(&e, path), &e.to_string());
+    }
+    let admission = match &change.admission {
+        None => None,
+        Some(a) => {
+            let Some(stage) = view::stage_by_name(rt, &a.stage) else {
+                return Response::error(400, &format!("no stage named {:?}", a.stage));
+            };
+            match admission_predicate(rt, stage, existing.as_ref().map(|(id, _)| *id), a) {
+                Ok(p) => Some((stage, p)),
+                Err(r) => return r,
+            }
+        }
+    };
+    let (id, action) = match &existing {
+        Some((id, _)) => match rt.set_activity(path, spec) {
+            Ok(()) => (*id, "changed"),
+            Err(e) => return runtime_error(&e, path),
+        },
+        None => match rt.create_activity(path, spec) {
+            Ok(id) => (id, "created"),
+            Err(e) => return runtime_error(&e, path),
+        },
+    };
+    if let Some((stage, p)) = admission {
+        if let Err(e) = rt.set_admission(stage, id, p) {
+            return runtime_error(&e, path);
+        }
+    }
+    changed(rt, path, id, action)
+}
+
+fn move_activity(rt: &Runtime, req: &Request, path: &str) -> Response {
+    if let Err(r) = check_query(&req.query, &["persist"]) {
+        return r;
+    }
+    if let Some(r) = persist_refused(&req.query) {
+        return r;
+    }
+    let m: MoveRequest = match body_json(req) {
+        Ok(m) => m,
+        Err(r) => return r,
+    };
+    if m.connections_to.is_some() {
+        return Response::error(
+            501,
+            "moving connections is not implemented: a connection's activity is set by the HTTP \
+             server's stages (by Host and class); move the sub-tree instead",
+        );
+    }
+    let Some(to) = m.to else {
+        return Response::error(400, "want {\"to\": \"/new/parent\"}");
+    };
+    if let Err(e) = parse_path(&to) {
+        return Response::error(400, &e.to_string());
+    }
+    match rt.move_activity(path, &to) {
+        Ok(()) => {
+            let new_path = if to == "/" {
+                format!("/{}", path.rsplit('/').next().unwrap_or(""))
+            } else {
+                format!("{to}/{}", path.rsplit('/').next().unwrap_or(""))
+            };
+            changed(rt, &new_path, 0, "moved")
+        }
+        Err(e) => runtime_error(&e, path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert!(!same_secret(b"", b"a"));
+    }
+
+    #[test]
+    fn queries_split() {
+        assert_eq!(
+            query_pairs("a=1&b&&c=x=y"),
+            vec![("a", "1"), ("b", ""), ("c", "x=y")]
+        );
+        assert!(check_query("format=dot", &["format"]).is_ok());
+        assert_eq!(check_query("x=1", &["format"]).unwrap_err().status, 400);
+        assert!(persist_refused("persist=false").is_none());
+        assert_eq!(persist_refused("persist=true").unwrap().status, 501);
+        assert_eq!(persist_refused("persist=maybe").unwrap().status, 400);
+    }
+
+    #[test]
+    fn host_names() {
+        assert_eq!(host_name("127.0.0.1:9090"), "127.0.0.1");
+        assert_eq!(host_name("[::1]:9090"), "::1");
+        assert_eq!(host_name("localhost"), "localhost");
+        assert_eq!(host_name("evil.example:80"), "evil.example");
+    }
+
+    #[test]
+    fn caps_in_cores() {
+        let c = cap_spec(&CapChange {
+            cores: 0.5,
+            kind: None,
+            burst_ms: None,
+        })
+        .unwrap();
+        assert_eq!(c, ShaperSpec::token(500_000_000, 5_000_000));
+        let l = cap_spec(&CapChange {
+            cores: 2.0,
+            kind: Some("leaky".into()),
+            burst_ms: None,
+        })
+        .unwrap();
+        assert_eq!(l, ShaperSpec::leaky(2_000_000_000));
+        assert_eq!(
+            cap_spec(&CapChange {
+                cores: 1.0,
+                kind: Some("bucket".into()),
+                burst_ms: None
+            })
+            .unwrap_err()
+            .status,
+            400
+        );
+    }
+}

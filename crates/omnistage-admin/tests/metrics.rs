@@ -1,0 +1,119 @@
+//! `/metrics` while the workers are loaded: the per-activity counters of every scrape lie
+//! between a ledger snapshot taken just before the scrape and one taken just after, and the
+//! exposition is well-formed (names, labels, histogram buckets, `# EOF`).
+
+mod common;
+
+use common::{admin, req, rig, wait_for};
+use omnistage::account::Snapshot;
+use std::collections::BTreeMap;
+
+/// Samples of one metric family: labels (as written) → value.
+fn family(text: &str, name: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let Some(rest) = rest.strip_prefix('{') else {
+            continue;
+        };
+        let (labels, value) = rest.split_once("} ").expect("name{labels} value");
+        out.insert(labels.to_string(), value.parse::<f64>().expect("a number"));
+    }
+    out
+}
+
+fn own(s: &Snapshot, activity: u32) -> (f64, u64, u64) {
+    let rows = s.rows.iter().filter(|r| r.activity == activity);
+    let (mut cpu, mut msgs, mut disp) = (0u64, 0u64, 0u64);
+    for r in rows {
+        cpu += r.cpu_ns;
+        msgs += r.messages;
+        disp += r.dispatches;
+    }
+    (cpu as f64 / 1e9, msgs, disp)
+}
+
+#[test]
+fn scrapes_under_load_agree_with_the_ledger() {
+    let r = rig(2);
+    let (_h, c) = admin(&r.rt, None);
+    r.load(8);
+    // Wait until both activities have been served (so their series exist).
+    wait_for("load on both activities", || {
+        let s = r.rt.snapshot();
+        own(&s, r.a).1 > 1000 && own(&s, r.b).1 > 1000
+    });
+    let mut last_msgs = 0.0;
+    for round in 0..5 {
+        let before = r.rt.snapshot();
+        let scrape = req(&c, "GET", "/metrics", None);
+        let after = r.rt.snapshot();
+        assert_eq!(scrape.status, 200);
+        let text = scrape.text();
+        assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+        let cpu = family(&text, "omnistage_activity_cpu_seconds_total");
+        let msgs = family(&text, "omnistage_activity_messages_total");
+        let disp = family(&text, "omnistage_activity_dispatches_total");
+        for (id, path) in [(r.a, "/t/a"), (r.b, "/t/b")] {
+            let key = format!("activity=\"{path}\"");
+            let (b_cpu, b_msgs, b_disp) = own(&before, id);
+            let (a_cpu, a_msgs, a_disp) = own(&after, id);
+            let m_cpu = cpu[&key];
+            let m_msgs = msgs[&key];
+            let m_disp = disp[&key];
+            assert!(
+                b_cpu <= m_cpu && m_cpu <= a_cpu,
+                "round {round} {path}: cpu {b_cpu} <= {m_cpu} <= {a_cpu}"
+            );
+            assert!(
+                b_msgs as f64 <= m_msgs && m_msgs <= a_msgs as f64,
+                "round {round} {path}: messages {b_msgs} <= {m_msgs} <= {a_msgs}"
+            );
+            assert!(
+                b_disp as f64 <= m_disp && m_disp <= a_disp as f64,
+                "round {round} {path}: dispatches"
+            );
+            if id == r.a {
+                // Still under load: the counters move between scrapes.
+                assert!(m_msgs >= last_msgs);
+                last_msgs = m_msgs;
+            }
+        }
+    }
+    let text = req(&c, "GET", "/metrics", None).text();
+    // Every sample line is `name{labels} value` or `name value`, with a known prefix.
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(line.starts_with("omnistage_"), "{line}");
+        let value = line.rsplit(' ').next().unwrap();
+        assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line}");
+    }
+    for needle in [
+        "# TYPE omnistage_activity_cpu_seconds counter",
+        "omnistage_stage_messages_total{stage=\"spin\",activity=\"/t/a\"}",
+        "omnistage_stage_response_seconds_bucket{le=\"+Inf\",stage=\"spin\",activity=\"/t/b\"}",
+        "omnistage_stage_queue_wait_seconds_count{stage=\"spin\",activity=\"/t/a\"}",
+        "omnistage_edge_messages_total{from=\"spin\",to=\"spin\"}",
+        "omnistage_edge_messages_total{from=\"external\",to=\"spin\"}",
+        "omnistage_stage_batch_size{stage=\"spin\",core=\"1\"} 8",
+        "omnistage_activity_weight{activity=\"/t/b\"} 30",
+        "omnistage_worker_idle_seconds_total{core=\"0\"}",
+        "omnistage_stage_queued_messages{stage=\"spin\",activity=\"/t/a\"}",
+    ] {
+        assert!(text.contains(needle), "missing {needle}");
+    }
+    // Histogram buckets are cumulative: none above +Inf, which equals _count.
+    let buckets = family(&text, "omnistage_stage_response_seconds_bucket");
+    let series: Vec<(&String, &f64)> = buckets
+        .iter()
+        .filter(|(k, _)| k.ends_with(",stage=\"spin\",activity=\"/t/a\""))
+        .collect();
+    assert!(series.len() > 10);
+    let count =
+        family(&text, "omnistage_stage_response_seconds_count")["stage=\"spin\",activity=\"/t/a\""];
+    let inf = buckets["le=\"+Inf\",stage=\"spin\",activity=\"/t/a\""];
+    assert_eq!(inf, count);
+    assert!(series.iter().all(|(_, v)| **v <= inf));
+    r.stop_load();
+}

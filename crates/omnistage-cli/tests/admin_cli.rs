@@ -1,0 +1,188 @@
+//! The admin commands end to end: `omnistage serve` with its admin listener on a free port,
+//! then `omnistage set`, `tree`, `graph` and `top --once` against it, including refused
+//! changes (their reason is printed and the exit code is 2), and a graceful stop on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_omnistage");
+
+struct Serve {
+    child: Child,
+    admin: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(dir: &std::path::Path) -> Serve {
+    let config = dir.join("omnistage.toml");
+    std::fs::write(dir.join("index.html"), "hello\n").unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = \"{}\"\nweight = 50\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--workers",
+            "1",
+            "--admin",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env_remove("OMNISTAGE_ADMIN_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let end = Instant::now() + Duration::from_secs(20);
+    let admin = loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .expect("serve prints where the admin API is");
+        if let Some(rest) = line.strip_prefix("omnistage: admin API and dashboard on ") {
+            break rest.trim_end_matches('/').to_string();
+        }
+    };
+    Serve {
+        child,
+        admin,
+        lines: rx,
+    }
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("OMNISTAGE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn set_tree_graph_and_top_against_a_running_server() {
+    let dir = std::env::temp_dir().join(format!("omnistage-admin-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = serve(&dir);
+    let admin = s.admin.clone();
+    let a = ["--admin", admin.as_str()];
+
+    let (code, out, err) =
+        run(&[&["set", "/tenants/a", "weight=70", "cap_cpu=0.5"], &a[..]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("changed /tenants/a"), "{out}");
+    let (code, out, err) = run(&[&["set", "/tenants/x", "weight=5"], &a[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("created /tenants/x"), "{out}");
+
+    let (code, out, err) = run(&[&["tree"], &a[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("a "))
+        .unwrap_or_else(|| panic!("a row for tenant a:\n{out}"));
+    assert!(
+        line.contains(" 70 ") && line.contains("0.50 cores"),
+        "{line}"
+    );
+    assert!(
+        out.lines().any(|l| l.trim_start().starts_with("x ")),
+        "{out}"
+    );
+    let (code, out, _) = run(&[&["tree", "--json"], &a[..]].concat());
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["root"]["path"], "/");
+
+    // Refused changes: the reason and exit code 2; nothing changes.
+    for (args, needle) in [
+        (vec!["set", "/tenants/a", "weight=0"], "409"),
+        (vec!["set", "/infra", "cap_cpu=0"], "409"),
+        (vec!["set", "/tenants/a", "cap_net=10MB/s"], "501"),
+        (vec!["set", "/tenants/a", "weight=5", "--persist"], "501"),
+        (vec!["set", "/tenants/a", "colour=red"], "unknown setting"),
+        (vec!["set", "/nope/x", "weight=5"], "409"),
+    ] {
+        let (code, out, err) = run(&[&args[..], &a[..]].concat());
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let (_, out, _) = run(&[&["tree"], &a[..]].concat());
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("a ") && l.contains(" 70 ")),
+        "{out}"
+    );
+
+    let (code, out, err) = run(&[&["graph"], &a[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("digraph omnistage {") && out.contains("\"http.boot\""),
+        "{out}"
+    );
+    let (code, out, _) = run(&[&["graph", "--json"], &a[..]].concat());
+    assert_eq!(code, 0);
+    assert!(serde_json::from_str::<serde_json::Value>(&out).unwrap()["edges"].is_array());
+
+    let (code, out, err) = run(&[
+        &["top", "--once", "--width", "100", "--height", "12"],
+        &a[..],
+    ]
+    .concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ACTIVITY") && out.contains("tenants"), "{out}");
+    let (code, _, err) = run(&["top", "--once", "--admin", "http://127.0.0.1:1"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach"), "{err}");
+
+    // A graceful stop: the admin server lets go of the server, which drains.
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut stopped = false;
+    while let Ok(line) = s
+        .lines
+        .recv_timeout(end.saturating_duration_since(Instant::now()))
+    {
+        if line == "omnistage: stopped" {
+            stopped = true;
+            break;
+        }
+    }
+    assert!(stopped, "serve did not drain and stop");
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
