@@ -29,7 +29,8 @@
 //! weight = 50                       # 1..=10000, default 100
 //! docroot = "./www/a"               # relative paths: see below
 //! index = ["index.html"]            # default ["index.html"]; plain file names, ≤ 16
-//! cpu_cap = "0.5"                   # optional: cores, a number or a string, in (0, 1024]
+//! cpu_cap = "0.5"                   # optional: cores, a number or a string, in (0, 1024]; the
+//!                                   # server splits it evenly between its workers
 //! net_cap = "10MB/s"                # optional: bytes/s; units B, kB/KB, MB, GB (decimal) and
 //!                                   # KiB, MiB, GiB; "/s" required; in [1 B/s, 1 TB/s]
 //! disk_cap = "50MB/s"               # optional, as net_cap

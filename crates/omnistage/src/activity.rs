@@ -30,7 +30,9 @@ pub const PATH_LEN_MAX: usize = 256;
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ActivitySpec {
     pub weight: u32,
-    /// Cap on the CPU this activity (with its sub-tree) may use, per core.
+    /// Cap on the CPU this activity (with its sub-tree) may use, per worker: each worker's
+    /// tree holds its own bucket (ns of CPU per second), so the machine-wide total is up to
+    /// the number of workers it runs on times this.
     pub cap: Option<ShaperSpec>,
     /// Policy over this activity's children (child activities and its stage queues).
     pub policy: PolicyKind,

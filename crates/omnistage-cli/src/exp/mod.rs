@@ -1,8 +1,15 @@
 //! `omnistage exp NAME`: experiments. Each prints a table by default, or one JSON object with
 //! `--json`. They measure on real clocks and are benchmarks, never tests.
 
+mod all;
+mod attribution;
+mod breakdown;
 mod cpu;
+mod harness;
+mod isolation;
+mod overhead;
 mod peer;
+pub(crate) mod report;
 mod sched_cost;
 pub(crate) mod util;
 mod web;
@@ -34,6 +41,16 @@ enum Which {
     WebShare(web::WebShareArgs),
     /// omnistage and nginx side by side: one worker each, 1 KiB file, 64 keep-alive conns.
     HttpVsNginx(peer::PeerArgs),
+    /// Unattributed core time under web load, light and saturated (Omni-Kernel §IV).
+    Attribution(attribution::AttributionArgs),
+    /// Charged CPU per stage and per request vs requests per connection (Vortex Fig. 7).
+    Breakdown(breakdown::BreakdownArgs),
+    /// Worker CPU per request at equal rate, scheduled vs FIFO bypass (Omni-Kernel §V-G).
+    Overhead(overhead::OverheadArgs),
+    /// Two overloaded tenants at 2:1, 4:1 and strict priority: shares over time (Vortex Figs. 8-10).
+    Isolation(isolation::IsolationArgs),
+    /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
+    All(all::AllArgs),
 }
 
 pub fn run(args: ExpArgs) -> Result<(), String> {
@@ -43,5 +60,10 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::SchedCost(a) => sched_cost::run(a),
         Which::WebShare(a) => web::run(a),
         Which::HttpVsNginx(a) => peer::run(a),
+        Which::Attribution(a) => attribution::run(a),
+        Which::Breakdown(a) => breakdown::run(a),
+        Which::Overhead(a) => overhead::run(a),
+        Which::Isolation(a) => isolation::run(a),
+        Which::All(a) => all::run(a),
     }
 }

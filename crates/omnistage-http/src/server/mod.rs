@@ -537,7 +537,13 @@ fn apply_tenants(
         let path = format!("/tenants/{}", t.name);
         let spec = ActivitySpec {
             weight: t.weight,
-            cap: shaper_of(t.cpu_cap.map(|f| f * 1e9), cap_kind(t.cap_kind)),
+            // A shaper sits in each worker's tree, so the machine-wide cap is split evenly
+            // between the workers (an activity confined to one worker then gets only its part:
+            // a machine-wide bucket shared by the workers is future work).
+            cap: shaper_of(
+                t.cpu_cap.map(|f| f * 1e9 / rt.workers() as f64),
+                cap_kind(t.cap_kind),
+            ),
             ..Default::default()
         };
         let activity = upsert(&path, spec)?;

@@ -1,0 +1,341 @@
+//! `all`: runs every experiment with short durations, each in its own process (`omnistage exp
+//! NAME --json`), writes `<out>/NAME.json` for each (the new ones also write their `.md` and
+//! `.svg`), and `<out>/README.md` with one row per experiment: the seed figure, the seed's
+//! number, ours (read from the JSON), the peer's where relevant, and whether the goal is met.
+
+use super::util::machine;
+use clap::Args;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+#[derive(Args, Clone)]
+pub struct AllArgs {
+    #[arg(long, default_value = "docs/results")]
+    out: PathBuf,
+    /// Scale every experiment's duration by this factor.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+}
+
+/// What the README says of one run: ours, the peer's, whether the goal is met.
+type Summary = (String, Option<String>, Option<bool>);
+
+struct Exp {
+    file: &'static str,
+    args: Vec<String>,
+    writes_own: bool,
+    seed: &'static str,
+    seed_number: &'static str,
+    ours: fn(&Value) -> Summary,
+}
+
+fn f(v: &Value, ptr: &str) -> f64 {
+    v.pointer(ptr).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+fn max_err_pts(v: &Value, list: &str) -> f64 {
+    v[list]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| f(x, "/error_pts").abs())
+                .fold(0.0, f64::max)
+        })
+        .unwrap_or(f64::NAN)
+}
+
+fn s(x: f64) -> String {
+    format!("{x}")
+}
+
+pub fn run(a: AllArgs) -> Result<(), String> {
+    if !(0.05..=10.0).contains(&a.scale) {
+        return Err("--scale 0.05..=10".into());
+    }
+    let sec = |x: f64| s((x * a.scale).max(0.5));
+    let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let exps = vec![
+        Exp {
+            file: "cpu-share",
+            args: [v(&["cpu-share", "--seconds"]), vec![sec(5.0)]].concat(),
+            writes_own: false,
+            seed: "Vortex/Omni-Kernel: CPU shares by weight",
+            seed_number: "shares within ~1 pt of weights",
+            ours: |j| {
+                let e = max_err_pts(j, "activities");
+                (
+                    format!(
+                        "max error {e:.2} pts; unattributed {:.3} %",
+                        f(j, "/unattributed_fraction") * 100.0
+                    ),
+                    None,
+                    Some(e <= 1.0),
+                )
+            },
+        },
+        Exp {
+            file: "cross-core",
+            args: [v(&["cross-core", "--seconds"]), vec![sec(5.0)]].concat(),
+            writes_own: false,
+            seed: "seastar#1430 (shares across cores)",
+            seed_number: "25/75 with per-core SFQ (target 50/50)",
+            ours: |j| {
+                let e = max_err_pts(j, "activities");
+                (
+                    format!("max error {e:.2} pts vs 50/50"),
+                    None,
+                    Some(e <= 3.0),
+                )
+            },
+        },
+        Exp {
+            file: "sched-cost",
+            args: v(&["sched-cost", "--rounds", "3", "--seconds", "0.3"]),
+            writes_own: false,
+            seed: "Omni-Kernel §V-G (scheduler cost)",
+            seed_number: "-",
+            ours: |j| {
+                (
+                    format!(
+                        "overhead vs bypass for a {} µs handler: {:.2} %",
+                        f(j, "/overhead/handler_us"),
+                        f(j, "/overhead/fraction") * 100.0
+                    ),
+                    None,
+                    None,
+                )
+            },
+        },
+        Exp {
+            file: "web-share-cpu",
+            args: [
+                v(&["web-share", "--bound", "cpu", "--seconds"]),
+                vec![sec(6.0)],
+            ]
+            .concat(),
+            writes_own: false,
+            seed: "Vortex Fig. 8-10 / QLinux (web CPU shares)",
+            seed_number: "shares by weight",
+            ours: |j| {
+                let e = max_err_pts(j, "tenants");
+                (
+                    format!("max error {e:.2} pts (50/33/17)"),
+                    None,
+                    Some(e <= 3.0),
+                )
+            },
+        },
+        Exp {
+            file: "web-share-net",
+            args: [
+                v(&["web-share", "--bound", "net", "--seconds"]),
+                vec![sec(6.0)],
+            ]
+            .concat(),
+            writes_own: false,
+            seed: "Omni-Kernel (network shares)",
+            seed_number: "shares by weight",
+            ours: |j| {
+                let e = max_err_pts(j, "tenants");
+                (
+                    format!("max error {e:.2} pts (50/33/17)"),
+                    None,
+                    Some(e <= 3.0),
+                )
+            },
+        },
+        Exp {
+            file: "web-share-disk",
+            args: [
+                v(&["web-share", "--bound", "disk", "--seconds"]),
+                vec![sec(6.0)],
+            ]
+            .concat(),
+            writes_own: false,
+            seed: "Omni-Kernel (disk shares)",
+            seed_number: "shares by weight",
+            ours: |j| {
+                let e = max_err_pts(j, "tenants");
+                (
+                    format!("max error {e:.2} pts (50/33/17)"),
+                    None,
+                    Some(e <= 3.0),
+                )
+            },
+        },
+        Exp {
+            file: "http-vs-nginx",
+            args: [
+                v(&["http-vs-nginx", "--rounds", "3", "--seconds"]),
+                vec![sec(3.0)],
+            ]
+            .concat(),
+            writes_own: false,
+            seed: "Vortex: web server vs a conventional one",
+            seed_number: "-",
+            ours: |j| {
+                (
+                    format!("{:.0} req/s", f(j, "/omnistage_req_per_s")),
+                    Some(
+                        j["nginx_req_per_s"]
+                            .as_f64()
+                            .map(|x| format!("nginx {x:.0} req/s (ratio {:.2})", f(j, "/ratio")))
+                            .unwrap_or_else(|| {
+                                format!(
+                                    "nginx not run: {}",
+                                    j["nginx_note"].as_str().unwrap_or("not installed")
+                                )
+                            }),
+                    ),
+                    None,
+                )
+            },
+        },
+        Exp {
+            file: "attribution",
+            args: [v(&["attribution", "--seconds"]), vec![sec(10.0)]].concat(),
+            writes_own: true,
+            seed: "Omni-Kernel §IV (attribution)",
+            seed_number: "≤ 0.01 % unattributed",
+            ours: |j| {
+                (
+                    format!(
+                        "light web load {:.3} %, saturated {:.3} %",
+                        f(j, "/phases/0/unattributed_fraction") * 100.0,
+                        f(j, "/phases/1/unattributed_fraction") * 100.0
+                    ),
+                    None,
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
+            file: "breakdown",
+            args: [v(&["breakdown", "--seconds"]), vec![sec(12.0)]].concat(),
+            writes_own: true,
+            seed: "Vortex Fig. 7 (CPU per stage, HTTP/1.0 vs keep-alive)",
+            seed_number: "-",
+            ours: |j| {
+                (
+                    format!(
+                        "{:.1} µs/req at 1 req/conn, {:.1} µs/req keep-alive ({:.2}×)",
+                        f(j, "/points/0/ns_per_request") / 1e3,
+                        f(j, "/points/5/ns_per_request") / 1e3,
+                        f(j, "/http10_over_keepalive")
+                    ),
+                    None,
+                    None,
+                )
+            },
+        },
+        Exp {
+            file: "overhead",
+            args: [
+                v(&["overhead", "--rounds", "3", "--seconds"]),
+                vec![sec(3.0)],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "Omni-Kernel §V-G (overhead at equal throughput)",
+            seed_number: "≤ 3 %",
+            ours: |j| {
+                (
+                    format!(
+                        "1 KiB {:+.2} %, 1 MiB {:+.2} %",
+                        f(j, "/files/0/fraction") * 100.0,
+                        f(j, "/files/1/fraction") * 100.0
+                    ),
+                    None,
+                    // Inconclusive (null) for any file makes the row inconclusive.
+                    j["files"].as_array().and_then(|a| {
+                        a.iter()
+                            .map(|x| x["goal_met"].as_bool())
+                            .collect::<Option<Vec<bool>>>()
+                            .map(|v| v.iter().all(|&m| m))
+                    }),
+                )
+            },
+        },
+        Exp {
+            file: "isolation",
+            args: [v(&["isolation", "--seconds"]), vec![sec(18.0)]].concat(),
+            writes_own: true,
+            seed: "Vortex Figs. 8-10 (isolation, priority)",
+            seed_number: "ratio within 5 % of weights",
+            ours: |j| {
+                (format!("2:1 → {:.2}, 4:1 → {:.2}; priority: B {:.1} % while A loaded, {:.1} % otherwise",
+                                 f(j, "/phases/0/share_ratio"), f(j, "/phases/1/share_ratio"),
+                                 f(j, "/phases/2/b_share_while_a_loaded") * 100.0, f(j, "/phases/2/b_share_while_a_idle") * 100.0), None,
+                         Some(j["phases"].as_array().is_some_and(|a| a.iter().all(|x| x["goal_met"].as_bool() == Some(true)))))
+            },
+        },
+    ];
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut rows = String::new();
+    let t_all = Instant::now();
+    for e in &exps {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("exp").args(&e.args).arg("--json");
+        if e.writes_own {
+            cmd.arg("--out").arg(&a.out);
+        }
+        let t = Instant::now();
+        eprintln!("== omnistage exp {}", e.args.join(" "));
+        let out = cmd.output().map_err(|x| x.to_string())?;
+        let secs = t.elapsed().as_secs_f64();
+        let cmdline = format!("omnistage exp {}", e.args.join(" "));
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            eprintln!("   failed: {err}");
+            rows.push_str(&format!(
+                "| {} | `{cmdline}` | {} | {} | failed: {} | | no |\n",
+                e.file,
+                e.seed,
+                e.seed_number,
+                err.replace('|', "/")
+            ));
+            continue;
+        }
+        let j: Value =
+            serde_json::from_slice(&out.stdout).map_err(|x| format!("{}: {x}", e.file))?;
+        if !e.writes_own {
+            let p = a.out.join(format!("{}.json", e.file));
+            std::fs::write(
+                &p,
+                serde_json::to_string_pretty(&j).map_err(|x| x.to_string())? + "\n",
+            )
+            .map_err(|x| format!("{}: {x}", p.display()))?;
+        }
+        let (ours, peer, met) = (e.ours)(&j);
+        let link = if e.writes_own {
+            format!("[{0}]({0}.md)", e.file)
+        } else {
+            format!("[{0}]({0}.json)", e.file)
+        };
+        rows.push_str(&format!(
+            "| {link} | `{cmdline}` ({secs:.0} s) | {} | {} | {ours} | {} | {} |\n",
+            e.seed,
+            e.seed_number,
+            peer.unwrap_or_else(|| "-".into()),
+            match met {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "(no goal, or inconclusive: see its page)",
+            }
+        ));
+        eprintln!("   {ours} ({secs:.0} s)");
+    }
+    let md = format!(
+        "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**. One row per experiment; numbers are read from each \
+         experiment's JSON beside this file. Experiments with a `.md` page also have a chart (`.svg`).\n\n\
+         | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}",
+        a.out.display(), t_all.elapsed().as_secs_f64(), machine()
+    );
+    let p = a.out.join("README.md");
+    std::fs::write(&p, md).map_err(|x| format!("{}: {x}", p.display()))?;
+    println!("wrote {}", p.display());
+    Ok(())
+}

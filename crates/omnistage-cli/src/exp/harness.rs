@@ -1,0 +1,267 @@
+//! Shared set-up of the web experiments: the server with some tenants on one worker pinned to
+//! CPU 0, the in-process load generator pinned to CPU 1, ledger deltas, and the OS's view of
+//! the worker thread.
+
+use clap::Parser;
+use omnistage::account::{CoreRow, Snapshot};
+use omnistage_http::config::parse_config;
+use omnistage_http::server::{Server, ServerOptions};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+/// A running server and its temporary docroot (removed on drop of [`Web::stop`]).
+pub struct Web {
+    pub server: Server,
+    pub root: PathBuf,
+    pub addr: String,
+}
+
+/// The CPU the load generator is pinned to (the server's worker is on CPU 0).
+pub const LOAD_CPU: usize = 1;
+
+/// Starts the server: one pinned worker, tenants `(name, weight)` with hosts `NAME.test`,
+/// synthetic endpoints on, and `files` `(name, bytes)` in the shared docroot.
+pub fn start(
+    tag: &str,
+    tenants: &[(&str, u32)],
+    files: &[(&str, usize)],
+    bypass: bool,
+) -> Result<Web, String> {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if cpus < 2 {
+        return Err(format!(
+            "{tag} needs 2 CPUs: one for the server, one for the load"
+        ));
+    }
+    let root = std::env::temp_dir().join(format!("omnistage-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+    for &(name, bytes) in files {
+        let data: Vec<u8> = (0..bytes).map(|i| b'a' + (i % 26) as u8).collect();
+        std::fs::write(root.join(name), data).map_err(|e| e.to_string())?;
+    }
+    let mut toml = String::from(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\nconnections_max = 10000\n",
+    );
+    for (name, weight) in tenants {
+        toml.push_str(&format!(
+            "\n[[tenant]]\nname = \"{name}\"\nhosts = [\"{name}.test\"]\nweight = {weight}\ndocroot = \"{}\"\nsynthetic = true\n",
+            root.display()
+        ));
+    }
+    let config = parse_config(&toml).map_err(|e| e.to_string())?;
+    let server = Server::start(
+        config,
+        ServerOptions {
+            pin: true,
+            workers: Some(1),
+            bypass,
+        },
+    )?;
+    let addr = server.local_addrs()[0].to_string();
+    Ok(Web { server, root, addr })
+}
+
+impl Web {
+    pub fn stop(self) {
+        self.server.drain(std::time::Duration::from_millis(500));
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+
+    /// Requests the server has answered so far (all tenants).
+    pub fn requests(&self) -> u64 {
+        self.server.stats().requests.load(Ordering::Relaxed)
+    }
+}
+
+#[derive(Parser)]
+struct LoadCli {
+    #[command(flatten)]
+    args: omnistage_load::LoadArgs,
+}
+
+/// Parses load-generator arguments (as `omnistage load` takes them) for `addr`, pinned to
+/// [`LOAD_CPU`].
+pub fn load_args(
+    addr: &str,
+    seconds: f64,
+    warmup_s: f64,
+    extra: &[String],
+) -> Result<omnistage_load::LoadArgs, String> {
+    let mut argv: Vec<String> = vec![
+        "load".into(),
+        "--addr".into(),
+        addr.into(),
+        "--seconds".into(),
+        seconds.to_string(),
+        "--warmup-s".into(),
+        warmup_s.to_string(),
+        "--cpu".into(),
+        LOAD_CPU.to_string(),
+    ];
+    argv.extend(extra.iter().cloned());
+    Ok(LoadCli::try_parse_from(&argv)
+        .map_err(|e| e.to_string())?
+        .args)
+}
+
+pub type LoadHandle = JoinHandle<Result<omnistage_load::report::Report, String>>;
+
+pub fn spawn_load(args: omnistage_load::LoadArgs) -> LoadHandle {
+    std::thread::spawn(move || omnistage_load::run(&args))
+}
+
+pub fn join_load(h: LoadHandle) -> Result<omnistage_load::report::Report, String> {
+    h.join()
+        .map_err(|_| "load generator panicked".to_string())?
+}
+
+/// Core rows of `b` minus `a`, core by core.
+pub fn core_deltas(a: &Snapshot, b: &Snapshot) -> Vec<CoreRow> {
+    a.cores
+        .iter()
+        .zip(&b.cores)
+        .map(|(a, b)| CoreRow {
+            core: a.core,
+            elapsed_ns: b.elapsed_ns - a.elapsed_ns,
+            idle_ns: b.idle_ns - a.idle_ns,
+            infra_ns: b.infra_ns - a.infra_ns,
+            dispatch_ns: b.dispatch_ns - a.dispatch_ns,
+            os_cpu_ns: b.os_cpu_ns - a.os_cpu_ns,
+            os_runqueue_ns: b.os_runqueue_ns - a.os_runqueue_ns,
+            os_steal_ns: b.os_steal_ns - a.os_steal_ns,
+            panics: b.panics - a.panics,
+        })
+        .collect()
+}
+
+/// Charged CPU (ns) and messages per stage id in `b` minus `a`, all activities and cores.
+pub fn by_stage(a: &Snapshot, b: &Snapshot) -> BTreeMap<u32, (u64, u64)> {
+    let mut m: BTreeMap<u32, (i128, i128)> = BTreeMap::new();
+    for (s, sign) in [(b, 1i128), (a, -1i128)] {
+        for r in &s.rows {
+            let e = m.entry(r.stage).or_default();
+            e.0 += sign * r.cpu_ns as i128;
+            e.1 += sign * r.messages as i128;
+        }
+    }
+    m.into_iter()
+        .map(|(k, (c, n))| (k, (c.max(0) as u64, n.max(0) as u64)))
+        .collect()
+}
+
+/// Charged CPU (ns) and messages of one activity (own records, all stages), optionally one
+/// stage only.
+pub fn activity_totals(s: &Snapshot, activity: u32, stage: Option<u32>) -> (u64, u64) {
+    s.rows
+        .iter()
+        .filter(|r| r.activity == activity && stage.is_none_or(|st| r.stage == st))
+        .fold((0, 0), |acc, r| (acc.0 + r.cpu_ns, acc.1 + r.messages))
+}
+
+/// The OS's counters of one thread of this process, found by name: CPU time (ns), run-queue
+/// wait (ns), and times it was put on a CPU (`/proc/self/task/TID/schedstat`), plus voluntary
+/// and involuntary context switches (`status`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadStat {
+    pub cpu_ns: u64,
+    pub runqueue_ns: u64,
+    pub timeslices: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+}
+
+pub fn thread_stat(name: &str) -> Option<ThreadStat> {
+    for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let p = e.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let sched = std::fs::read_to_string(p.join("schedstat")).ok()?;
+        let f: Vec<u64> = sched
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let status = std::fs::read_to_string(p.join("status")).ok()?;
+        let field = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        return Some(ThreadStat {
+            cpu_ns: *f.first()?,
+            runqueue_ns: *f.get(1)?,
+            timeslices: *f.get(2)?,
+            voluntary_switches: field("voluntary_ctxt_switches:"),
+            involuntary_switches: field("nonvoluntary_ctxt_switches:"),
+        });
+    }
+    None
+}
+
+impl ThreadStat {
+    pub fn since(&self, a: &ThreadStat) -> ThreadStat {
+        ThreadStat {
+            cpu_ns: self.cpu_ns.saturating_sub(a.cpu_ns),
+            runqueue_ns: self.runqueue_ns.saturating_sub(a.runqueue_ns),
+            timeslices: self.timeslices.saturating_sub(a.timeslices),
+            voluntary_switches: self.voluntary_switches.saturating_sub(a.voluntary_switches),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(a.involuntary_switches),
+        }
+    }
+}
+
+/// Median of a list (mean of the middle two for an even count); 0 for none.
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Sum of a load report's errors of every kind.
+pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
+    let e = &t.errors;
+    e.connect + e.reset + e.timeout + e.rejected_503 + e.http_4xx + e.http_5xx + e.parse
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+
+    #[test]
+    fn this_thread_is_found_by_name() {
+        let h = std::thread::Builder::new()
+            .name("omni-ts-test".into())
+            .spawn(|| {
+                let t = thread_stat("omni-ts-test").expect("found");
+                assert!(t.timeslices >= 1);
+            })
+            .unwrap();
+        h.join().unwrap();
+        assert!(thread_stat("no-such-thread-x").is_none());
+    }
+}

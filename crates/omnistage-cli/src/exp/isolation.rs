@@ -1,0 +1,331 @@
+//! `isolation` (Vortex Figs. 8–10): two tenants overloading the server with `/_burn` requests,
+//! with weights 2:1, then 4:1, then strict priority (A first). The ledger is sampled every
+//! 250 ms: each tenant's share of charged CPU and its requests/s (messages of `http.work`) over
+//! time. Under strict priority B's load runs throughout and A's only in the middle third: B
+//! should starve exactly while A is backlogged.
+
+use super::harness;
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::Common;
+use clap::Args;
+use omnistage::activity::ActivitySpec;
+use omnistage::sched::PolicyKind;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct IsolationArgs {
+    /// Total measured seconds, split evenly over the three phases.
+    #[arg(long, default_value_t = 18.0)]
+    seconds: f64,
+    /// Connections per tenant (closed loop).
+    #[arg(long, default_value_t = 16)]
+    conns: usize,
+    /// CPU per request, µs.
+    #[arg(long, default_value_t = 200)]
+    burn_us: u64,
+    /// Write isolation.json, .md and .svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize, Clone)]
+struct Sample {
+    t_s: f64,
+    share_a: f64,
+    share_b: f64,
+    req_per_s_a: f64,
+    req_per_s_b: f64,
+}
+
+#[derive(Serialize)]
+struct Phase {
+    name: String,
+    weights: Option<(u32, u32)>,
+    seconds: f64,
+    samples: Vec<Sample>,
+    share_a: f64,
+    share_b: f64,
+    /// CPU of A / CPU of B over the phase (weighted phases).
+    share_ratio: Option<f64>,
+    /// share_ratio / weight ratio − 1.
+    ratio_error: Option<f64>,
+    /// Strict priority: B's share while A was backlogged, and while it was not.
+    b_share_while_a_loaded: Option<f64>,
+    b_share_while_a_idle: Option<f64>,
+    goal_met: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    conns_per_tenant: usize,
+    burn_us: u64,
+    phases: Vec<Phase>,
+    goal_ratio_error: f64,
+}
+
+const TICK: Duration = Duration::from_millis(250);
+const WARMUP_S: f64 = 1.0;
+const GOAL: f64 = 0.05;
+
+/// |measured / target − 1|, the goal's measure.
+pub fn ratio_error(measured: f64, target: f64) -> f64 {
+    measured / target - 1.0
+}
+
+fn phase(
+    name: &str,
+    weights: Option<(u32, u32)>,
+    seconds: f64,
+    a: &IsolationArgs,
+) -> Result<Phase, String> {
+    let (wa, wb) = weights.unwrap_or((100, 100));
+    let web = harness::start("isolation", &[("a", wa), ("b", wb)], &[], false)?;
+    let rt = web.server.runtime();
+    if weights.is_none() {
+        rt.set_activity(
+            "/tenants",
+            ActivitySpec {
+                policy: PolicyKind::Priority,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        for (p, prio) in [("/tenants/a", 0), ("/tenants/b", 1)] {
+            rt.set_activity(
+                p,
+                ActivitySpec {
+                    priority: prio,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    let ids: Vec<u32> = ["/tenants/a", "/tenants/b"]
+        .iter()
+        .map(|p| rt.activity_id(p).ok_or("tenant activity"))
+        .collect::<Result<_, _>>()?;
+    let work = web.server.work_stage();
+    let tenant = |n: &str| format!("{n}:{n}.test:{}:burn={}", a.conns, a.burn_us);
+    let lb = harness::load_args(
+        &web.addr,
+        seconds,
+        WARMUP_S,
+        &["--tenant".into(), tenant("b")],
+    )?;
+    // Under priority A's load runs only in the middle third; otherwise throughout.
+    let (a_from, a_len) = if weights.is_none() {
+        (seconds / 3.0, seconds / 3.0)
+    } else {
+        (0.0, seconds)
+    };
+    let la = harness::load_args(
+        &web.addr,
+        a_len,
+        if weights.is_none() { 0.0 } else { WARMUP_S },
+        &["--tenant".into(), tenant("a")],
+    )?;
+    let hb = harness::spawn_load(lb);
+    let mut ha = if weights.is_some() {
+        Some(harness::spawn_load(la.clone()))
+    } else {
+        None
+    };
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let start = Instant::now();
+    let mut prev = rt.snapshot();
+    let mut samples = Vec::new();
+    let (mut tot_a, mut tot_b) = (0u64, 0u64);
+    let (mut in_a, mut in_b, mut out_a, mut out_b) = (0u64, 0u64, 0u64, 0u64);
+    let mut k = 1u32;
+    while start.elapsed().as_secs_f64() < seconds - 1e-3 {
+        if ha.is_none() && start.elapsed().as_secs_f64() >= a_from {
+            ha = Some(harness::spawn_load(la.clone()));
+        }
+        let due = start + TICK * k;
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        k += 1;
+        let now = rt.snapshot();
+        let t = start.elapsed().as_secs_f64();
+        let d = |id: u32, st: Option<u32>| {
+            let (c1, m1) = harness::activity_totals(&now, id, st);
+            let (c0, m0) = harness::activity_totals(&prev, id, st);
+            (c1 - c0, m1 - m0)
+        };
+        let (ca, _) = d(ids[0], None);
+        let (cb, _) = d(ids[1], None);
+        let (_, ma) = d(ids[0], Some(work));
+        let (_, mb) = d(ids[1], Some(work));
+        let sum = (ca + cb).max(1) as f64;
+        let dt = TICK.as_secs_f64();
+        samples.push(Sample {
+            t_s: t,
+            share_a: ca as f64 / sum,
+            share_b: cb as f64 / sum,
+            req_per_s_a: ma as f64 / dt,
+            req_per_s_b: mb as f64 / dt,
+        });
+        tot_a += ca;
+        tot_b += cb;
+        // Priority windows, leaving out one tick at each edge of A's load.
+        let mid = t - dt / 2.0;
+        if mid > a_from + dt && mid < a_from + a_len - dt {
+            in_a += ca;
+            in_b += cb;
+        } else if mid < a_from - dt / 2.0 || mid > a_from + a_len + dt {
+            out_a += ca;
+            out_b += cb;
+        }
+        prev = now;
+    }
+    let _ = harness::join_load(hb)?;
+    if let Some(h) = ha {
+        let _ = harness::join_load(h)?;
+    }
+    web.stop();
+    let sum = (tot_a + tot_b).max(1) as f64;
+    let share_ratio = weights.map(|_| tot_a as f64 / tot_b.max(1) as f64);
+    let ratio_err =
+        weights.map(|(x, y)| ratio_error(tot_a as f64 / tot_b.max(1) as f64, x as f64 / y as f64));
+    let b_in = weights
+        .is_none()
+        .then(|| in_b as f64 / (in_a + in_b).max(1) as f64);
+    let b_out = weights
+        .is_none()
+        .then(|| out_b as f64 / (out_a + out_b).max(1) as f64);
+    let goal_met = match (ratio_err, b_in, b_out) {
+        (Some(e), _, _) => e.abs() <= GOAL,
+        (None, Some(i), Some(o)) => i <= 0.05 && o >= 0.95,
+        _ => false,
+    };
+    Ok(Phase {
+        name: name.into(),
+        weights,
+        seconds,
+        samples,
+        share_a: tot_a as f64 / sum,
+        share_b: tot_b as f64 / sum,
+        share_ratio,
+        ratio_error: ratio_err,
+        b_share_while_a_loaded: b_in,
+        b_share_while_a_idle: b_out,
+        goal_met,
+    })
+}
+
+pub fn run(a: IsolationArgs) -> Result<(), String> {
+    if !(1.5..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) || a.burn_us > 100_000
+    {
+        return Err("--seconds 1.5..=3600, --conns 1..=1000, --burn-us 0..=100000".into());
+    }
+    let per = a.seconds / 3.0;
+    let phases = vec![
+        phase("2:1", Some((200, 100)), per, &a)?,
+        phase("4:1", Some((400, 100)), per, &a)?,
+        phase("priority", None, per, &a)?,
+    ];
+    let r = Report {
+        experiment: "isolation",
+        machine: machine(),
+        conns_per_tenant: a.conns,
+        burn_us: a.burn_us,
+        phases,
+        goal_ratio_error: GOAL,
+    };
+    let pct = |v: Option<f64>| {
+        v.map(|v| format!("{:.1} %", v * 100.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut t = Table::new(&[
+        "phase",
+        "share A",
+        "share B",
+        "A/B ratio",
+        "ratio error",
+        "B share while A loaded",
+        "B share while A idle",
+        "goal",
+    ]);
+    for p in &r.phases {
+        t.row(vec![
+            p.name.clone(),
+            format!("{:.3}", p.share_a),
+            format!("{:.3}", p.share_b),
+            p.share_ratio
+                .map(|v| format!("{v:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            p.ratio_error
+                .map(|v| format!("{:+.1} %", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            pct(p.b_share_while_a_loaded),
+            pct(p.b_share_while_a_idle),
+            if p.goal_met { "met" } else { "not met" }.into(),
+        ]);
+    }
+    let doc = Doc {
+        title: "isolation: CPU shares of two overloaded tenants over time (Vortex Figs. 8–10)".into(),
+        command: format!(
+            "omnistage exp isolation --seconds {} --conns {} --burn-us {}",
+            a.seconds, a.conns, a.burn_us
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The HTTP server (1 worker on CPU 0) with tenants A and B, each offered {} closed-loop connections of \
+             /_burn?us={} by the load generator on CPU 1 (far more than one core). Three phases of {per:.1} s: weights \
+             2:1, weights 4:1, and strict priority (`/tenants` policy `priority`, A level 0, B level 1) with B's load \
+             throughout and A's only from {:.1} s to {:.1} s. Shares are of charged CPU, sampled every 250 ms. Goal: the \
+             A/B CPU ratio within 5 % of the weight ratio; under priority, B ≤ 5 % while A is loaded and ≥ 95 % otherwise.",
+            a.conns,
+            a.burn_us,
+            per / 3.0,
+            2.0 * per / 3.0
+        )],
+        tables: vec![(String::new(), t)],
+        notes: vec![],
+    };
+    let mut series = Vec::new();
+    let mut off = 0.0;
+    for p in &r.phases {
+        series.push((
+            format!("A share ({})", p.name),
+            p.samples
+                .iter()
+                .map(|s| (off + s.t_s, s.share_a))
+                .collect::<Vec<_>>(),
+        ));
+        off += p.seconds;
+    }
+    report::emit(
+        "isolation",
+        &r,
+        &doc,
+        a.common.json,
+        a.out.as_deref(),
+        |p| {
+            report::svg_lines(
+                p,
+                "Tenant A's share of charged CPU (2:1, then 4:1, then priority)",
+                "time, s",
+                "share of CPU",
+                &series,
+            )
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ratio_error_is_relative() {
+        assert!((super::ratio_error(2.1, 2.0) - 0.05).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,257 @@
+//! `overhead` (Omni-Kernel §V-G): the worker's CPU per request at equal throughput with full
+//! scheduling and accounting vs the FIFO bypass (`ServerOptions { bypass: true }`), for a 1 KiB
+//! and a 1 MiB file. The load generator's open loop offers the same rate to both modes; the
+//! worker's CPU is the OS's count (`CoreRow.os_cpu_ns`, published in both modes), divided by
+//! the requests the server answered in the window. Rounds alternate the modes; medians.
+
+use super::harness;
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::Common;
+use clap::Args;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Args, Clone)]
+pub struct OverheadArgs {
+    /// Seconds per round per mode per file.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Offered requests/s for the 1 KiB file.
+    #[arg(long, default_value_t = 5000.0)]
+    rate_small: f64,
+    /// Offered requests/s for the 1 MiB file.
+    #[arg(long, default_value_t = 300.0)]
+    rate_large: f64,
+    /// Write overhead.json, .md and .svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize)]
+struct Round {
+    file_bytes: usize,
+    bypass: bool,
+    req_per_s: f64,
+    cpu_ns_per_request: f64,
+    errors: u64,
+}
+
+#[derive(Serialize)]
+struct FileResult {
+    file_bytes: usize,
+    rate_per_s: f64,
+    scheduled_ns_per_request: f64,
+    bypass_ns_per_request: f64,
+    scheduled_req_per_s: f64,
+    bypass_req_per_s: f64,
+    /// (scheduled − bypass) / bypass, medians.
+    fraction: f64,
+    /// `None`: inconclusive — the scheduled run came out cheaper than the bypass by more than
+    /// the goal, which is noise, not a gain, so it shows nothing about the overhead.
+    goal_met: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    seconds_per_round: f64,
+    rounds: Vec<Round>,
+    files: Vec<FileResult>,
+    goal_fraction: f64,
+}
+
+const WARMUP_S: f64 = 0.5;
+const GOAL: f64 = 0.03;
+const CONNS: usize = 16;
+
+fn round(bytes: usize, rate: f64, bypass: bool, seconds: f64) -> Result<Round, String> {
+    let web = harness::start("overhead", &[("a", 100)], &[("f.bin", bytes)], bypass)?;
+    let extra = vec![
+        "--rate".into(),
+        rate.to_string(),
+        "--tenant".into(),
+        format!("a:a.test:{CONNS}:path=/f.bin"),
+    ];
+    let args = harness::load_args(&web.addr, seconds, WARMUP_S, &extra)?;
+    let h = harness::spawn_load(args);
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let (s0, q0) = (web.server.runtime().snapshot(), web.requests());
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let (s1, q1) = (web.server.runtime().snapshot(), web.requests());
+    let rep = harness::join_load(h)?;
+    web.stop();
+    let cpu: u64 = harness::core_deltas(&s0, &s1)
+        .iter()
+        .map(|d| d.os_cpu_ns)
+        .sum();
+    Ok(Round {
+        file_bytes: bytes,
+        bypass,
+        req_per_s: (q1 - q0) as f64 / seconds,
+        cpu_ns_per_request: cpu as f64 / (q1 - q0).max(1) as f64,
+        errors: rep.tenants.iter().map(harness::errors).sum(),
+    })
+}
+
+/// (scheduled − bypass) / bypass.
+pub fn overhead_fraction(scheduled: f64, bypass: f64) -> f64 {
+    (scheduled - bypass) / bypass.max(f64::MIN_POSITIVE)
+}
+
+pub fn run(a: OverheadArgs) -> Result<(), String> {
+    if !(0.2..=3600.0).contains(&a.seconds) || !(1..=50).contains(&a.rounds) {
+        return Err("--seconds 0.2..=3600, --rounds 1..=50".into());
+    }
+    let files = [(1024usize, a.rate_small), (1 << 20, a.rate_large)];
+    let mut rounds = Vec::new();
+    for i in 0..a.rounds {
+        for &(bytes, rate) in &files {
+            // Alternate which mode goes first.
+            for bypass in [i % 2 == 1, i % 2 == 0] {
+                rounds.push(round(bytes, rate, bypass, a.seconds)?);
+            }
+        }
+    }
+    let med = |bytes: usize, bypass: bool, f: fn(&Round) -> f64| {
+        harness::median(
+            &rounds
+                .iter()
+                .filter(|r| r.file_bytes == bytes && r.bypass == bypass)
+                .map(f)
+                .collect::<Vec<_>>(),
+        )
+    };
+    let results: Vec<FileResult> = files
+        .iter()
+        .map(|&(bytes, rate)| {
+            let s = med(bytes, false, |r| r.cpu_ns_per_request);
+            let b = med(bytes, true, |r| r.cpu_ns_per_request);
+            let fraction = overhead_fraction(s, b);
+            FileResult {
+                file_bytes: bytes,
+                rate_per_s: rate,
+                scheduled_ns_per_request: s,
+                bypass_ns_per_request: b,
+                scheduled_req_per_s: med(bytes, false, |r| r.req_per_s),
+                bypass_req_per_s: med(bytes, true, |r| r.req_per_s),
+                fraction,
+                goal_met: if fraction < -GOAL {
+                    None
+                } else {
+                    Some(fraction <= GOAL)
+                },
+            }
+        })
+        .collect();
+    let r = Report {
+        experiment: "overhead",
+        machine: machine(),
+        seconds_per_round: a.seconds,
+        rounds,
+        files: results,
+        goal_fraction: GOAL,
+    };
+    let mut t = Table::new(&[
+        "file",
+        "offered req/s",
+        "scheduled req/s",
+        "bypass req/s",
+        "scheduled CPU µs/req",
+        "bypass CPU µs/req",
+        "overhead",
+        "goal ≤ 3 %",
+    ]);
+    for f in &r.files {
+        t.row(vec![
+            format!("{} B", f.file_bytes),
+            format!("{:.0}", f.rate_per_s),
+            format!("{:.0}", f.scheduled_req_per_s),
+            format!("{:.0}", f.bypass_req_per_s),
+            format!("{:.2}", f.scheduled_ns_per_request / 1000.0),
+            format!("{:.2}", f.bypass_ns_per_request / 1000.0),
+            format!("{:+.2} %", f.fraction * 100.0),
+            match f.goal_met {
+                Some(true) => "met",
+                Some(false) => "not met",
+                None => "inconclusive (noise)",
+            }
+            .into(),
+        ]);
+    }
+    let mut rt = Table::new(&["file", "mode", "req/s", "CPU µs/req", "errors"]);
+    for x in &r.rounds {
+        rt.row(vec![
+            format!("{} B", x.file_bytes),
+            if x.bypass { "bypass" } else { "scheduled" }.into(),
+            format!("{:.0}", x.req_per_s),
+            format!("{:.2}", x.cpu_ns_per_request / 1000.0),
+            x.errors.to_string(),
+        ]);
+    }
+    let doc = Doc {
+        title: "overhead: CPU per request, scheduled vs FIFO bypass (Omni-Kernel §V-G)".into(),
+        command: format!(
+            "omnistage exp overhead --seconds {} --rounds {} --rate-small {} --rate-large {}",
+            a.seconds, a.rounds, a.rate_small, a.rate_large
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The HTTP server (1 worker on CPU 0, 1 tenant) with full scheduling and accounting, and with the FIFO bypass \
+             (no scheduler tree, no accounting), each offered the same open-loop rate by the load generator on CPU 1 \
+             ({CONNS} connections). CPU per request = the worker thread's CPU time as the OS counts it / requests answered, \
+             {} alternating rounds of {} s per mode and file; medians. Goal: overhead ≤ 3 %.",
+            a.rounds, a.seconds
+        )],
+        tables: vec![
+            (String::new(), t),
+            ("Rounds:".into(), rt),
+        ],
+        notes: vec![],
+    };
+    let cats: Vec<String> = r
+        .files
+        .iter()
+        .map(|f| format!("{} B", f.file_bytes))
+        .collect();
+    let series = vec![
+        (
+            "scheduled".to_string(),
+            r.files
+                .iter()
+                .map(|f| f.scheduled_ns_per_request / 1000.0)
+                .collect(),
+        ),
+        (
+            "bypass".to_string(),
+            r.files
+                .iter()
+                .map(|f| f.bypass_ns_per_request / 1000.0)
+                .collect(),
+        ),
+    ];
+    report::emit("overhead", &r, &doc, a.common.json, a.out.as_deref(), |p| {
+        report::svg_bars(
+            p,
+            "Worker CPU per request at equal rate",
+            "µs per request",
+            &cats,
+            &series,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn overhead_fraction_is_relative_to_bypass() {
+        assert!((super::overhead_fraction(103.0, 100.0) - 0.03).abs() < 1e-12);
+        assert!((super::overhead_fraction(95.0, 100.0) + 0.05).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,96 @@
+//! Smoke runs of the new experiments: each for about a second with `--json`, checking the
+//! fields (not the figures).
+
+use serde_json::Value;
+use std::process::Command;
+
+fn run(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_omnistage"))
+        .arg("exp")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run omnistage");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn two_cpus() -> bool {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        >= 2
+}
+
+#[test]
+fn attribution_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["attribution", "--seconds", "1"]);
+    assert_eq!(r["experiment"], "attribution");
+    assert_eq!(r["phases"].as_array().unwrap().len(), 2);
+    for k in [
+        "unattributed_fraction",
+        "idle_fraction",
+        "sleeps_per_s",
+        "cores",
+    ] {
+        assert!(!r["phases"][0][k].is_null(), "{k}");
+    }
+    assert!(r["unattributed_fraction"].is_number() && r["machine"].is_string());
+}
+
+#[test]
+fn breakdown_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["breakdown", "--seconds", "1.2", "--conns", "4"]);
+    assert_eq!(r["experiment"], "breakdown");
+    let p = r["points"].as_array().unwrap();
+    assert_eq!(p.len(), 6);
+    assert!(p[0]["ns_per_request"].as_f64().unwrap() > 0.0);
+    assert!(p[0]["stages"]
+        .as_object()
+        .unwrap()
+        .contains_key("http.conn"));
+}
+
+#[test]
+fn overhead_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["overhead", "--seconds", "0.3", "--rounds", "1"]);
+    assert_eq!(r["experiment"], "overhead");
+    let f = r["files"].as_array().unwrap();
+    assert_eq!(f.len(), 2);
+    for k in [
+        "scheduled_ns_per_request",
+        "bypass_ns_per_request",
+        "fraction",
+    ] {
+        assert!(!f[0][k].is_null(), "{k}");
+    }
+    // null when inconclusive (the scheduled run cheaper than the bypass beyond the goal).
+    assert!(f[0].get("goal_met").is_some());
+}
+
+#[test]
+fn isolation_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["isolation", "--seconds", "1.5", "--conns", "4"]);
+    assert_eq!(r["experiment"], "isolation");
+    let p = r["phases"].as_array().unwrap();
+    assert_eq!(p.len(), 3);
+    assert!(p[0]["share_ratio"].is_number());
+    assert!(p[2]["b_share_while_a_loaded"].is_number());
+    assert!(!p[0]["samples"].as_array().unwrap().is_empty());
+}
