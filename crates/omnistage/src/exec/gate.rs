@@ -122,16 +122,24 @@ impl Gate {
     /// Reserves a place for one message, or says why not. On `Admit` the caller must either
     /// enqueue the message or call [`Gate::release`].
     pub(crate) fn admit(&self, stage: &StageLoad, now_ns: u64) -> Verdict {
-        let q = self.queued.fetch_add(1, Ordering::AcqRel);
-        if q >= self.limit {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
+        // Only a sender that gets a place touches the count: a refused one changes nothing,
+        // so a concurrent release always sees whether it took the last place.
+        let limit_q = self.limit;
+        let Ok(q) = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < limit_q).then_some(q + 1)
+            })
+        else {
             return self.reject(RejectReason::QueueFull);
-        }
-        let total = stage.queued.fetch_add(1, Ordering::AcqRel);
-        if q == 0 {
-            self.enter_sum(stage);
-        }
+        };
         if let Some(limit) = &stage.limit {
+            // Stage-wide occupancy is kept only for stages that shed by share: the counters
+            // are shared by every core and activity of the stage.
+            let total = stage.queued.fetch_add(1, Ordering::AcqRel);
+            if q == 0 {
+                self.enter_sum(stage);
+            }
             let weight = self.weight.load(Ordering::Relaxed);
             let active = stage.active_weight.load(Ordering::Acquire).max(weight);
             if let Verdict::Reject(r) = limit.verdict(total, q, weight as u32, active) {
@@ -150,9 +158,11 @@ impl Gate {
     /// bounded by one per source).
     pub(crate) fn force_admit(&self, stage: &StageLoad) {
         let q = self.queued.fetch_add(1, Ordering::AcqRel);
-        stage.queued.fetch_add(1, Ordering::AcqRel);
-        if q == 0 {
-            self.enter_sum(stage);
+        if stage.limit.is_some() {
+            stage.queued.fetch_add(1, Ordering::AcqRel);
+            if q == 0 {
+                self.enter_sum(stage);
+            }
         }
     }
 
@@ -180,10 +190,12 @@ impl Gate {
     pub(crate) fn release_n(&self, stage: &StageLoad, n: usize) {
         let q = self.queued.fetch_sub(n, Ordering::AcqRel);
         debug_assert!(q >= n, "gate released more than admitted");
-        stage.queued.fetch_sub(n, Ordering::AcqRel);
-        if q == n {
-            let w = self.weight_in_sum.load(Ordering::Relaxed);
-            stage.active_weight.fetch_sub(w, Ordering::AcqRel);
+        if stage.limit.is_some() {
+            stage.queued.fetch_sub(n, Ordering::AcqRel);
+            if q == n {
+                let w = self.weight_in_sum.load(Ordering::Relaxed);
+                stage.active_weight.fetch_sub(w, Ordering::AcqRel);
+            }
         }
     }
 
@@ -225,5 +237,43 @@ impl Gate {
         self.bucket_on
             .load(Ordering::Acquire)
             .then(|| self.bucket.rate_per_s())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Once: a sender refused at the bound undid its increment with a bare `fetch_sub`, and a
+    /// concurrent release that saw the transient increment never subtracted the weight, so the
+    /// stage's active weight only grew.
+    #[test]
+    fn active_weight_returns_to_zero_when_the_queue_is_empty() {
+        let limit = SharedQueueLimit::new(1000, 900).expect("valid limit");
+        let stage = Arc::new(StageLoad::new(Some(limit)));
+        let gate = Arc::new(Gate::new(1, 100, &Predicate::Threshold));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (stage, gate) = (stage.clone(), gate.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..100_000 {
+                        if let Verdict::Admit = gate.admit(&stage, 0) {
+                            gate.release(&stage);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        assert_eq!(gate.queued.load(Ordering::SeqCst), 0);
+        assert_eq!(stage.queued.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            stage.active_weight.load(Ordering::SeqCst),
+            0,
+            "active weight leaked"
+        );
     }
 }

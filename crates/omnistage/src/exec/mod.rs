@@ -347,6 +347,13 @@ impl Shared {
         {
             return Ok(g.clone());
         }
+        // Weight and predicate are read under the gates' write lock: a `set_activity` or
+        // `set_admission` that changes them either lands before (and is read here) or walks the
+        // gates after this one is in. Lock order everywhere: gates, then predicates.
+        let mut gates = self.gates.write().expect("gates lock");
+        if let Some(g) = gates.get(&(stage, activity)) {
+            return Ok(g.clone());
+        }
         let weight = {
             let t = self.activities.read().expect("activities lock");
             t.get(activity)
@@ -362,11 +369,9 @@ impl Shared {
             .get(&(stage, activity))
             .cloned()
             .unwrap_or_else(|| cfg.predicate.clone());
-        let mut gates = self.gates.write().expect("gates lock");
-        Ok(gates
-            .entry((stage, activity))
-            .or_insert_with(|| Arc::new(Gate::new(cfg.queue_limit, weight, &predicate)))
-            .clone())
+        let g = Arc::new(Gate::new(cfg.queue_limit, weight, &predicate));
+        gates.insert((stage, activity), g.clone());
+        Ok(g)
     }
 
     fn least_loaded(&self) -> u16 {
@@ -432,11 +437,15 @@ impl Shared {
             due_ns,
         } = to;
         let load = &self.stages[stage as usize].load;
-        if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
+        let delayed = due_ns > enq_ns;
+        if delayed {
+            // A timer is bounded by its core's timer table, not by the queue bound: it would
+            // hold a queue place for its whole delay.
+            gate.force_admit(load);
+        } else if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
             return Err(SendError::Rejected(r));
         }
         self.core_pending[core].0.fetch_add(1, Ordering::AcqRel);
-        let delayed = due_ns > enq_ns;
         if delayed {
             gate.delay_begin();
         }
@@ -883,6 +892,8 @@ impl Runtime {
         let effective = predicate
             .clone()
             .unwrap_or_else(|| meta.config.predicate.clone());
+        // Gates, then predicates (the order `Shared::gate` takes them).
+        let gates = s.gates.read().expect("gates lock");
         {
             let mut p = s.predicates.write().expect("predicates lock");
             match predicate {
@@ -890,7 +901,7 @@ impl Runtime {
                 None => p.remove(&(stage, activity)),
             };
         }
-        if let Some(g) = s.gates.read().expect("gates lock").get(&(stage, activity)) {
+        if let Some(g) = gates.get(&(stage, activity)) {
             g.set_predicate(&effective);
         }
         Ok(())

@@ -545,7 +545,7 @@ impl CoreState {
                 let _ = self.tree.set_policy(node, info.spec.policy);
             } else {
                 if old.parent != info.parent {
-                    if let Some(p) = info.parent.and_then(|p| self.ensure_node(p, 0)) {
+                    if let Some(p) = info.parent.and_then(|p| self.ensure_node(None, p, 0)) {
                         // Refused only if a pick is in service, which cannot be the case
                         // between dispatches.
                         let _ = self.tree.move_node(node, p, self.now_ns);
@@ -603,11 +603,23 @@ impl CoreState {
     }
 
     /// The tree node of an activity on this core, created (with its ancestors) on first use.
-    fn ensure_node(&mut self, id: ActivityId, depth: usize) -> Option<NodeId> {
+    /// With `shared`, an ancestor this core has not heard of yet is looked up in the shared
+    /// table (a child can be sent to before the control message of its parent arrives).
+    fn ensure_node(
+        &mut self,
+        shared: Option<&Shared>,
+        id: ActivityId,
+        depth: usize,
+    ) -> Option<NodeId> {
         assert!(
             depth <= crate::activity::DEPTH_MAX + 1,
             "activity chain too deep"
         );
+        if !self.activities.contains_key(&id) {
+            if let Some(shared) = shared {
+                self.learn(shared, id);
+            }
+        }
         let a = self.activities.get(&id)?;
         if a.removed {
             return None;
@@ -618,7 +630,7 @@ impl CoreState {
         let info = a.info.clone();
         let parent_node = match info.parent {
             None => self.tree.root(),
-            Some(p) => self.ensure_node(p, depth + 1)?,
+            Some(p) => self.ensure_node(shared, p, depth + 1)?,
         };
         let params = ClientParams {
             weight: info.spec.weight,
@@ -650,7 +662,7 @@ impl CoreState {
             return Err(SendError::NoSuchActivity(activity));
         }
         let node = self
-            .ensure_node(activity, 0)
+            .ensure_node(Some(shared), activity, 0)
             .ok_or(SendError::NoSuchActivity(activity))?;
         let weight = shared.stages[stage as usize].config.weight;
         let cell = shared
@@ -745,14 +757,18 @@ impl CoreState {
         });
     }
 
-    fn fire_timers(&mut self, shared: &Shared) {
+    /// Delivers the timers that are due; says whether any were.
+    fn fire_timers(&mut self, shared: &Shared) -> bool {
+        let mut fired = false;
         while let Some(t) = self.timers.peek() {
             if t.due_ns > self.now_ns {
-                return;
+                break;
             }
             let t = self.timers.pop().expect("peeked");
             t.payload.deliver(self, shared);
+            fired = true;
         }
+        fired
     }
 
     fn next_timer_ns(&self) -> Option<u64> {
@@ -980,11 +996,18 @@ impl Ctx<'_> {
             };
             return shared.send_remote(core, &gate, dest, msg);
         }
+        if st.activities.get(&activity).is_some_and(|a| a.removed) {
+            // Its queue here may still drain, but it takes nothing new.
+            return Err(SendError::NoSuchActivity(activity));
+        }
         let q = st.queue_index::<M>(shared, to.id, activity)?;
         let load = &shared.stages[to.id as usize].load;
         {
             let gate = &st.queues::<M>(to.id).qs[q as usize].gate;
-            if let Verdict::Reject(r) = gate.admit(load, now) {
+            if opts.delay_ns > 0 {
+                // A timer is bounded by this core's timer table, not by the queue bound.
+                gate.force_admit(load);
+            } else if let Verdict::Reject(r) = gate.admit(load, now) {
                 return Err(SendError::Rejected(r));
             }
         }
@@ -1145,7 +1168,11 @@ pub(crate) fn run(
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
-        st.fire_timers(shared);
+        if st.fire_timers(shared) {
+            // Delivering timers is the loop's work (infra), not the next dispatch's.
+            now_raw = clock.raw();
+            st.now_ns = shared.ns_of_raw(now_raw);
+        }
         if let Some(leaf) = st.pick() {
             dispatches_since_poll += 1;
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
