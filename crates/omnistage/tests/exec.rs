@@ -922,7 +922,7 @@ fn shared_limit_sheds_the_activity_furthest_above_its_share() {
     assert_eq!(rig.rt.rejected(rig.shed.id(), rig.b), 0);
 }
 
-/// BUG: `Runtime::set_activity` changes the weight in the table and in every core's tree, but a
+/// Once a bug (fixed; this guards it): `Runtime::set_activity` changes the weight in the table and in every core's tree, but a
 /// gate copies the activity's weight once, when it is created (`Gate::new` in
 /// `Shared::gate`, exec/mod.rs), and never hears of a change: shedding keeps using the old
 /// weight. `set_activity` even carries the comment "Gates take the activity weight for
@@ -1042,7 +1042,7 @@ fn timers_deliver_no_earlier_than_their_delay() {
     assert_eq!(rt.handled(), 5);
 }
 
-/// BUG: a delayed message that reaches a core whose timer table is full (`TIMERS_MAX`) is
+/// Once a bug (fixed; this guards it): a delayed message that reaches a core whose timer table is full (`TIMERS_MAX`) is
 /// accepted by `send`, then dropped in `CoreState::add_timer` (exec/worker.rs) without giving
 /// its place back to its gate (only `core_pending` is decremented; the comment there says "Its
 /// gate place is released through the same path as other drops", but it is not). The place is
@@ -1307,7 +1307,7 @@ fn send_to_a_removed_activity_is_refused() {
     }
 }
 
-/// BUG: readiness of an I/O source whose activity was removed is lost. `CoreState::io_ready`
+/// Once a bug (fixed; this guards it): readiness of an I/O source whose activity was removed is lost. `CoreState::io_ready`
 /// (exec/worker.rs) fails to find a queue for (stage, removed activity) on a core where none
 /// existed, sets the registration's activity to `/infra` and clears `pending`, but never
 /// queues the event, although its comment says "deliver in /infra so the owner can close the
@@ -1477,7 +1477,7 @@ fn builder_refuses_bad_limits() {
     assert_eq!(rt.handled(), 3);
 }
 
-/// BUG: `StageConfig::validate` (exec/mod.rs) does not check the predicate. A token bucket with
+/// Once a bug (fixed; this guards it): `StageConfig::validate` (exec/mod.rs) does not check the predicate. A token bucket with
 /// a rate outside `GCRA_RATE_MIN_PER_S..=GCRA_RATE_MAX_PER_S` (or burst 0, or bad p90
 /// parameters) is accepted by `Builder::stage`; the first send then panics in `Gate::new`
 /// (via `GcraBucket::new`) while `Shared::gate` holds the gates write lock, which poisons it:
