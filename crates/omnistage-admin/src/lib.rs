@@ -120,6 +120,37 @@ impl AdminConfig {
 /// `Arc<Runtime>`, a server) plus how to reach it.
 pub(crate) trait Source: Send + Sync + 'static {
     fn runtime(&self) -> &Runtime;
+    /// The HTTP server's per-tenant settings, when the owner is a server.
+    fn tenants(&self) -> Option<&dyn Tenants> {
+        None
+    }
+}
+
+/// A change to settings that live in the HTTP server rather than in the activity tree: the
+/// outer `Option` says whether to change it, the inner one sets or removes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantChange {
+    /// Network send cap, bytes/s.
+    pub net_cap_bytes_per_s: Option<Option<u64>>,
+    /// Disk read cap, bytes/s.
+    pub disk_cap_bytes_per_s: Option<Option<u64>>,
+    /// Cache budget, bytes.
+    pub cache_bytes: Option<Option<u64>>,
+}
+
+/// What an HTTP server lets the admin API change about its tenants (implemented by the
+/// owner passed to [`start_admin_with_tenants`]).
+pub trait Tenants: Send + Sync {
+    /// Applies `change` to the tenant whose activity is `path`. `Err` names the problem: no
+    /// such tenant (the API answers 404) or a refused value (409).
+    fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError>;
+}
+
+/// Why a tenant change was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantError {
+    NotATenant(String),
+    Refused(String),
 }
 
 struct Owned<S, F> {
@@ -182,10 +213,76 @@ where
     })
 }
 
+struct WithTenants<S, F> {
+    owner: Arc<S>,
+    get: F,
+}
+
+impl<S, F> Source for WithTenants<S, F>
+where
+    S: Tenants + Send + Sync + 'static,
+    F: Fn(&S) -> &Runtime + Send + Sync + 'static,
+{
+    fn runtime(&self) -> &Runtime {
+        (self.get)(&self.owner)
+    }
+    fn tenants(&self) -> Option<&dyn Tenants> {
+        Some(&*self.owner)
+    }
+}
+
+/// Starts the admin server for an owner that also has tenants (an HTTP server): the API can
+/// then change their network and disk caps and cache budgets too.
+pub fn start_admin_with_tenants<S, F>(
+    owner: Arc<S>,
+    get: F,
+    cfg: AdminConfig,
+) -> Result<AdminHandle, String>
+where
+    S: Tenants + Send + Sync + 'static,
+    F: Fn(&S) -> &Runtime + Send + Sync + 'static,
+{
+    cfg.validate()?;
+    let source: Arc<dyn Source> = Arc::new(WithTenants { owner, get });
+    let running = http::start(source, cfg)?;
+    let local_addr = running.local_addr();
+    Ok(AdminHandle {
+        inner: Some(running),
+        local_addr,
+    })
+}
+
 /// Starts the admin server for an `Arc<Runtime>`.
 pub fn start_admin_rt(rt: Arc<Runtime>, cfg: AdminConfig) -> Result<AdminHandle, String> {
     fn itself(r: &Runtime) -> &Runtime {
         r
     }
     start_admin(rt, itself, cfg)
+}
+
+/// An HTTP server's tenants through the admin API: a change is applied as a reload of the
+/// server's configuration with that tenant's settings changed (so it reaches the send and
+/// disk stages and the cache the same way a SIGHUP does), and is not written to the file.
+impl Tenants for omnistage_http::server::Server {
+    fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
+        let name = path
+            .strip_prefix("/tenants/")
+            .filter(|n| !n.contains('/'))
+            .ok_or_else(|| TenantError::NotATenant(format!("{path} is not a tenant")))?;
+        self.update_tenant(name, |t| {
+            if let Some(v) = change.net_cap_bytes_per_s {
+                t.net_cap_bytes_per_s = v;
+            }
+            if let Some(v) = change.disk_cap_bytes_per_s {
+                t.disk_cap_bytes_per_s = v;
+            }
+            if let Some(v) = change.cache_bytes {
+                t.cache_bytes = v;
+            }
+        })
+        .map_err(|e| match e {
+            omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
+            omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
+        })
+    }
 }

@@ -307,15 +307,27 @@ pub struct ActivityChange {
     pub cap: Option<Option<CapChange>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionChange>,
-    /// Network cap: refused with 501 (net caps live in the HTTP server's send stage and change
-    /// through its config).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Network send cap of an HTTP server's tenant: bytes/s as a number or a string with units
+    /// ("10MB/s"), `null` removes it (501 without an HTTP server).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cap_net: Option<serde_json::Value>,
-    /// Disk cap: refused with 501 (as `cap_net`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Disk read cap of an HTTP server's tenant (as `cap_net`).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cap_disk: Option<serde_json::Value>,
-    /// Cache budget: refused with 501 (budgets live in the HTTP server's cache config).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Cache budget of an HTTP server's tenant, bytes (as `cap_net`, without "/s").
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub budget: Option<serde_json::Value>,
 }
 

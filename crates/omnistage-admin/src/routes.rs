@@ -324,7 +324,7 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
                 None => Response::error(404, &format!("no activity {path}")),
             }
         }
-        "PUT" => put_activity(rt, req, path),
+        "PUT" => put_activity(rt, shared.source.tenants(), req, path),
         "DELETE" => {
             if let Err(r) = check_query(&req.query, &["persist"]) {
                 return r;
@@ -520,7 +520,38 @@ fn admission_predicate(
     Ok(Some(p))
 }
 
-fn put_activity(rt: &Runtime, req: &Request, path: &str) -> Response {
+/// A rate or size from JSON: a number (bytes), a string with units ("10MB/s", "64MiB"), or
+/// null to remove the setting.
+fn bytes_setting(v: &serde_json::Value, what: &str) -> Result<Option<u64>, Response> {
+    match v {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::Number(n) => n.as_u64().map(Some).ok_or_else(|| {
+            Response::error(400, &format!("{what} must be a whole number of bytes"))
+        }),
+        serde_json::Value::String(s) => {
+            let t = s.trim();
+            let rate = if t.ends_with("/s") {
+                t.to_string()
+            } else {
+                format!("{t}/s")
+            };
+            omnistage_http::config::parse_rate(&rate)
+                .map(Some)
+                .map_err(|e| Response::error(400, &format!("{what}: {e}")))
+        }
+        _ => Err(Response::error(
+            400,
+            &format!("{what} must be a number, a string like \"10MB/s\", or null"),
+        )),
+    }
+}
+
+fn put_activity(
+    rt: &Runtime,
+    tenants: Option<&dyn crate::Tenants>,
+    req: &Request,
+    path: &str,
+) -> Response {
     if let Err(r) = check_query(&req.query, &["persist"]) {
         return r;
     }
@@ -531,19 +562,41 @@ fn put_activity(rt: &Runtime, req: &Request, path: &str) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
-    if change.cap_net.is_some() || change.cap_disk.is_some() {
-        return Response::error(
-            501,
-            "network and disk caps are not activity settings of the runtime: they live in the \
-             HTTP server's send and disk stages and change through its config (SIGHUP)",
-        );
-    }
-    if change.budget.is_some() {
-        return Response::error(
-            501,
-            "cache budgets live in the HTTP server's cache and change through its config \
-             (SIGHUP)",
-        );
+    let server_side =
+        change.cap_net.is_some() || change.cap_disk.is_some() || change.budget.is_some();
+    if server_side {
+        let Some(tenants) = tenants else {
+            return Response::error(
+                501,
+                "network and disk caps and cache budgets live in the HTTP server: this admin \
+                 server runs without one",
+            );
+        };
+        let mut tc = crate::TenantChange::default();
+        if let Some(v) = &change.cap_net {
+            match bytes_setting(v, "cap_net") {
+                Ok(x) => tc.net_cap_bytes_per_s = Some(x),
+                Err(r) => return r,
+            }
+        }
+        if let Some(v) = &change.cap_disk {
+            match bytes_setting(v, "cap_disk") {
+                Ok(x) => tc.disk_cap_bytes_per_s = Some(x),
+                Err(r) => return r,
+            }
+        }
+        if let Some(v) = &change.budget {
+            match bytes_setting(v, "budget") {
+                Ok(x) => tc.cache_bytes = Some(x),
+                Err(r) => return r,
+            }
+        }
+        if let Err(e) = tenants.set_tenant(path, &tc) {
+            return match e {
+                crate::TenantError::NotATenant(m) => Response::error(404, &m),
+                crate::TenantError::Refused(m) => Response::error(409, &m),
+            };
+        }
     }
     let existing = rt.with_activities(|t| {
         t.lookup(path)

@@ -3,7 +3,7 @@
 //! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it).
 
 use clap::Args;
-use omnistage_admin::{start_admin, AdminConfig, TOKEN_ENV};
+use omnistage_admin::{start_admin_with_tenants, AdminConfig, TOKEN_ENV};
 use omnistage_http::config::{default_config, load_config};
 use omnistage_http::server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -90,7 +90,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let mut admin = match admin_cfg {
         None => None,
         Some(cfg) => {
-            let h = start_admin(server.clone(), Server::runtime, cfg)
+            let h = start_admin_with_tenants(server.clone(), Server::runtime, cfg)
                 .map_err(|e| format!("{e} (use --admin ADDR:PORT, or --admin off)"))?;
             eprintln!(
                 "omnistage: admin API and dashboard on http://{}/",

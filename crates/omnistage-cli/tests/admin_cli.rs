@@ -126,7 +126,10 @@ fn set_tree_graph_and_top_against_a_running_server() {
     for (args, needle) in [
         (vec!["set", "/tenants/a", "weight=0"], "409"),
         (vec!["set", "/infra", "cap_cpu=0"], "409"),
-        (vec!["set", "/tenants/a", "cap_net=10MB/s"], "501"),
+        (vec!["set", "/tenants/a", "cap_net=0B/s"], "400"),
+        (vec!["set", "/tenants/a", "budget=100GiB"], "409"),
+        (vec!["set", "/tenants/a", "cap_net=fast"], "400"),
+        (vec!["set", "/infra", "cap_net=10MB/s"], "404"),
         (vec!["set", "/tenants/a", "weight=5", "--persist"], "501"),
         (vec!["set", "/tenants/a", "colour=red"], "unknown setting"),
         (vec!["set", "/nope/x", "weight=5"], "409"),
@@ -135,6 +138,13 @@ fn set_tree_graph_and_top_against_a_running_server() {
         assert_eq!(code, 2, "{args:?}: {out}{err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    // Settings that live in the HTTP server (send stage, disk stage, cache) are changed too.
+    let (code, out, err) = run(&[
+        &["set", "/tenants/a", "cap_net=10MB/s", "budget=1MiB"],
+        &a[..],
+    ]
+    .concat());
+    assert_eq!(code, 0, "{out}{err}");
     let (_, out, _) = run(&[&["tree"], &a[..]].concat());
     assert!(
         out.lines()

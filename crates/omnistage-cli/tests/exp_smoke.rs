@@ -94,3 +94,71 @@ fn isolation_smoke() {
     assert!(p[2]["b_share_while_a_loaded"].is_number());
     assert!(!p[0]["samples"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn shaping_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["shaping", "--seconds", "0.3", "--rates", "2,8"]);
+    assert_eq!(r["experiment"], "shaping");
+    assert_eq!(r["points"].as_array().unwrap().len(), 4);
+    assert_eq!(r["fits"].as_array().unwrap().len(), 2);
+    for k in [
+        "achieved_bytes_per_s",
+        "load_bytes_per_s",
+        "max_window_ratio",
+        "achieved_over_rate",
+    ] {
+        assert!(r["points"][0][k].is_number(), "{k}");
+    }
+    assert!(r["points"][0]["achieved_bytes_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["fits"][1]["r2"].is_number());
+}
+
+#[test]
+fn overload_spike_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["overload-spike", "--seconds", "1.5", "--conns", "32"]);
+    assert_eq!(r["experiment"], "overload-spike");
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["admission"], true);
+    assert_eq!(runs[0]["phases"].as_array().unwrap().len(), 3);
+    for k in ["offered_per_s", "ok_per_s", "p90_ms", "reject_fraction"] {
+        assert!(runs[0]["phases"][1][k].is_number(), "{k}");
+    }
+    assert!(!runs[0]["windows"].as_array().unwrap().is_empty());
+    assert!(r["capacity_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn connections_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&[
+        "connections",
+        "--seconds",
+        "0.3",
+        "--levels",
+        "20,100",
+        "--nginx",
+        "/nonexistent/nginx",
+    ]);
+    assert_eq!(r["experiment"], "connections");
+    let l = r["levels"].as_array().unwrap();
+    assert_eq!(l.len(), 2);
+    for k in [
+        "req_per_s",
+        "kib_per_idle_connection",
+        "rss_idle_kib",
+        "open_at_reading",
+    ] {
+        assert!(l[0][k].is_number(), "{k}");
+    }
+    assert!(l[1]["req_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["nginx_note"].is_string() && r["throughput_ratio"].is_number());
+}

@@ -271,6 +271,84 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                          Some(j["phases"].as_array().is_some_and(|a| a.iter().all(|x| x["goal_met"].as_bool() == Some(true)))))
             },
         },
+        Exp {
+            file: "shaping",
+            args: [v(&["shaping", "--seconds"]), vec![sec(1.5)]].concat(),
+            writes_own: true,
+            seed: "TAP Fig. 3 (token/leaky bucket shaping)",
+            seed_number: "achieved linear in rate (R² ≥ 0.99)",
+            ours: |j| {
+                (
+                    format!(
+                        "token R² {:.4} (slope {:.3}), leaky R² {:.4} (slope {:.3}); leaky max 100 ms window {:.3}× rate",
+                        f(j, "/fits/0/r2"),
+                        f(j, "/fits/0/slope"),
+                        f(j, "/fits/1/r2"),
+                        f(j, "/fits/1/slope"),
+                        f(j, "/fits/1/max_window_ratio")
+                    ),
+                    None,
+                    j["fits"].as_array().map(|a| {
+                        a.iter().all(|x| x["goal_met"].as_bool() == Some(true))
+                    }),
+                )
+            },
+        },
+        Exp {
+            file: "overload-spike",
+            args: [v(&["overload-spike", "--seconds"]), vec![sec(10.0)]].concat(),
+            writes_own: true,
+            seed: "SEDA Fig. 55 / Breakwater (load spike)",
+            seed_number: "p90 under target within ~1 s",
+            ours: |j| {
+                let opt = |p: &str| {
+                    j.pointer(p)
+                        .and_then(Value::as_f64)
+                        .map(|x| format!("{x:.2} s"))
+                        .unwrap_or_else(|| "never".into())
+                };
+                (
+                    format!(
+                        "with p90 admission: under target {} after the step, spike 503 fraction {:.2}; without: {}, spike p90 {:.0} ms",
+                        opt("/runs/0/settle_after_step_up_s"),
+                        f(j, "/runs/0/phases/1/reject_fraction"),
+                        opt("/runs/1/settle_after_step_up_s"),
+                        f(j, "/runs/1/phases/1/p90_ms")
+                    ),
+                    None,
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
+            file: "connections",
+            args: [v(&["connections", "--seconds"]), vec![sec(2.0)]].concat(),
+            writes_own: true,
+            seed: "SEDA Fig. 7 / C10k (many connections)",
+            seed_number: "throughput flat as connections grow",
+            ours: |j| {
+                let ours = j["levels"]
+                    .as_array()
+                    .and_then(|a| a.iter().rfind(|l| l["server"] == "omnistage"));
+                let ng = j["levels"]
+                    .as_array()
+                    .and_then(|a| a.iter().rfind(|l| l["server"] == "nginx"));
+                let kib = |l: Option<&Value>| {
+                    l.map(|l| f(l, "/kib_per_idle_connection"))
+                        .unwrap_or(f64::NAN)
+                };
+                (
+                    format!(
+                        "req/s at {} conns = {:.2}× at the smallest; {:.2} KiB per idle conn",
+                        ours.map(|l| f(l, "/connections")).unwrap_or(f64::NAN),
+                        f(j, "/throughput_ratio"),
+                        kib(ours)
+                    ),
+                    ng.map(|n| format!("nginx {:.2} KiB per idle conn", kib(Some(n)))),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
     ];
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

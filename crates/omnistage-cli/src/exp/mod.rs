@@ -4,6 +4,8 @@
 mod all;
 mod attribution;
 mod breakdown;
+mod cfgweb;
+mod connections;
 mod cpu;
 mod harness;
 mod isolation;
@@ -11,6 +13,8 @@ mod overhead;
 mod peer;
 pub(crate) mod report;
 mod sched_cost;
+mod shaping;
+mod spike;
 pub(crate) mod util;
 mod web;
 
@@ -49,6 +53,12 @@ enum Which {
     Overhead(overhead::OverheadArgs),
     /// Two overloaded tenants at 2:1, 4:1 and strict priority: shares over time (Vortex Figs. 8-10).
     Isolation(isolation::IsolationArgs),
+    /// A tenant's net_cap at several rates, token and leaky bucket: achieved vs cap (TAP Fig. 3).
+    Shaping(shaping::ShapingArgs),
+    /// Open-loop load stepping 0.5x -> 5x -> 0.5x capacity, with and without a p90 target (SEDA Fig. 55).
+    OverloadSpike(spike::SpikeArgs),
+    /// Requests/s and resident memory per connection at 100..10000 keep-alive connections (SEDA Fig. 7).
+    Connections(connections::ConnectionsArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -64,6 +74,9 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Breakdown(a) => breakdown::run(a),
         Which::Overhead(a) => overhead::run(a),
         Which::Isolation(a) => isolation::run(a),
+        Which::Shaping(a) => shaping::run(a),
+        Which::OverloadSpike(a) => spike::run(a),
+        Which::Connections(a) => connections::run(a),
         Which::All(a) => all::run(a),
     }
 }

@@ -436,6 +436,13 @@ fn key_of(slot: u32, generation: u32) -> u64 {
     u64::from(generation) << 32 | u64::from(slot)
 }
 
+/// Why [`Server::update_tenant`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateError {
+    NoTenant(String),
+    Refused(String),
+}
+
 /// A running server.
 pub struct Server {
     rt: Arc<Runtime>,
@@ -788,6 +795,56 @@ impl Server {
         } else {
             Err("reloaded, but listen addresses change only on restart".into())
         }
+    }
+
+    /// Changes one tenant's settings in the running configuration (a reload with that change).
+    pub fn update_tenant(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<(), UpdateError> {
+        let mut config = self.shared.live.read().expect("live lock").config.clone();
+        // What runs may differ from the file: weights and CPU caps changed through the runtime
+        // (the admin API) are kept, not reset by this reload.
+        let workers = self.rt.workers() as f64;
+        for t in &mut config.tenants {
+            let path = format!("/tenants/{}", t.name);
+            let spec = self.rt.with_activities(|tab| {
+                tab.lookup(&path)
+                    .and_then(|id| tab.get(id))
+                    .map(|a| a.spec.clone())
+            });
+            if let Some(spec) = spec {
+                t.weight = spec.weight;
+                t.cpu_cap = spec.cap.map(|c| c.rate_per_s as f64 * workers / 1e9);
+                if let Some(c) = spec.cap {
+                    t.cap_kind = match c.kind {
+                        ShaperKind::Token => CapKind::Token,
+                        ShaperKind::Leaky => CapKind::Leaky,
+                    };
+                }
+            }
+        }
+        let t = config
+            .tenants
+            .iter_mut()
+            .find(|t| t.name == name)
+            .ok_or_else(|| UpdateError::NoTenant(format!("no tenant {name}")))?;
+        f(t);
+        if t.net_cap_bytes_per_s == Some(0) || t.disk_cap_bytes_per_s == Some(0) {
+            return Err(UpdateError::Refused(
+                "a cap of 0 bytes/s would stop the tenant; remove the cap instead".into(),
+            ));
+        }
+        if t.cache_bytes
+            .is_some_and(|b| b > config.server.cache_bytes_max)
+        {
+            return Err(UpdateError::Refused(format!(
+                "cache budget above the server's cache_bytes_max ({})",
+                config.server.cache_bytes_max
+            )));
+        }
+        self.reload(config).map_err(UpdateError::Refused)
     }
 
     /// Stops accepting, lets open connections finish for up to `grace`, writes out the access

@@ -1,0 +1,538 @@
+//! `connections` (SEDA Fig. 7 / C10k): requests/s and resident memory of the server at 100, 1000,
+//! 5000 and 10000 keep-alive connections. The server runs in this process (one worker pinned to
+//! CPU 0, a fresh server per level); the load generator runs as a child process (`omnistage
+//! load`, pinned to CPU 1) so that its sockets and buffers are not in this process's `VmRSS`.
+//! Per level: an idle run (each connection sends one request and then thinks for 60 s) gives the
+//! resident memory per idle connection, `VmRSS` with all connections open minus `VmRSS` before
+//! (after `malloc_trim`); an active run (a small think time) gives requests/s. nginx
+//! (`/usr/sbin/nginx`, one worker pinned to CPU 0, if installed) is measured the same way from
+//! `/proc/PID/status`.
+
+use super::cfgweb;
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::Common;
+use clap::Args;
+use serde::Serialize;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct ConnectionsArgs {
+    /// Measured seconds of each active run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Connection counts, comma-separated.
+    #[arg(long, default_value = "100,1000,5000,10000", value_delimiter = ',')]
+    levels: Vec<usize>,
+    /// Think time of the active runs, ms.
+    #[arg(long, default_value_t = 1.0)]
+    think_ms: f64,
+    #[arg(long, default_value = "/usr/sbin/nginx")]
+    nginx: PathBuf,
+    /// Write connections.json, .md and .svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize, Clone, Default)]
+struct Level {
+    server: &'static str,
+    connections: usize,
+    /// Connections the server held open when the idle memory was read.
+    open_at_reading: usize,
+    rss_before_kib: u64,
+    rss_idle_kib: u64,
+    /// (rss_idle − rss_before) / connections.
+    kib_per_idle_connection: f64,
+    req_per_s: f64,
+    p99_ms: f64,
+    errors: u64,
+    /// The load generator's errors by kind (active run).
+    errors_by_kind: serde_json::Value,
+    /// Largest VmRSS seen during the active run.
+    rss_active_max_kib: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    seconds: f64,
+    think_ms: f64,
+    file_bytes: usize,
+    fd_soft_limit: Option<u64>,
+    fd_note: Option<String>,
+    skipped_levels: Vec<usize>,
+    levels: Vec<Level>,
+    nginx_note: Option<String>,
+    /// req/s at the largest level run / req/s at the smallest.
+    throughput_ratio: Option<f64>,
+    /// omnistage's KiB per idle connection at the largest level / nginx's.
+    memory_ratio_vs_nginx: Option<f64>,
+    goal_met: Option<bool>,
+}
+
+const FILE: &str = "one.bin";
+const FILE_BYTES: usize = 128;
+const FD_SLACK: u64 = 200;
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod sys {
+    #[repr(C)]
+    struct RLimit {
+        cur: u64,
+        max: u64,
+    }
+    const RLIMIT_NOFILE: i32 = 7;
+    extern "C" {
+        fn getrlimit(resource: i32, rlim: *mut RLimit) -> i32;
+        fn setrlimit(resource: i32, rlim: *const RLimit) -> i32;
+        fn malloc_trim(pad: usize) -> i32;
+    }
+
+    /// Raises the soft open-files limit to the hard one; returns (soft, hard) after.
+    pub fn raise_nofile() -> Option<(u64, u64)> {
+        let mut r = RLimit { cur: 0, max: 0 };
+        // SAFETY: getrlimit/setrlimit read or write only the struct passed, which has the
+        // layout of `struct rlimit` on 64-bit Linux (two rlim_t = u64).
+        unsafe {
+            if getrlimit(RLIMIT_NOFILE, &mut r) != 0 {
+                return None;
+            }
+            if r.cur < r.max {
+                let want = RLimit {
+                    cur: r.max,
+                    max: r.max,
+                };
+                if setrlimit(RLIMIT_NOFILE, &want) == 0 {
+                    r.cur = r.max;
+                }
+            }
+        }
+        Some((r.cur, r.max))
+    }
+
+    /// Returns freed heap memory to the OS (glibc), so a later VmRSS rise is new memory.
+    pub fn trim() {
+        // SAFETY: malloc_trim only walks glibc's own arenas.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+mod sys {
+    pub fn raise_nofile() -> Option<(u64, u64)> {
+        None
+    }
+    pub fn trim() {}
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Starts `omnistage load --json` as a child process.
+fn spawn_load(
+    addr: &str,
+    conns: usize,
+    seconds: f64,
+    warmup: f64,
+    think_ms: f64,
+) -> Result<Child, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    Command::new(exe)
+        .args([
+            "load",
+            "--addr",
+            addr,
+            "--seconds",
+            &seconds.to_string(),
+            "--warmup-s",
+            &warmup.to_string(),
+            "--think-ms",
+            &think_ms.to_string(),
+            "--timeout-ms",
+            "120000",
+            "--cpu",
+            "1",
+            "--json",
+            "--tenant",
+            &format!("t:a.test:{conns}:path=/{FILE}"),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start the load generator: {e}"))
+}
+
+fn finish_load(child: Child) -> Result<serde_json::Value, String> {
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "load generator: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("load generator JSON: {e}"))
+}
+
+fn err_sum(t: &serde_json::Value) -> u64 {
+    t["errors"]
+        .as_object()
+        .map(|o| o.values().filter_map(|v| v.as_u64()).sum())
+        .unwrap_or(0)
+}
+
+/// Measures one level against a server: `rss` reads its VmRSS (KiB), `open` counts its open
+/// connections.
+fn measure(
+    server: &'static str,
+    addr: &str,
+    n: usize,
+    a: &ConnectionsArgs,
+    rss: &dyn Fn() -> u64,
+    open: &dyn Fn() -> usize,
+) -> Result<Level, String> {
+    std::thread::sleep(Duration::from_millis(200));
+    sys::trim();
+    let before = rss();
+    // Idle: one request per connection, then a 60 s think; read memory once all are open.
+    let idle_s = 1.0 + n as f64 / 5000.0;
+    let mut child = spawn_load(addr, n, idle_s, 0.0, 60_000.0)?;
+    let t0 = Instant::now();
+    let mut open_n = 0;
+    let mut idle_rss = 0;
+    while t0.elapsed().as_secs_f64() < idle_s + 5.0 {
+        open_n = open();
+        idle_rss = idle_rss.max(rss());
+        if open_n >= n || child.try_wait().map_err(|e| e.to_string())?.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    idle_rss = idle_rss.max(rss());
+    let _ = finish_load(child)?;
+    // Active: small think time, throughput from the load generator.
+    let child = spawn_load(addr, n, a.seconds, 0.5, a.think_ms)?;
+    let mut child = child;
+    let mut act_max = 0;
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        act_max = act_max.max(rss());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let j = finish_load(child)?;
+    let t = &j["total"];
+    Ok(Level {
+        server,
+        connections: n,
+        open_at_reading: open_n,
+        rss_before_kib: before,
+        rss_idle_kib: idle_rss,
+        kib_per_idle_connection: idle_rss.saturating_sub(before) as f64 / n as f64,
+        req_per_s: t["req_per_s"].as_f64().unwrap_or(0.0),
+        p99_ms: t["p99_ms"].as_f64().unwrap_or(0.0),
+        errors: err_sum(t),
+        errors_by_kind: t["errors"].clone(),
+        rss_active_max_kib: act_max,
+    })
+}
+
+struct Nginx {
+    child: Child,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_nginx(
+    bin: &Path,
+    dir: &Path,
+    root: &Path,
+    port: u16,
+    conns: usize,
+) -> Result<Nginx, String> {
+    let conf = dir.join("nginx.conf");
+    let text = format!(
+        "worker_processes 1;\nworker_cpu_affinity 01;\ndaemon off;\nmaster_process off;\npid {pid};\nerror_log {err};\n\
+         worker_rlimit_nofile {fds};\nevents {{ worker_connections {wc}; }}\n\
+         http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; keepalive_timeout 120s;\n\
+         open_file_cache max=1000 inactive=20s; open_file_cache_valid 1s;\n\
+         client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n\
+         server {{ listen 127.0.0.1:{port} backlog=4096; root {root}; }} }}\n",
+        pid = dir.join("nginx.pid").display(),
+        err = dir.join("error.log").display(),
+        fds = conns + 200,
+        wc = conns + 100,
+        d = dir.display(),
+        root = root.display(),
+    );
+    std::fs::write(&conf, text).map_err(|e| e.to_string())?;
+    let child = Command::new(bin)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start nginx: {e}"))?;
+    let ng = Nginx { child };
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if t0.elapsed() > Duration::from_secs(5) {
+            return Err("nginx did not start listening".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(ng)
+}
+
+/// TCP sockets a process holds (entries of /proc/PID/fd that are sockets), minus one listener.
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .map(|l| l.to_string_lossy().starts_with("socket:"))
+                        .unwrap_or(false)
+                })
+                .count()
+                .saturating_sub(1)
+        })
+        .unwrap_or(0)
+}
+
+pub fn run(a: ConnectionsArgs) -> Result<(), String> {
+    if !(0.3..=600.0).contains(&a.seconds)
+        || a.levels.is_empty()
+        || a.levels.len() > 10
+        || a.levels.iter().any(|&n| !(1..=100_000).contains(&n))
+        || !(0.0..=10_000.0).contains(&a.think_ms)
+    {
+        return Err(
+            "--seconds 0.3..=600, --levels 1 to 10 counts in 1..=100000, --think-ms 0..=10000"
+                .into(),
+        );
+    }
+    let limits = sys::raise_nofile();
+    let soft = limits.map(|l| l.0);
+    let ports = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let v: Vec<u64> = s
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (v.len() == 2).then(|| v[1].saturating_sub(v[0]) + 1)
+        });
+    let mut run_levels = Vec::new();
+    let mut skipped = Vec::new();
+    for &n in &a.levels {
+        let fits_fd = soft.is_none_or(|s| n as u64 + FD_SLACK <= s);
+        let fits_port = ports.is_none_or(|p| n as u64 <= p);
+        if fits_fd && fits_port {
+            run_levels.push(n);
+        } else {
+            skipped.push(n);
+        }
+    }
+    let fd_note = limits.map(|(s, h)| {
+        format!("open files: soft limit raised to {s} (hard {h}); the server and the load generator are separate processes, each needing one fd per connection plus slack")
+    });
+    let root = std::env::temp_dir().join(format!("omnistage-connections-{}", std::process::id()));
+    std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+    std::fs::write(root.join(FILE), vec![b'x'; FILE_BYTES]).map_err(|e| e.to_string())?;
+    let max_n = run_levels.iter().copied().max().unwrap_or(100);
+    let mut levels = Vec::new();
+    let result = (|| -> Result<Option<String>, String> {
+        for &n in &run_levels {
+            let tenant = format!(
+                "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"{}\"\n",
+                root.display()
+            );
+            let (server, addr) = cfgweb::start(
+                &format!(
+                    "connections_max = {}\nkeepalive_timeout_ms = 120000\n",
+                    max_n + 100
+                ),
+                &tenant,
+            )?;
+            let stats = server.stats();
+            let lv = measure(
+                "omnistage",
+                &addr,
+                n,
+                &a,
+                &|| cfgweb::rss_kib("self").unwrap_or(0),
+                &|| {
+                    stats
+                        .open_connections
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                },
+            );
+            server.drain(Duration::from_millis(300));
+            levels.push(lv?);
+        }
+        if !a.nginx.exists() {
+            return Ok(Some(format!("{} not installed", a.nginx.display())));
+        }
+        for &n in &run_levels {
+            let dir = root.join(format!("nginx-{n}"));
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let port = free_port()?;
+            let ng = match start_nginx(&a.nginx, &dir, &root, port, n) {
+                Ok(ng) => ng,
+                Err(e) => return Ok(Some(e)),
+            };
+            let pid = ng.child.id();
+            let lv = measure(
+                "nginx",
+                &format!("127.0.0.1:{port}"),
+                n,
+                &a,
+                &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
+                &|| sockets_of(pid),
+            )?;
+            drop(ng);
+            levels.push(lv);
+        }
+        Ok(None)
+    })();
+    let _ = std::fs::remove_dir_all(&root);
+    let nginx_note = result?;
+    let ours: Vec<&Level> = levels.iter().filter(|l| l.server == "omnistage").collect();
+    let throughput_ratio = match (ours.first(), ours.last()) {
+        (Some(f), Some(l)) if ours.len() >= 2 && f.req_per_s > 0.0 => {
+            Some(l.req_per_s / f.req_per_s)
+        }
+        _ => None,
+    };
+    let nginx_last = levels.iter().rfind(|l| l.server == "nginx");
+    let memory_ratio_vs_nginx = match (ours.last(), nginx_last) {
+        (Some(o), Some(n)) if n.kib_per_idle_connection > 0.0 => {
+            Some(o.kib_per_idle_connection / n.kib_per_idle_connection)
+        }
+        _ => None,
+    };
+    let goal_met = match (throughput_ratio, memory_ratio_vs_nginx) {
+        (Some(t), Some(m)) => Some(t >= 0.9 && m <= 1.0),
+        (Some(t), None) if t < 0.9 => Some(false),
+        _ => None,
+    };
+    let r = Report {
+        experiment: "connections",
+        machine: machine(),
+        seconds: a.seconds,
+        think_ms: a.think_ms,
+        file_bytes: FILE_BYTES,
+        fd_soft_limit: soft,
+        fd_note,
+        skipped_levels: skipped,
+        levels,
+        nginx_note,
+        throughput_ratio,
+        memory_ratio_vs_nginx,
+        goal_met,
+    };
+    let mut t = Table::new(&[
+        "server",
+        "connections",
+        "open at reading",
+        "req/s",
+        "p99 ms",
+        "errors",
+        "RSS before MiB",
+        "RSS idle MiB",
+        "KiB / idle conn",
+        "RSS max active MiB",
+    ]);
+    for l in &r.levels {
+        t.row(vec![
+            l.server.into(),
+            l.connections.to_string(),
+            l.open_at_reading.to_string(),
+            format!("{:.0}", l.req_per_s),
+            format!("{:.2}", l.p99_ms),
+            l.errors.to_string(),
+            format!("{:.1}", l.rss_before_kib as f64 / 1024.0),
+            format!("{:.1}", l.rss_idle_kib as f64 / 1024.0),
+            format!("{:.2}", l.kib_per_idle_connection),
+            format!("{:.1}", l.rss_active_max_kib as f64 / 1024.0),
+        ]);
+    }
+    let mut notes = Vec::new();
+    if !r.skipped_levels.is_empty() {
+        notes.push(format!(
+            "Skipped for lack of file descriptors or local ports: {:?} (soft open-files limit {:?}).",
+            r.skipped_levels, r.fd_soft_limit
+        ));
+    }
+    if let Some(n) = &r.nginx_note {
+        notes.push(format!("nginx not measured: {n}."));
+    }
+    let doc = Doc {
+        title: "connections: requests/s and memory per connection, 100 to 10,000 keep-alive connections (SEDA Fig. 7)".into(),
+        command: format!(
+            "omnistage exp connections --seconds {} --levels {} --think-ms {}",
+            a.seconds,
+            a.levels.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+            a.think_ms
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The HTTP server in this process (1 worker on CPU 0, a fresh server per level) and, where installed, nginx \
+             (one worker on CPU 0). The load generator runs as a child process on CPU 1 so its memory is not counted. \
+             Per level: an idle run opens every connection, sends one request on each and then thinks for 60 s; the \
+             server's VmRSS with all connections open minus its VmRSS before (after malloc_trim) over the connection \
+             count is the memory per idle connection. An active run then sends a {FILE_BYTES}-byte file with {} ms think \
+             time for {} s (after 0.5 s warmup). Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
+             per idle connection ≤ nginx's.",
+            a.think_ms, a.seconds
+        )],
+        tables: vec![(String::new(), t)],
+        notes,
+    };
+    let series: Vec<(String, Vec<(f64, f64)>)> = ["omnistage", "nginx"]
+        .iter()
+        .map(|&s| {
+            (
+                format!("{s} req/s"),
+                r.levels
+                    .iter()
+                    .filter(|l| l.server == s)
+                    .map(|l| (l.connections as f64, l.req_per_s))
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .filter(|s| !s.1.is_empty())
+        .collect();
+    report::emit(
+        "connections",
+        &r,
+        &doc,
+        a.common.json,
+        a.out.as_deref(),
+        |p| {
+            report::svg_lines(
+                p,
+                "Requests/s vs keep-alive connections",
+                "connections",
+                "req/s",
+                &series,
+            )
+        },
+    )
+}

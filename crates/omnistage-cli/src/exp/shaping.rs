@@ -1,0 +1,282 @@
+//! `shaping` (TAP Fig. 3): one tenant with `net_cap` at several rates, as a token bucket and as a
+//! leaky bucket (`cap_kind`), offered `/_bytes?n=65536` over enough closed-loop connections to
+//! exceed every cap. Achieved bytes/s is read from the server's ledger (`bytes_out` of the
+//! tenant's activity over the measured window) and compared with the configured rate: the
+//! linear fit's R² and slope per kind. The ledger is also sampled every 100 ms: the most bytes
+//! sent in any window relative to the rate times that window's length (the leaky bucket should
+//! never exceed its rate; charging after the write lets one 16 KiB send quantum through over).
+
+use super::cfgweb;
+use super::harness;
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::Common;
+use clap::Args;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct ShapingArgs {
+    /// Measured seconds per (kind, rate) point.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Caps in MB/s (decimal), comma-separated.
+    #[arg(long, default_value = "2,4,8,16,32", value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// Closed-loop connections offering `/_bytes?n=65536`.
+    #[arg(long, default_value_t = 16)]
+    conns: usize,
+    /// Write shaping.json, .md and .svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize, Clone)]
+struct Point {
+    kind: &'static str,
+    rate_mb_per_s: f64,
+    /// Ledger bytes_out of the tenant over the measured window, per second.
+    achieved_bytes_per_s: f64,
+    /// The load generator's body bytes per second (what arrived, heads excluded).
+    load_bytes_per_s: f64,
+    /// achieved / rate.
+    achieved_over_rate: f64,
+    /// Largest bytes in one ~100 ms ledger window / (rate × that window's length).
+    max_window_ratio: f64,
+    /// Largest bytes in one window beyond rate × its length, bytes (0 if never over).
+    max_window_excess_bytes: f64,
+    windows: usize,
+    errors: u64,
+}
+
+#[derive(Serialize)]
+struct Fit {
+    kind: &'static str,
+    intercept_bytes_per_s: f64,
+    slope: f64,
+    r2: f64,
+    max_window_ratio: f64,
+    goal_met: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    seconds_per_point: f64,
+    conns: usize,
+    response_bytes: usize,
+    points: Vec<Point>,
+    fits: Vec<Fit>,
+    goal_r2: f64,
+    send_quantum_bytes: usize,
+}
+
+const BODY: usize = 65536;
+const TICK: Duration = Duration::from_millis(100);
+const WARMUP_S: f64 = 0.5;
+const GOAL_R2: f64 = 0.99;
+const QUANTUM: usize = 16 * 1024;
+
+fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, String> {
+    let rate = rate_mb * 1e6;
+    let tenant = format!(
+        "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"/nonexistent-omnistage-docroot\"\nsynthetic = true\nnet_cap = \"{}B/s\"\ncap_kind = \"{kind}\"\n",
+        rate.round() as u64
+    );
+    let (server, addr) = cfgweb::start("", &tenant)?;
+    let rt = server.runtime();
+    let id = rt.activity_id("/tenants/a").ok_or("tenant activity")?;
+    let la = harness::load_args(
+        &addr,
+        a.seconds,
+        WARMUP_S,
+        &[
+            "--tenant".into(),
+            format!("a:a.test:{}:bytes={BODY}", a.conns),
+        ],
+    )?;
+    let h = harness::spawn_load(la);
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let start = Instant::now();
+    let first = cfgweb::bytes_out(&rt.snapshot(), id);
+    let (mut prev_b, mut prev_t) = (first, start);
+    let (mut max_ratio, mut max_excess, mut windows) = (0.0f64, 0.0f64, 0usize);
+    let mut k = 1u32;
+    let mut last = first;
+    while start.elapsed().as_secs_f64() < a.seconds - 0.05 {
+        let due = start + TICK * k;
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        k += 1;
+        let b = cfgweb::bytes_out(&rt.snapshot(), id);
+        let now = Instant::now();
+        let allowed = rate * now.duration_since(prev_t).as_secs_f64();
+        let sent = (b - prev_b) as f64;
+        max_ratio = max_ratio.max(sent / allowed);
+        max_excess = max_excess.max(sent - allowed);
+        windows += 1;
+        prev_b = b;
+        prev_t = now;
+        last = b;
+    }
+    let elapsed = prev_t.duration_since(start).as_secs_f64().max(1e-9);
+    let r = harness::join_load(h)?;
+    server.drain(Duration::from_millis(300));
+    let achieved = (last - first) as f64 / elapsed;
+    Ok(Point {
+        kind,
+        rate_mb_per_s: rate_mb,
+        achieved_bytes_per_s: achieved,
+        load_bytes_per_s: r.total.bytes_per_s,
+        achieved_over_rate: achieved / rate,
+        max_window_ratio: max_ratio,
+        max_window_excess_bytes: max_excess.max(0.0),
+        windows,
+        errors: harness::errors(&r.total),
+    })
+}
+
+pub fn run(a: ShapingArgs) -> Result<(), String> {
+    if !(0.3..=600.0).contains(&a.seconds)
+        || !(1..=1000).contains(&a.conns)
+        || a.rates.is_empty()
+        || a.rates.len() > 20
+        || a.rates.iter().any(|r| !(0.1..=1000.0).contains(r))
+    {
+        return Err(
+            "--seconds 0.3..=600, --conns 1..=1000, --rates 1 to 20 values in 0.1..=1000 MB/s"
+                .into(),
+        );
+    }
+    let mut points = Vec::new();
+    for kind in ["token", "leaky"] {
+        for &r in &a.rates {
+            points.push(point(kind, r, &a)?);
+        }
+    }
+    let fits: Vec<Fit> = ["token", "leaky"]
+        .iter()
+        .map(|&kind| {
+            let pts: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.kind == kind)
+                .map(|p| (p.rate_mb_per_s * 1e6, p.achieved_bytes_per_s))
+                .collect();
+            let (i, s, r2) = cfgweb::linear_fit(&pts);
+            let mr = points
+                .iter()
+                .filter(|p| p.kind == kind)
+                .map(|p| p.max_window_ratio)
+                .fold(0.0, f64::max);
+            Fit {
+                kind,
+                intercept_bytes_per_s: i,
+                slope: s,
+                r2,
+                max_window_ratio: mr,
+                goal_met: r2 >= GOAL_R2 && (kind == "token" || mr <= 1.0),
+            }
+        })
+        .collect();
+    let r = Report {
+        experiment: "shaping",
+        machine: machine(),
+        seconds_per_point: a.seconds,
+        conns: a.conns,
+        response_bytes: BODY,
+        points,
+        fits,
+        goal_r2: GOAL_R2,
+        send_quantum_bytes: QUANTUM,
+    };
+    let mut t = Table::new(&[
+        "kind",
+        "cap MB/s",
+        "achieved MB/s (ledger)",
+        "received MB/s (load)",
+        "achieved/cap",
+        "max 100 ms window / cap",
+        "max excess KiB",
+        "errors",
+    ]);
+    for p in &r.points {
+        t.row(vec![
+            p.kind.into(),
+            format!("{}", p.rate_mb_per_s),
+            format!("{:.3}", p.achieved_bytes_per_s / 1e6),
+            format!("{:.3}", p.load_bytes_per_s / 1e6),
+            format!("{:.4}", p.achieved_over_rate),
+            format!("{:.3}", p.max_window_ratio),
+            format!("{:.1}", p.max_window_excess_bytes / 1024.0),
+            p.errors.to_string(),
+        ]);
+    }
+    let mut tf = Table::new(&[
+        "kind",
+        "slope",
+        "intercept MB/s",
+        "R²",
+        "max window ratio",
+        "goal",
+    ]);
+    for f in &r.fits {
+        tf.row(vec![
+            f.kind.into(),
+            format!("{:.4}", f.slope),
+            format!("{:.3}", f.intercept_bytes_per_s / 1e6),
+            format!("{:.5}", f.r2),
+            format!("{:.3}", f.max_window_ratio),
+            if f.goal_met { "met" } else { "not met" }.into(),
+        ]);
+    }
+    let doc = Doc {
+        title: "shaping: achieved send rate vs a tenant's net_cap, token and leaky bucket (TAP Fig. 3)".into(),
+        command: format!(
+            "omnistage exp shaping --seconds {} --rates {} --conns {}",
+            a.seconds,
+            a.rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),
+            a.conns
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The HTTP server (1 worker on CPU 0) with one tenant whose `net_cap` is each rate in turn, once with \
+             `cap_kind = \"token\"` and once with `\"leaky\"` (a fresh server per point; buckets hold 10 ms of the rate, \
+             at least one 16 KiB send quantum). The load generator on CPU 1 keeps {} closed-loop connections asking for \
+             /_bytes?n={BODY}, far more than any cap. Achieved = the tenant's ledger `bytes_out` over {} s after a {WARMUP_S} s \
+             warmup; the ledger is also read every 100 ms, and the largest window is compared with the rate × its length. \
+             Goal: R² ≥ {GOAL_R2} per kind (below the link's speed; loopback is far faster than 32 MB/s), and for the \
+             leaky bucket no 100 ms window above the rate (bytes are charged after each write, so one quantum over is \
+             the design's bound).",
+            a.conns, a.seconds
+        )],
+        tables: vec![(String::new(), t), ("Linear fit of achieved vs cap".into(), tf)],
+        notes: vec![],
+    };
+    let series: Vec<(String, Vec<(f64, f64)>)> = ["token", "leaky"]
+        .iter()
+        .map(|&k| {
+            (
+                format!("{k} bucket"),
+                r.points
+                    .iter()
+                    .filter(|p| p.kind == k)
+                    .map(|p| (p.rate_mb_per_s, p.achieved_bytes_per_s / 1e6))
+                    .collect(),
+            )
+        })
+        .collect();
+    report::emit("shaping", &r, &doc, a.common.json, a.out.as_deref(), |p| {
+        report::svg_lines(
+            p,
+            "Achieved send rate vs net_cap",
+            "net_cap, MB/s",
+            "achieved, MB/s (ledger)",
+            &series,
+        )
+    })
+}

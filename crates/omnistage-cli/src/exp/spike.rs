@@ -1,0 +1,421 @@
+//! `overload-spike` (SEDA Fig. 55, Breakwater): one tenant on `/_burn?us=N`, offered open-loop
+//! load that steps from 0.5× the server's measured capacity to 5× and back, once with
+//! `p90_target_ms` (SEDA's p90 admission controller on `http.work`) and once without. The load
+//! generator runs three phases back to back (each its own run, so each phase has its own
+//! end-to-end p90 and 503 fraction); meanwhile the ledger is read every 250 ms for the
+//! server-side p90 of admitted requests (response time at `http.work`, enqueue to end of
+//! dispatch) and the gate's rejections, which give the time to get back under the target.
+
+use super::cfgweb;
+use super::harness;
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::Common;
+use clap::Args;
+use omnistage::account::HistSnapshot;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct SpikeArgs {
+    /// Total measured seconds: 30 % low, 40 % spike, 30 % low again.
+    #[arg(long, default_value_t = 20.0)]
+    seconds: f64,
+    /// CPU per request, µs.
+    #[arg(long, default_value_t = 500)]
+    burn_us: u64,
+    /// The tenant's p90 target, ms.
+    #[arg(long, default_value_t = 20)]
+    target_ms: u64,
+    /// Offered load during the spike, × the measured capacity.
+    #[arg(long, default_value_t = 5.0)]
+    spike: f64,
+    /// Open-loop connection slots.
+    #[arg(long, default_value_t = 256)]
+    conns: usize,
+    /// Write overload-spike.json, .md and .svg here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize, Clone)]
+struct Window {
+    t_s: f64,
+    /// Server-side p90 of admitted requests in this window, ms (`null`: none finished).
+    p90_ms: Option<f64>,
+    completed: u64,
+    rejected: u64,
+    reject_fraction: f64,
+}
+
+#[derive(Serialize, Clone)]
+struct PhaseLoad {
+    name: &'static str,
+    offered_per_s: f64,
+    seconds: f64,
+    ok_per_s: f64,
+    /// End-to-end p90 of successful responses (from the intended send time), ms.
+    p90_ms: f64,
+    p99_ms: f64,
+    rejected_503: u64,
+    /// 503s / (successes + 503s).
+    reject_fraction: f64,
+    other_errors: u64,
+    unfinished: u64,
+}
+
+#[derive(Serialize)]
+struct Run {
+    admission: bool,
+    phases: Vec<PhaseLoad>,
+    windows: Vec<Window>,
+    /// Seconds from the step up to the start of the first window from which every later
+    /// spike window has its server-side p90 under the target (`null`: never).
+    settle_after_step_up_s: Option<f64>,
+    /// The same after the step down, over the last phase.
+    settle_after_step_down_s: Option<f64>,
+    /// Seconds from the step down until the gate stops rejecting (every later window with
+    /// under 1 % rejected; `null`: never within the run).
+    rejects_stop_after_step_down_s: Option<f64>,
+    /// Spike windows (with completions) whose server-side p90 was over the target.
+    spike_windows_over_target: usize,
+    spike_windows: usize,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    burn_us: u64,
+    target_ms: u64,
+    capacity_per_s: f64,
+    spike_factor: f64,
+    conns: usize,
+    runs: Vec<Run>,
+    goal_settle_s: f64,
+    goal_met: bool,
+}
+
+const TICK: Duration = Duration::from_millis(250);
+const GOAL_SETTLE_S: f64 = 1.0;
+
+fn tenant_toml(target_ms: Option<u64>) -> String {
+    let mut s = String::from(
+        "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"/nonexistent-omnistage-docroot\"\nsynthetic = true\n",
+    );
+    if let Some(t) = target_ms {
+        s.push_str(&format!("p90_target_ms = {t}\n"));
+    }
+    s
+}
+
+/// Requests/s of one worker on `/_burn?us=N` under closed-loop saturation.
+fn capacity(a: &SpikeArgs, seconds: f64) -> Result<f64, String> {
+    let (server, addr) = cfgweb::start("", &tenant_toml(None))?;
+    let la = harness::load_args(
+        &addr,
+        seconds,
+        0.3,
+        &["--tenant".into(), format!("a:a.test:16:burn={}", a.burn_us)],
+    )?;
+    let r = omnistage_load::run(&la)?;
+    server.drain(Duration::from_millis(300));
+    Ok(r.total.req_per_s)
+}
+
+fn response_hist(rt: &omnistage::exec::Runtime, id: u32, stage: u32) -> HistSnapshot {
+    let mut h = HistSnapshot::default();
+    for l in rt.latencies() {
+        if l.activity == id && l.stage == stage {
+            h.add(&l.response);
+        }
+    }
+    h
+}
+
+/// First time (relative to `from`) from which every window in `[from, to)` with completions has
+/// p90 ≤ target; the window's start.
+fn settle(windows: &[Window], from: f64, to: f64, target_ms: f64) -> Option<f64> {
+    let dt = TICK.as_secs_f64();
+    let in_range: Vec<&Window> = windows
+        .iter()
+        .filter(|w| w.t_s - dt / 2.0 > from && w.t_s - dt / 2.0 < to)
+        .collect();
+    let mut settle_at = None;
+    for w in in_range.iter().rev() {
+        match w.p90_ms {
+            Some(p) if p > target_ms => break,
+            _ => settle_at = Some(w.t_s - dt),
+        }
+    }
+    settle_at.map(|t| (t - from).max(0.0))
+}
+
+/// First time (relative to `from`) from which every window in `[from, to)` rejects under 1 %.
+fn rejects_stop(windows: &[Window], from: f64, to: f64) -> Option<f64> {
+    let dt = TICK.as_secs_f64();
+    let mut at = None;
+    for w in windows
+        .iter()
+        .filter(|w| w.t_s - dt / 2.0 > from && w.t_s - dt / 2.0 < to)
+        .rev()
+    {
+        if w.reject_fraction > 0.01 {
+            break;
+        }
+        at = Some((w.t_s - dt - from).max(0.0));
+    }
+    at
+}
+
+fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
+    let (server, addr) = cfgweb::start("", &tenant_toml(admission.then_some(a.target_ms)))?;
+    let rt = server.runtime();
+    let id = rt.activity_id("/tenants/a").ok_or("tenant activity")?;
+    let work = server.work_stage();
+    let lens = [a.seconds * 0.3, a.seconds * 0.4, a.seconds * 0.3];
+    let rates = [0.5 * cap, a.spike * cap, 0.5 * cap];
+    let names = ["low", "spike", "low again"];
+    let addr2 = addr.clone();
+    let burn = a.burn_us;
+    let conns = a.conns;
+    // The three phases back to back on one thread (pinned to the load CPU by each run).
+    let loader = std::thread::spawn(move || -> Result<Vec<PhaseLoad>, String> {
+        let mut out = Vec::new();
+        for i in 0..3 {
+            let la = harness::load_args(
+                &addr2,
+                lens[i],
+                0.0,
+                &[
+                    "--rate".into(),
+                    format!("{:.1}", rates[i]),
+                    "--timeout-ms".into(),
+                    "30000".into(),
+                    "--tenant".into(),
+                    format!("a:a.test:{conns}:burn={burn}"),
+                ],
+            )?;
+            let r = omnistage_load::run(&la)?;
+            let t = &r.total;
+            let rej = t.errors.rejected_503;
+            out.push(PhaseLoad {
+                name: names[i],
+                offered_per_s: rates[i],
+                seconds: r.seconds,
+                ok_per_s: t.req_per_s,
+                p90_ms: t.p90_ms,
+                p99_ms: t.p99_ms,
+                rejected_503: rej,
+                reject_fraction: rej as f64 / (t.requests + rej).max(1) as f64,
+                other_errors: harness::errors(t) - rej,
+                unfinished: t.unfinished,
+            });
+        }
+        Ok(out)
+    });
+    let start = Instant::now();
+    let total = lens.iter().sum::<f64>();
+    let mut prev_h = response_hist(rt, id, work);
+    let mut prev_r = rt.rejected(work, id);
+    let mut windows = Vec::new();
+    let mut k = 1u32;
+    while start.elapsed().as_secs_f64() < total + 0.5 && !loader.is_finished() {
+        let due = start + TICK * k;
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+        k += 1;
+        let h = response_hist(rt, id, work);
+        let r = rt.rejected(work, id);
+        let d = h.since(&prev_h);
+        let rej = r - prev_r;
+        let n = d.count();
+        windows.push(Window {
+            t_s: start.elapsed().as_secs_f64(),
+            p90_ms: d.percentile(0.9).map(|ns| ns as f64 / 1e6),
+            completed: n,
+            rejected: rej,
+            reject_fraction: rej as f64 / (n + rej).max(1) as f64,
+        });
+        prev_h = h;
+        prev_r = r;
+    }
+    let phases = loader
+        .join()
+        .map_err(|_| "load generator panicked".to_string())??;
+    server.drain(Duration::from_millis(300));
+    let tgt = a.target_ms as f64;
+    let (up, down) = (lens[0], lens[0] + lens[1]);
+    let spike_w: Vec<&Window> = windows
+        .iter()
+        .filter(|w| w.t_s - 0.125 > up && w.t_s - 0.125 < down && w.completed > 0)
+        .collect();
+    Ok(Run {
+        admission,
+        phases,
+        settle_after_step_up_s: settle(&windows, up, down, tgt),
+        settle_after_step_down_s: settle(&windows, down, total, tgt),
+        rejects_stop_after_step_down_s: rejects_stop(&windows, down, total),
+        spike_windows_over_target: spike_w
+            .iter()
+            .filter(|w| w.p90_ms.is_some_and(|p| p > tgt))
+            .count(),
+        spike_windows: spike_w.len(),
+        windows,
+    })
+}
+
+pub fn run(a: SpikeArgs) -> Result<(), String> {
+    if !(1.0..=3600.0).contains(&a.seconds)
+        || !(10..=100_000).contains(&a.burn_us)
+        || !(1..=60_000).contains(&a.target_ms)
+        || !(1.0..=50.0).contains(&a.spike)
+        || !(1..=10_000).contains(&a.conns)
+    {
+        return Err("--seconds 1..=3600, --burn-us 10..=100000, --target-ms 1..=60000, --spike 1..=50, --conns 1..=10000".into());
+    }
+    let cap = capacity(&a, (a.seconds / 10.0).clamp(0.5, 2.0))?;
+    if cap <= 0.0 {
+        return Err("capacity measured as 0 req/s".into());
+    }
+    let runs = vec![one_run(&a, true, cap)?, one_run(&a, false, cap)?];
+    let goal_met = runs[0]
+        .settle_after_step_up_s
+        .is_some_and(|s| s <= GOAL_SETTLE_S);
+    let r = Report {
+        experiment: "overload-spike",
+        machine: machine(),
+        burn_us: a.burn_us,
+        target_ms: a.target_ms,
+        capacity_per_s: cap,
+        spike_factor: a.spike,
+        conns: a.conns,
+        runs,
+        goal_settle_s: GOAL_SETTLE_S,
+        goal_met,
+    };
+    let mut t = Table::new(&[
+        "admission",
+        "phase",
+        "offered/s",
+        "ok/s",
+        "p90 ms (end to end)",
+        "p99 ms",
+        "503 fraction",
+        "other errors",
+        "unfinished",
+    ]);
+    for run in &r.runs {
+        for p in &run.phases {
+            t.row(vec![
+                if run.admission {
+                    format!("p90 {} ms", a.target_ms)
+                } else {
+                    "none".into()
+                },
+                p.name.into(),
+                format!("{:.0}", p.offered_per_s),
+                format!("{:.0}", p.ok_per_s),
+                format!("{:.1}", p.p90_ms),
+                format!("{:.1}", p.p99_ms),
+                format!("{:.3}", p.reject_fraction),
+                p.other_errors.to_string(),
+                p.unfinished.to_string(),
+            ]);
+        }
+    }
+    let opt = |v: Option<f64>| {
+        v.map(|v| format!("{v:.2} s"))
+            .unwrap_or_else(|| "never".into())
+    };
+    let mut ts = Table::new(&[
+        "admission",
+        "under target after step up",
+        "spike windows over target",
+        "under target after step down",
+        "rejections stop after step down",
+    ]);
+    for run in &r.runs {
+        ts.row(vec![
+            if run.admission {
+                "p90 controller".into()
+            } else {
+                "none".to_string()
+            },
+            opt(run.settle_after_step_up_s),
+            format!("{} of {}", run.spike_windows_over_target, run.spike_windows),
+            opt(run.settle_after_step_down_s),
+            opt(run.rejects_stop_after_step_down_s),
+        ]);
+    }
+    let doc = Doc {
+        title: "overload-spike: a 5× load spike with and without p90 admission (SEDA Fig. 55)".into(),
+        command: format!(
+            "omnistage exp overload-spike --seconds {} --burn-us {} --target-ms {} --spike {} --conns {}",
+            a.seconds, a.burn_us, a.target_ms, a.spike, a.conns
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The HTTP server (1 worker on CPU 0), one tenant serving /_burn?us={}. Its capacity was measured first with \
+             16 closed-loop connections: {cap:.0} req/s. The load generator (CPU 1, open loop over {} connection slots, \
+             latency from each request's intended send time) then offers 0.5× capacity for {:.1} s, {}× for {:.1} s and \
+             0.5× for {:.1} s, as three runs back to back; once with `p90_target_ms = {}` and once without. Phase rows \
+             are the load generator's; the settle times come from the server's ledger read every 250 ms (p90 of the \
+             response time at `http.work` of admitted requests — queueing inside the server, not the client's view). \
+             Goal: with admission, the server-side p90 back under the target within {GOAL_SETTLE_S} s of the step.",
+            a.burn_us,
+            a.conns,
+            a.seconds * 0.3,
+            a.spike,
+            a.seconds * 0.4,
+            a.seconds * 0.3,
+            a.target_ms
+        )],
+        tables: vec![
+            ("Per phase (load generator)".into(), t),
+            ("Time to get back under the target (ledger, 250 ms windows)".into(), ts),
+        ],
+        notes: vec![],
+    };
+    let series: Vec<(String, Vec<(f64, f64)>)> = r
+        .runs
+        .iter()
+        .map(|run| {
+            (
+                if run.admission {
+                    "p90 admission".to_string()
+                } else {
+                    "no admission".into()
+                },
+                run.windows
+                    .iter()
+                    .filter_map(|w| w.p90_ms.map(|p| (w.t_s, p.min(1000.0))))
+                    .collect(),
+            )
+        })
+        .chain(std::iter::once((
+            format!("target {} ms", a.target_ms),
+            vec![(0.0, a.target_ms as f64), (a.seconds, a.target_ms as f64)],
+        )))
+        .collect();
+    report::emit(
+        "overload-spike",
+        &r,
+        &doc,
+        a.common.json,
+        a.out.as_deref(),
+        |p| {
+            report::svg_lines(
+                p,
+                "Server-side p90 per 250 ms through a 5x spike (clipped at 1 s)",
+                "time, s",
+                "p90 at http.work, ms",
+                &series,
+            )
+        },
+    )
+}
