@@ -144,6 +144,10 @@ pub trait Tenants: Send + Sync {
     /// Applies `change` to the tenant whose activity is `path`. `Err` names the problem: no
     /// such tenant (the API answers 404) or a refused value (409).
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError>;
+    /// Bytes each tenant has in the cache, by activity path.
+    fn cache_bytes(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// Why a tenant change was refused.
@@ -284,5 +288,12 @@ impl Tenants for omnistage_http::server::Server {
             omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
             omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
         })
+    }
+
+    fn cache_bytes(&self) -> Vec<(String, u64)> {
+        omnistage_http::server::Server::cache_bytes(self)
+            .into_iter()
+            .map(|(name, b)| (format!("/tenants/{name}"), b))
+            .collect()
     }
 }

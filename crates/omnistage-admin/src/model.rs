@@ -110,6 +110,9 @@ pub struct Node {
     pub latency: Latency,
     /// Over the last interval, sub-tree.
     pub latency_1s: Option<Latency>,
+    /// Bytes of its files in the HTTP server's cache (tenants of an HTTP server only).
+    #[serde(default)]
+    pub cache_bytes: Option<u64>,
     pub children: Vec<Node>,
 }
 

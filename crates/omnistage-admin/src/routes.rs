@@ -246,7 +246,11 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            Response::json(200, &view::tree(rt, &Sample::take(rt), window().as_ref()))
+            let mut t = view::tree(rt, &Sample::take(rt), window().as_ref());
+            if let Some(ten) = shared.source.tenants() {
+                view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
+            }
+            Response::json(200, &t)
         }),
         "/api/v1/stages" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
@@ -318,7 +322,10 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
                 return r;
             }
             let window = shared.state.lock().expect("sampler lock").window();
-            let t = view::tree(rt, &Sample::take(rt), window.as_ref());
+            let mut t = view::tree(rt, &Sample::take(rt), window.as_ref());
+            if let Some(ten) = shared.source.tenants() {
+                view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
+            }
             match view::find(&t.root, path) {
                 Some(n) => Response::json(200, n),
                 None => Response::error(404, &format!("no activity {path}")),

@@ -250,6 +250,7 @@ impl Build<'_> {
             rate: interval.as_ref().zip(dt).map(|(i, dt)| i.rates(dt)),
             latency: total.latency(),
             latency_1s: interval.as_ref().map(|i| i.latency()),
+            cache_bytes: None,
             children,
         };
         (node, total, interval)
@@ -729,6 +730,16 @@ pub(crate) fn history_point(rt: &Runtime, w: &Window) -> model::HistoryPoint {
 /// The stage id named `name`.
 pub(crate) fn stage_by_name(rt: &Runtime, name: &str) -> Option<StageId> {
     (0..rt.stage_count() as StageId).find(|&s| rt.stage_name(s) == Some(name))
+}
+
+/// Sets the cache bytes of the nodes named in `by_path` (an HTTP server's tenants).
+pub(crate) fn fill_cache_bytes(node: &mut model::Node, by_path: &[(String, u64)]) {
+    if let Some((_, b)) = by_path.iter().find(|(p, _)| *p == node.path) {
+        node.cache_bytes = Some(*b);
+    }
+    for c in &mut node.children {
+        fill_cache_bytes(c, by_path);
+    }
 }
 
 #[cfg(test)]

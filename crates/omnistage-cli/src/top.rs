@@ -427,6 +427,7 @@ mod tests {
                     p99: Some(9_000),
                 },
             }),
+            cache_bytes: None,
             children,
         }
     }

@@ -121,6 +121,15 @@ fn set_tree_graph_and_top_against_a_running_server() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["root"]["path"], "/");
+    // Tenants of an HTTP server report their cache bytes; other nodes have none.
+    fn find<'a>(n: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
+        if n["path"] == path {
+            return Some(n);
+        }
+        n["children"].as_array()?.iter().find_map(|c| find(c, path))
+    }
+    assert!(find(&v["root"], "/tenants/a").unwrap()["cache_bytes"].is_u64());
+    assert!(find(&v["root"], "/infra").unwrap()["cache_bytes"].is_null());
 
     // Refused changes: the reason and exit code 2; nothing changes.
     for (args, needle) in [
