@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) const WAKE_TOKEN: mio::Token = mio::Token(usize::MAX);
+/// Token of the worker's precise (sub-millisecond) timer.
+const TIMER_TOKEN: mio::Token = mio::Token(usize::MAX - 1);
 
 /// An adaptive stage's batch is re-decided after this much of its own dispatch time on a core
 /// (a SEDA controller window, in stage time so an idle stage keeps its setting).
@@ -429,7 +431,7 @@ impl CoreState {
     fn io_ready(&mut self, shared: &Shared, events: &mio::Events) {
         for ev in events.iter() {
             let token = ev.token();
-            if token == WAKE_TOKEN {
+            if token == WAKE_TOKEN || token == TIMER_TOKEN {
                 continue;
             }
             let Some(reg) = self.io.get_mut(token.0) else {
@@ -1087,6 +1089,17 @@ pub(crate) fn run(
         .collect();
     let mut last_poll_ns = 0u64;
     let mut events = mio::Events::with_capacity(64);
+    // epoll's own timeout is in whole milliseconds; waits shorter than that go to a timerfd.
+    let precise = sys::PreciseTimer::new().ok().and_then(|t| {
+        poll.registry()
+            .register(
+                &mut mio::unix::SourceFd(&t.raw()),
+                TIMER_TOKEN,
+                mio::Interest::READABLE,
+            )
+            .ok()
+            .map(|_| t)
+    });
     let clock = &shared.clock;
     let mailbox = &shared.mailboxes[core];
     let counters = shared.ledger.core(core);
@@ -1245,11 +1258,23 @@ pub(crate) fn run(
                 continue;
             }
             // Wake at least every flush interval so counters stay fresh while idle.
-            let timeout =
-                Duration::from_nanos(wait_ns.unwrap_or(FLUSH_INTERVAL_NS).min(FLUSH_INTERVAL_NS));
-            if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            let wait = wait_ns.unwrap_or(FLUSH_INTERVAL_NS).min(FLUSH_INTERVAL_NS);
+            let precise_armed = match &precise {
+                Some(t) if wait < 1_000_000 => {
+                    t.arm(wait.max(1));
+                    true
+                }
+                _ => false,
+            };
+            if let Err(e) = poll.poll(&mut events, Some(Duration::from_nanos(wait))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
+                }
+            }
+            if precise_armed {
+                if let Some(t) = &precise {
+                    t.arm(0);
+                    t.clear();
                 }
             }
             mailbox.sleeping.store(false, Ordering::SeqCst);
