@@ -458,50 +458,44 @@ impl CoreState {
                 writable: false,
                 closed: false,
             };
-            match self.queue_index::<IoEvent>(shared, stage, activity) {
-                Ok(q) => {
-                    // Readiness is never refused: it is bounded by one queued event per
-                    // source, and dropping it would lose an edge-triggered wakeup for good.
-                    let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
-                    gate.force_admit(&shared.stages[stage as usize].load);
-                    shared.core_pending[self.core]
-                        .0
-                        .fetch_add(1, Ordering::AcqRel);
-                    shared.edges.record(self.core, EdgeFrom::Io, stage);
-                    self.push::<IoEvent>(
-                        stage,
-                        q,
-                        Envelope {
-                            msg: event,
-                            enq_ns: self.now_ns,
-                        },
-                    );
-                }
-                Err(_) => {
-                    // The activity is gone: deliver in /infra so the owner can close the source.
-                    self.io[token.0].activity = INFRA;
-                    match self.queue_index::<IoEvent>(shared, stage, INFRA) {
-                        Ok(q) => {
-                            let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
-                            gate.force_admit(&shared.stages[stage as usize].load);
-                            shared.core_pending[self.core]
-                                .0
-                                .fetch_add(1, Ordering::AcqRel);
-                            shared.edges.record(self.core, EdgeFrom::Io, stage);
-                            self.push::<IoEvent>(
-                                stage,
-                                q,
-                                Envelope {
-                                    msg: event,
-                                    enq_ns: self.now_ns,
-                                },
-                            );
-                        }
-                        Err(_) => self.io[token.0].pending = false,
-                    }
+            // Readiness is never refused: it is bounded by one queued event per source, and
+            // dropping it would lose an edge-triggered wakeup for good. If the activity is gone,
+            // it is delivered in /infra so the owner can close the source.
+            if !self.push_io_event(shared, stage, activity, event) {
+                self.io[token.0].activity = INFRA;
+                if !self.push_io_event(shared, stage, INFRA, event) {
+                    self.io[token.0].pending = false;
                 }
             }
         }
+    }
+
+    /// Queues a readiness event in `activity` without admission; false if no queue can be had.
+    fn push_io_event(
+        &mut self,
+        shared: &Shared,
+        stage: StageId,
+        activity: ActivityId,
+        event: IoEvent,
+    ) -> bool {
+        let Ok(q) = self.queue_index::<IoEvent>(shared, stage, activity) else {
+            return false;
+        };
+        let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
+        gate.force_admit(&shared.stages[stage as usize].load);
+        shared.core_pending[self.core]
+            .0
+            .fetch_add(1, Ordering::AcqRel);
+        shared.edges.record(self.core, EdgeFrom::Io, stage);
+        self.push::<IoEvent>(
+            stage,
+            q,
+            Envelope {
+                msg: event,
+                enq_ns: self.now_ns,
+            },
+        );
+        true
     }
 
     /// Fills a dequeued `IoEvent` with the readiness merged since it was queued.

@@ -140,15 +140,18 @@ fn slot_mut(slots: &mut Vec<Slot>, id: ClientId) -> &mut Slot {
     &mut slots[i]
 }
 
-/// Clients in the order they became ready; the head is served until it has no more work.
+/// A queue of ready clients, the body of both FIFO and round robin: they differ only in where
+/// a client that still has work goes after its dispatch (back to the front, or to the back).
 #[derive(Debug, Default)]
-pub struct Fifo {
+struct ReadyList {
     slots: Vec<Slot>,
     queue: VecDeque<ClientId>,
     ready: usize,
+    /// Round robin: a client that still has work goes to the back.
+    requeue_back: bool,
 }
 
-impl Scheduler for Fifo {
+impl Scheduler for ReadyList {
     fn add_client(&mut self, id: ClientId, _params: &ClientParams) {
         let s = slot_mut(&mut self.slots, id);
         assert!(!s.registered, "client {id} added twice");
@@ -192,72 +195,13 @@ impl Scheduler for Fifo {
         s.in_service = false;
         s.stats.charged += cost;
         s.stats.dispatches += 1;
-        if still_ready {
-            self.queue.push_front(id);
-        } else {
+        if !still_ready {
             s.ready = false;
             self.ready -= 1;
-        }
-    }
-    fn client_statistics(&self, id: ClientId) -> ClientStats {
-        self.slots[id as usize].stats
-    }
-    fn ready_count(&self) -> usize {
-        self.ready
-    }
-}
-
-/// One dispatch per ready client in turn, whatever it costs.
-#[derive(Debug, Default)]
-pub struct RoundRobin {
-    slots: Vec<Slot>,
-    queue: VecDeque<ClientId>,
-    ready: usize,
-}
-
-impl Scheduler for RoundRobin {
-    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
-        Fifo::add_client_to(&mut self.slots, id, params);
-    }
-    fn update_client(&mut self, _id: ClientId, _params: &ClientParams) {}
-    fn remove_client(&mut self, id: ClientId) {
-        self.client_suspended(id);
-        self.slots[id as usize] = Slot::default();
-    }
-    fn client_ready(&mut self, id: ClientId) {
-        let s = &mut self.slots[id as usize];
-        if s.ready {
-            return;
-        }
-        s.ready = true;
-        self.ready += 1;
-        self.queue.push_back(id);
-    }
-    fn client_suspended(&mut self, id: ClientId) {
-        let s = &mut self.slots[id as usize];
-        assert!(!s.in_service, "cannot suspend a client in service");
-        if s.ready {
-            s.ready = false;
-            self.ready -= 1;
-            self.queue.retain(|&c| c != id);
-        }
-    }
-    fn schedule(&mut self) -> Option<ClientId> {
-        let id = self.queue.pop_front()?;
-        self.slots[id as usize].in_service = true;
-        Some(id)
-    }
-    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
-        let s = &mut self.slots[id as usize];
-        assert!(s.in_service, "record for a client not in service");
-        s.in_service = false;
-        s.stats.charged += cost;
-        s.stats.dispatches += 1;
-        if still_ready {
+        } else if self.requeue_back {
             self.queue.push_back(id);
         } else {
-            s.ready = false;
-            self.ready -= 1;
+            self.queue.push_front(id);
         }
     }
     fn client_statistics(&self, id: ClientId) -> ClientStats {
@@ -268,16 +212,59 @@ impl Scheduler for RoundRobin {
     }
 }
 
-impl Fifo {
-    fn add_client_to(slots: &mut Vec<Slot>, id: ClientId, _params: &ClientParams) {
-        let s = slot_mut(slots, id);
-        assert!(!s.registered, "client {id} added twice");
-        *s = Slot {
-            registered: true,
+/// Clients in the order they became ready; the head is served until it has no more work.
+#[derive(Debug, Default)]
+pub struct Fifo(ReadyList);
+
+/// One dispatch per ready client in turn, whatever it costs.
+#[derive(Debug)]
+pub struct RoundRobin(ReadyList);
+
+impl Default for RoundRobin {
+    fn default() -> Self {
+        RoundRobin(ReadyList {
+            requeue_back: true,
             ..Default::default()
-        };
+        })
     }
 }
+
+macro_rules! delegate_list {
+    ($t:ty) => {
+        impl Scheduler for $t {
+            fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+                self.0.add_client(id, params)
+            }
+            fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+                self.0.update_client(id, params)
+            }
+            fn remove_client(&mut self, id: ClientId) {
+                self.0.remove_client(id)
+            }
+            fn client_ready(&mut self, id: ClientId) {
+                self.0.client_ready(id)
+            }
+            fn client_suspended(&mut self, id: ClientId) {
+                self.0.client_suspended(id)
+            }
+            fn schedule(&mut self) -> Option<ClientId> {
+                self.0.schedule()
+            }
+            fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+                self.0.resource_record(id, cost, still_ready)
+            }
+            fn client_statistics(&self, id: ClientId) -> ClientStats {
+                self.0.client_statistics(id)
+            }
+            fn ready_count(&self) -> usize {
+                self.0.ready_count()
+            }
+        }
+    };
+}
+
+delegate_list!(Fifo);
+delegate_list!(RoundRobin);
 
 /// Strict priority: the ready client with the lowest `priority` value is served; equal
 /// priorities take turns (round robin). Lower levels starve while a higher one is backlogged:
@@ -328,7 +315,12 @@ impl StrictPriority {
 
 impl Scheduler for StrictPriority {
     fn add_client(&mut self, id: ClientId, params: &ClientParams) {
-        Fifo::add_client_to(&mut self.slots, id, params);
+        let s = slot_mut(&mut self.slots, id);
+        assert!(!s.registered, "client {id} added twice");
+        *s = Slot {
+            registered: true,
+            ..Default::default()
+        };
         let i = id as usize;
         if self.priority_of.len() <= i {
             self.priority_of.resize(i + 1, 0);
