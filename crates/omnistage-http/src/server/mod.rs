@@ -15,7 +15,13 @@
 //!                configured: its own scheduler (SFQ by bytes under a link shaper,
 //!                one node per tenant with its weight and cap, a leaf per
 //!                connection) decides whose bytes go out next                   (/infra)
+//! http.cont ──── a connection's continuation (more body, more pipelined
+//!                requests) after it yielded; never refused                     (tenant)
+//! http.disk ──── a disk read coming back from the disk stage (`disk.rs`)       (tenant)
 //! ```
+//!
+//! Output is a queue of segments written with `writev` (`output.rs`); the disk stage is a pool
+//! of reader threads behind a byte-fair scheduler (`disk.rs`).
 //!
 //! Receive is lazy (QLinux's LRP): the first request of a connection is read and parsed in
 //! `/infra` (nobody knows the tenant before the Host header); from then on the connection's
