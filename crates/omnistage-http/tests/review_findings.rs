@@ -47,7 +47,7 @@ fn a_streamed_body_continues_when_the_work_gate_refuses() {
     let server = start(&toml);
     let rt = server.runtime();
     let t = rt.activity_id("/tenants/t").unwrap();
-    // Stands in for a p90 controller that has cut the tenant's rate (or a full 4096 queue).
+    // Stands in for a p90 controller that has cut the tenant's rate (or a full queue).
     rt.set_admission(
         server.work_stage(),
         t,

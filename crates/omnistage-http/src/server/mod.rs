@@ -81,8 +81,6 @@ const OUT_PENDING_BYTES_MAX: usize = 1 << 20;
 const LOG_BUFFER_BYTES: usize = 32 * 1024;
 /// How often each core flushes its access log buffer.
 const LOG_FLUSH_INTERVAL_NS: u64 = 1_000_000_000;
-/// Requests queued per tenant (per work-stage queue, all cores) before new ones get 503.
-const WORK_QUEUE_PER_TENANT: usize = 4096;
 /// `Retry-After` seconds sent with 503.
 const RETRY_AFTER_S: &str = "1";
 /// Files up to this size are kept in memory by the cache (larger ones are streamed).
@@ -688,7 +686,14 @@ impl Server {
             .map_err(|e| e.to_string())?;
         let work_cfg = StageConfig {
             batch_max: 4,
-            queue_limit: WORK_QUEUE_PER_TENANT,
+            // A connection has at most one request with the work stage at a time, so a
+            // tenant's queue never holds more than the server's connections: bounding it lower
+            // would turn many well-behaved connections into 503s. Overload control is the
+            // tenant's p90 target, not this bound.
+            queue_limit: config
+                .server
+                .connections_max
+                .clamp(1, omnistage::exec::QUEUE_LIMIT_MAX),
             ..Default::default()
         };
         let work = b
