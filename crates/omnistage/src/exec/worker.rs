@@ -284,19 +284,24 @@ where
     fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch {
         let now = st.now_ns;
         let load = &shared.stages[self.id as usize].load;
-        let (activity, gate) = {
+        // The gate is cloned only when its controller will be fed after the batch: the common
+        // dispatch takes no reference count.
+        let (activity, observe_gate) = {
             let lq = &mut st.queues::<M>(self.id).qs[q as usize];
             let n = batch_max.min(lq.items.len());
             self.buf.extend(lq.items.drain(..n));
-            (lq.activity, lq.gate.clone())
+            // The messages leave the queue: their places are free for new sends.
+            lq.gate.release_n(load, n);
+            (
+                lq.activity,
+                lq.gate.has_controller().then(|| lq.gate.clone()),
+            )
         };
         let n = self.buf.len();
         debug_assert!(n > 0, "dispatched an empty queue");
-        // The messages leave the queue: their places are free for new sends.
-        gate.release_n(load, n);
         let mut wait_ns = 0;
         st.responses.clear();
-        let observe = gate.has_controller();
+        let observe = observe_gate.is_some();
         // Enqueue times feed the controller and, when accounting, the latency histograms
         // (a reused buffer: no allocation once it has grown to the batch size).
         let keep = observe || !st.bypass;
@@ -326,9 +331,7 @@ where
             // A handler may re-tag; the next message of the batch starts from its own activity.
             st.current_activity = activity;
         }
-        if observe {
-            st.observe_gate = Some(gate);
-        }
+        st.observe_gate = observe_gate;
         let still_backlogged = !st.queues::<M>(self.id).qs[q as usize].items.is_empty();
         Batch {
             messages: n as u32,
