@@ -9,13 +9,13 @@
 //! `/proc/PID/status`.
 
 use super::cfgweb;
+use super::nginx;
 use super::report::{self, Doc, Table};
 use super::util::machine;
 use super::Common;
 use clap::Args;
 use serde::Serialize;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ pub struct ConnectionsArgs {
     /// Think time of the active runs, ms.
     #[arg(long, default_value_t = 1.0)]
     think_ms: f64,
-    #[arg(long, default_value = "/usr/sbin/nginx")]
+    #[arg(long, default_value = nginx::DEFAULT_BIN)]
     nginx: PathBuf,
     /// Write connections.json, .md and .svg here.
     #[arg(long)]
@@ -132,11 +132,6 @@ mod sys {
         None
     }
     pub fn trim() {}
-}
-
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
 /// Starts `omnistage load --json` as a child process.
@@ -246,59 +241,6 @@ fn measure(
     })
 }
 
-struct Nginx {
-    child: Child,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nginx(
-    bin: &Path,
-    dir: &Path,
-    root: &Path,
-    port: u16,
-    conns: usize,
-) -> Result<Nginx, String> {
-    let conf = dir.join("nginx.conf");
-    let text = format!(
-        "worker_processes 1;\nworker_cpu_affinity 01;\ndaemon off;\nmaster_process off;\npid {pid};\nerror_log {err};\n\
-         worker_rlimit_nofile {fds};\nevents {{ worker_connections {wc}; }}\n\
-         http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000; keepalive_timeout 120s;\n\
-         open_file_cache max=1000 inactive=20s; open_file_cache_valid 1s;\n\
-         client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-         server {{ listen 127.0.0.1:{port} backlog=4096; root {root}; }} }}\n",
-        pid = dir.join("nginx.pid").display(),
-        err = dir.join("error.log").display(),
-        fds = conns + 200,
-        wc = conns + 100,
-        d = dir.display(),
-        root = root.display(),
-    );
-    std::fs::write(&conf, text).map_err(|e| e.to_string())?;
-    let child = Command::new(bin)
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(dir)
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start nginx: {e}"))?;
-    let ng = Nginx { child };
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if t0.elapsed() > Duration::from_secs(5) {
-            return Err("nginx did not start listening".into());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(ng)
-}
-
 /// TCP sockets a process holds (entries of /proc/PID/fd that are sockets), minus one listener.
 fn sockets_of(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -392,12 +334,18 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         for &n in &run_levels {
             let dir = root.join(format!("nginx-{n}"));
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            let port = free_port()?;
-            let ng = match start_nginx(&a.nginx, &dir, &root, port, n) {
+            let port = nginx::free_port()?;
+            let ng = match nginx::start(
+                &a.nginx,
+                &dir,
+                port,
+                n,
+                &nginx::server_block(port, &root, None, ""),
+            ) {
                 Ok(ng) => ng,
                 Err(e) => return Ok(Some(e)),
             };
-            let pid = ng.child.id();
+            let pid = ng.pid();
             let lv = measure(
                 "nginx",
                 &format!("127.0.0.1:{port}"),

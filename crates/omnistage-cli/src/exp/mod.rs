@@ -9,6 +9,7 @@ mod connections;
 mod cpu;
 mod harness;
 mod isolation;
+pub(crate) mod nginx;
 mod overhead;
 mod peer;
 pub(crate) mod report;

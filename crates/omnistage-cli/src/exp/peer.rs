@@ -4,16 +4,15 @@
 //! the medians are compared. nginx runs from Debian's package if it is installed; otherwise the
 //! experiment says so and reports omnistage alone.
 
+use super::nginx;
 use super::util::machine;
 use super::Common;
 use clap::{Args, Parser};
 use omnistage_http::config::parse_config;
 use omnistage_http::server::{Server, ServerOptions};
 use serde::Serialize;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Args, Clone)]
 pub struct PeerArgs {
@@ -28,7 +27,7 @@ pub struct PeerArgs {
     /// File size in bytes.
     #[arg(long, default_value_t = 1024)]
     file_bytes: usize,
-    #[arg(long, default_value = "/usr/sbin/nginx")]
+    #[arg(long, default_value = nginx::DEFAULT_BIN)]
     nginx: PathBuf,
     #[command(flatten)]
     common: Common,
@@ -98,57 +97,6 @@ fn load(addr: &str, conns: usize, seconds: f64) -> Result<Round, String> {
     })
 }
 
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
-
-struct Nginx {
-    child: Child,
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nginx(bin: &Path, dir: &Path, root: &Path, port: u16) -> Result<Nginx, String> {
-    let conf = dir.join("nginx.conf");
-    // One worker pinned to CPU 0, no access log, sendfile, and an open-file cache (omnistage
-    // keeps open files for 1 s too, so both avoid an open() per request).
-    let text = format!(
-        "worker_processes 1;\nworker_cpu_affinity 01;\ndaemon off;\nmaster_process off;\npid {pid};\nerror_log {err};\n\
-         events {{ worker_connections 4096; }}\n\
-         http {{ access_log off; sendfile on; tcp_nopush on; keepalive_requests 1000000;\n\
-         open_file_cache max=1000 inactive=20s; open_file_cache_valid 1s;\n\
-         client_body_temp_path {d}; proxy_temp_path {d}; fastcgi_temp_path {d}; uwsgi_temp_path {d}; scgi_temp_path {d};\n\
-         server {{ listen 127.0.0.1:{port}; root {root}; }} }}\n",
-        pid = dir.join("nginx.pid").display(),
-        err = dir.join("error.log").display(),
-        d = dir.display(),
-        root = root.display(),
-    );
-    std::fs::write(&conf, text).map_err(|e| e.to_string())?;
-    let child = Command::new(bin)
-        .arg("-c")
-        .arg(&conf)
-        .arg("-p")
-        .arg(dir)
-        .spawn()
-        .map_err(|e| format!("cannot start nginx: {e}"))?;
-    let n = Nginx { child };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(n);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err("nginx did not start listening within 5 s".into())
-}
-
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -196,8 +144,14 @@ pub fn run(a: PeerArgs) -> Result<(), String> {
         r.server = "omnistage";
         rounds.push(r);
         if nginx_ok {
-            let port = free_port()?;
-            let ng = start_nginx(&a.nginx, &dir, &root, port)?;
+            let port = nginx::free_port()?;
+            let ng = nginx::start(
+                &a.nginx,
+                &dir,
+                port,
+                4096,
+                &nginx::server_block(port, &root, None, ""),
+            )?;
             let mut r = load(&format!("127.0.0.1:{port}"), a.conns, a.seconds)?;
             drop(ng);
             r.server = "nginx";
