@@ -1,6 +1,6 @@
 //! `all`: runs every experiment with short durations, each in its own process (`omnistage exp
-//! NAME --json`), writes `<out>/NAME.json` for each (the new ones also write their `.md` and
-//! `.svg`), and `<out>/README.md` with one row per experiment: the seed figure, the seed's
+//! NAME --json --out <out>`); each writes `<out>/NAME.json`, its page `NAME.md` and chart
+//! `NAME.svg` (`writes_own`; otherwise the JSON on stdout is saved), and `<out>/README.md` with one row per experiment: the seed figure, the seed's
 //! number, ours (read from the JSON), the peer's where relevant, and whether the goal is met.
 
 use super::util::machine;
@@ -57,8 +57,9 @@ fn max_err_pts(v: &Value, list: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// A duration for a command line: at most two decimals (0.6, not 0.6000000000000001).
 fn s(x: f64) -> String {
-    format!("{x}")
+    format!("{}", (x * 100.0).round() / 100.0)
 }
 
 pub fn run(a: AllArgs) -> Result<(), String> {
@@ -71,7 +72,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         Exp {
             file: "cpu-share",
             args: [v(&["cpu-share", "--seconds"]), vec![sec(5.0)]].concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "Vortex/Omni-Kernel: CPU shares by weight",
             seed_number: "shares within ~1 pt of weights",
             ours: |j| {
@@ -89,7 +90,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         Exp {
             file: "cross-core",
             args: [v(&["cross-core", "--seconds"]), vec![sec(5.0)]].concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "seastar#1430 (shares across cores)",
             seed_number: "25/75 with per-core SFQ (target 50/50)",
             ours: |j| {
@@ -104,7 +105,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         Exp {
             file: "sched-cost",
             args: v(&["sched-cost", "--rounds", "3", "--seconds", "0.3"]),
-            writes_own: false,
+            writes_own: true,
             seed: "Omni-Kernel §V-G (scheduler cost)",
             seed_number: "-",
             ours: |j| {
@@ -126,7 +127,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 vec![sec(6.0)],
             ]
             .concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "Vortex Fig. 8-10 / QLinux (web CPU shares)",
             seed_number: "shares by weight",
             ours: |j| web_share_row(j, 2.0),
@@ -138,7 +139,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 vec![sec(6.0)],
             ]
             .concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "Omni-Kernel (network shares)",
             seed_number: "shares by weight",
             ours: |j| web_share_row(j, 2.0),
@@ -150,7 +151,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 vec![sec(6.0)],
             ]
             .concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "Omni-Kernel (disk shares)",
             seed_number: "shares by weight",
             ours: |j| web_share_row(j, 5.0),
@@ -162,7 +163,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 vec![sec(3.0)],
             ]
             .concat(),
-            writes_own: false,
+            writes_own: true,
             seed: "Vortex: web server vs a conventional one",
             seed_number: "-",
             ours: |j| {
@@ -398,7 +399,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
     }
     let md = format!(
         "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**. One row per experiment; numbers are read from each \
-         experiment's JSON beside this file. Experiments with a `.md` page also have a chart (`.svg`).\n\n\
+         experiment's JSON beside this file; each experiment's page (`.md`) has its tables and chart (`.svg`).\n\n\
          | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}",
         a.out.display(), t_all.elapsed().as_secs_f64(), machine()
     );

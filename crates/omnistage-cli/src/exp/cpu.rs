@@ -2,12 +2,14 @@
 //! doing the same fixed work and re-sending itself in its own activity, on its own core.
 //! Shares are measured two ways: charged CPU from the ledger, and messages completed.
 
+use super::report::{self, Doc, Table};
 use super::util::{burn, burn_iters_per_us, machine, water_fill};
 use super::Common;
 use clap::Args;
 use omnistage::activity::ActivitySpec;
 use omnistage::exec::{Affinity, Runtime, StageConfig, StageRef};
 use serde::Serialize;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -24,6 +26,9 @@ pub struct CpuShareArgs {
     /// Fixed work per message, in microseconds (calibrated once at start).
     #[arg(long, default_value_t = 20.0)]
     work_us: f64,
+    /// Write the JSON, a page (.md) and a chart (.svg) into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -36,6 +41,9 @@ pub struct CrossCoreArgs {
     workers: Option<usize>,
     #[arg(long, default_value_t = 20.0)]
     work_us: f64,
+    /// Write the JSON, a page (.md) and a chart (.svg) into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -232,50 +240,118 @@ fn measure(
     })
 }
 
-fn print(report: &ShareReport, json: bool) {
-    if json {
-        println!("{}", serde_json::to_string(report).expect("serializable"));
-        return;
-    }
-    println!(
-        "{}: {} workers, {:.1} s, {:.1} µs per message; {}",
-        report.experiment, report.workers, report.seconds, report.work_us, report.machine
-    );
-    println!(
-        "{:<16} {:>6} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}",
-        "activity", "weight", "cores", "target", "share", "error_pts", "completed", "done_share"
-    );
+/// The page: one row per activity, one per core, and a bar chart of target vs measured share.
+fn emit(report: &ShareReport, json: bool, out: Option<&Path>) -> Result<(), String> {
+    let mut acts = Table::new(&[
+        "activity",
+        "weight",
+        "cores",
+        "target",
+        "share (charged CPU)",
+        "error pts",
+        "completed",
+        "share (completed)",
+    ]);
     for a in &report.activities {
         let cores: Vec<String> = a.cores.iter().map(|c| c.to_string()).collect();
-        println!(
-            "{:<16} {:>6} {:>8} {:>8.4} {:>8.4} {:>10.2} {:>10} {:>10.4}",
-            a.path,
-            a.weight,
+        acts.row(vec![
+            a.path.clone(),
+            a.weight.to_string(),
             cores.join(","),
-            a.target_share,
-            a.share,
-            a.error_pts,
-            a.completed,
-            a.completed_share
-        );
+            format!("{:.4}", a.target_share),
+            format!("{:.4}", a.share),
+            format!("{:+.2}", a.error_pts),
+            a.completed.to_string(),
+            format!("{:.4}", a.completed_share),
+        ]);
     }
-    println!(
-        "unattributed fraction (|OS busy - charged| / elapsed; OS busy = thread CPU + run-queue wait + steal): {:.5}",
-        report.unattributed_fraction
-    );
+    let mut cores = Table::new(&[
+        "core",
+        "elapsed s",
+        "idle s",
+        "charged s",
+        "OS cpu s",
+        "run-queue s",
+        "steal s",
+        "unattributed ms",
+    ]);
     for c in &report.cores {
-        println!(
-            "  core {}: elapsed {:.3} s, idle {:.3} s, charged {:.3} s, OS cpu {:.3} s + runqueue {:.3} s + steal {:.3} s, unattributed {:+.3} ms",
-            c.core,
-            c.elapsed_ns as f64 / 1e9,
-            c.idle_ns as f64 / 1e9,
-            c.charged_ns as f64 / 1e9,
-            c.os_cpu_ns as f64 / 1e9,
-            c.os_runqueue_ns as f64 / 1e9,
-            c.os_steal_ns as f64 / 1e9,
-            c.unattributed_ns as f64 / 1e6
-        );
+        cores.row(vec![
+            c.core.to_string(),
+            format!("{:.3}", c.elapsed_ns as f64 / 1e9),
+            format!("{:.3}", c.idle_ns as f64 / 1e9),
+            format!("{:.3}", c.charged_ns as f64 / 1e9),
+            format!("{:.3}", c.os_cpu_ns as f64 / 1e9),
+            format!("{:.3}", c.os_runqueue_ns as f64 / 1e9),
+            format!("{:.3}", c.os_steal_ns as f64 / 1e9),
+            format!("{:+.3}", c.unattributed_ns as f64 / 1e6),
+        ]);
     }
+    let max_err = report
+        .activities
+        .iter()
+        .map(|a| a.error_pts.abs())
+        .fold(0.0, f64::max);
+    let (title, goal_pts) = match report.experiment {
+        "cross-core" => (
+            "cross-core: weights 1:1, A on core 0 only, B on every core",
+            3.0,
+        ),
+        _ => ("cpu-share: always-backlogged activities by weight", 1.0),
+    };
+    let doc = Doc {
+        title: title.into(),
+        command: format!(
+            "omnistage exp {} --seconds {}",
+            report.experiment, report.seconds
+        ),
+        machine: report.machine.clone(),
+        intro: vec![format!(
+            "{} workers, {:.1} s, {:.1} µs of fixed work per message; every activity keeps \
+             messages queued on each of its cores, so each is always backlogged. The target share is \
+             the water-filled share of the machine's CPU by weight (an activity confined to fewer \
+             cores cannot take more than those cores); the share is CPU charged by the ledger.",
+            report.workers, report.seconds, report.work_us
+        )],
+        tables: vec![
+            ("Shares per activity".into(), acts),
+            ("Per core (unattributed = OS busy − charged; OS busy = thread CPU + run-queue wait + steal)".into(), cores),
+        ],
+        notes: vec![format!(
+            "Largest error {max_err:.2} points (goal ≤ {goal_pts} point{}): {}. Unattributed \
+             fraction of elapsed core time: {:.4} %.",
+            if goal_pts > 1.0 { "s" } else { "" },
+            if max_err <= goal_pts { "met" } else { "NOT met" },
+            report.unattributed_fraction * 100.0
+        )],
+    };
+    report::emit(report.experiment, report, &doc, json, out, |p| {
+        let cats: Vec<String> = report.activities.iter().map(|a| a.path.clone()).collect();
+        report::svg_bars(
+            p,
+            &format!("{}: target vs measured CPU share", report.experiment),
+            "share of the machine's CPU",
+            &cats,
+            &[
+                (
+                    "target".into(),
+                    report.activities.iter().map(|a| a.target_share).collect(),
+                ),
+                (
+                    "charged CPU".into(),
+                    report.activities.iter().map(|a| a.share).collect(),
+                ),
+                (
+                    "completed".into(),
+                    report
+                        .activities
+                        .iter()
+                        .map(|a| a.completed_share)
+                        .collect(),
+                ),
+            ],
+        )
+    })
 }
 
 fn default_workers() -> usize {
@@ -300,8 +376,7 @@ pub fn cpu_share(a: CpuShareArgs) -> Result<(), String> {
         })
         .collect();
     let r = measure("cpu-share", specs, workers, a.seconds, a.work_us)?;
-    print(&r, a.common.json);
-    Ok(())
+    emit(&r, a.common.json, a.out.as_deref())
 }
 
 pub fn cross_core(a: CrossCoreArgs) -> Result<(), String> {
@@ -322,6 +397,5 @@ pub fn cross_core(a: CrossCoreArgs) -> Result<(), String> {
         },
     ];
     let r = measure("cross-core", specs, workers, a.seconds, a.work_us)?;
-    print(&r, a.common.json);
-    Ok(())
+    emit(&r, a.common.json, a.out.as_deref())
 }

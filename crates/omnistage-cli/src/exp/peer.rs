@@ -5,6 +5,7 @@
 //! experiment says so and reports omnistage alone.
 
 use super::nginx;
+use super::report::{self, Doc, Table};
 use super::util::machine;
 use super::Common;
 use clap::{Args, Parser};
@@ -29,6 +30,9 @@ pub struct PeerArgs {
     file_bytes: usize,
     #[arg(long, default_value = nginx::DEFAULT_BIN)]
     nginx: PathBuf,
+    /// Write http-vs-nginx.json, .md and .svg into this directory.
+    #[arg(long)]
+    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -183,30 +187,70 @@ pub fn run(a: PeerArgs) -> Result<(), String> {
         conns: a.conns,
         file_bytes: a.file_bytes,
     };
-    if a.common.json {
-        println!("{}", serde_json::to_string(&report).expect("serializable"));
-        return Ok(());
+    let mut t = Table::new(&["round", "server", "req/s", "p50 ms", "p99 ms", "errors"]);
+    for (i, r) in report.rounds.iter().enumerate() {
+        t.row(vec![
+            (i / 2 + 1).to_string(),
+            r.server.to_string(),
+            format!("{:.0}", r.req_per_s),
+            format!("{:.3}", r.p50_ms),
+            format!("{:.3}", r.p99_ms),
+            r.errors.to_string(),
+        ]);
     }
-    println!(
-        "http-vs-nginx: 1 worker each on CPU 0, load on CPU 1, {} keep-alive conns, {} B file, {} rounds of {} s; {}",
-        a.conns, a.file_bytes, a.rounds, a.seconds, report.machine
-    );
-    for r in &report.rounds {
-        println!(
-            "  {:<10} {:>10.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}",
-            r.server, r.req_per_s, r.p50_ms, r.p99_ms, r.errors
-        );
-    }
-    match (report.nginx_req_per_s, report.ratio) {
-        (Some(n), Some(ratio)) => println!(
-            "median: omnistage {:.0} req/s, nginx {:.0} req/s, ratio {:.2}",
-            report.omnistage_req_per_s, n, ratio
+    let verdict = match (report.nginx_req_per_s, report.ratio) {
+        (Some(n), Some(ratio)) => format!(
+            "Median: omnistage {:.0} req/s, nginx {n:.0} req/s, ratio {ratio:.2} (≥ 1: at least as fast as nginx).",
+            report.omnistage_req_per_s
         ),
-        _ => println!(
-            "median: omnistage {:.0} req/s ({})",
+        _ => format!(
+            "Median: omnistage {:.0} req/s; nginx not run ({}).",
             report.omnistage_req_per_s,
-            report.nginx_note.as_deref().unwrap_or("")
+            report.nginx_note.as_deref().unwrap_or("not installed")
         ),
-    }
-    Ok(())
+    };
+    let doc = Doc {
+        title: "http-vs-nginx: requests/s side by side".into(),
+        command: format!(
+            "omnistage exp http-vs-nginx --rounds {} --seconds {} --conns {}",
+            a.rounds, a.seconds, a.conns
+        ),
+        machine: report.machine.clone(),
+        intro: vec![format!(
+            "One worker each pinned to CPU 0 (omnistage with full scheduling and accounting; nginx \
+             with sendfile and an open-file cache, no access log), the load generator on CPU 1, {} \
+             keep-alive connections, a {} B file, {} alternating rounds of {} s; medians compared.",
+            a.conns, a.file_bytes, a.rounds, a.seconds
+        )],
+        tables: vec![(String::new(), t)],
+        notes: vec![verdict],
+    };
+    report::emit(
+        "http-vs-nginx",
+        &report,
+        &doc,
+        a.common.json,
+        a.out.as_deref(),
+        |p| {
+            let cats: Vec<String> = (1..=a.rounds).map(|i| format!("round {i}")).collect();
+            let per = |name: &str| -> Vec<f64> {
+                report
+                    .rounds
+                    .iter()
+                    .filter(|r| r.server == name)
+                    .map(|r| r.req_per_s)
+                    .collect()
+            };
+            report::svg_bars(
+                p,
+                "requests/s per round",
+                "requests/s",
+                &cats,
+                &[
+                    ("omnistage".into(), per("omnistage")),
+                    ("nginx".into(), per("nginx")),
+                ],
+            )
+        },
+    )
 }

@@ -3,6 +3,7 @@
 //! measured on the bound resource from the server's ledger; the load generator's view
 //! (requests/s, latency) is reported beside it.
 
+use super::report::{self, Doc, Table};
 use super::util::machine;
 use super::Common;
 use clap::{Args, Parser, ValueEnum};
@@ -42,6 +43,9 @@ pub struct WebShareArgs {
     /// CPU the server's worker is pinned to; the load generator takes the other.
     #[arg(long, default_value_t = 0)]
     server_cpu: usize,
+    /// Write web-share-BOUND.json, .md and .svg into this directory.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -256,10 +260,6 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         burn_us: a.burn_us,
         tenants,
     };
-    if a.common.json {
-        println!("{}", serde_json::to_string(&r).expect("serializable"));
-        return Ok(());
-    }
     let what = match a.bound {
         Bound::Net => format!(
             "/_bytes?n={} under a {} B/s link cap, share of bytes sent",
@@ -271,37 +271,78 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         ),
         _ => format!("/_burn?us={}, share of charged CPU", r.burn_us),
     };
-    println!(
-        "web-share --bound {}: 1 server worker on CPU 0, load on CPU {load_cpu}, {} conns/tenant, {what}, {:.0} s; {}",
-        r.bound, r.conns_per_tenant, r.seconds, r.machine
-    );
-    println!(
-        "{:<6} {:>6} {:>7} {:>7} {:>9} {:>9} {:>8} {:>8} {:>8} {:>7}",
+    let mut t = Table::new(&[
         "tenant",
         "weight",
         "target",
         "share",
-        "error_pts",
+        "error pts",
         "req/s",
-        "p50_ms",
-        "p90_ms",
-        "p99_ms",
-        "errors"
-    );
-    for t in &r.tenants {
-        println!(
-            "{:<6} {:>6} {:>7.3} {:>7.3} {:>9.2} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>7}",
-            t.name,
-            t.weight,
-            t.target_share,
-            t.share,
-            t.error_pts,
-            t.req_per_s,
-            t.p50_ms,
-            t.p90_ms,
-            t.p99_ms,
-            t.errors
-        );
+        "MB/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "errors",
+    ]);
+    for x in &r.tenants {
+        t.row(vec![
+            x.name.clone(),
+            x.weight.to_string(),
+            format!("{:.4}", x.target_share),
+            format!("{:.4}", x.share),
+            format!("{:+.2}", x.error_pts),
+            format!("{:.0}", x.req_per_s),
+            format!("{:.2}", x.bytes_per_s / 1e6),
+            format!("{:.2}", x.p50_ms),
+            format!("{:.2}", x.p90_ms),
+            format!("{:.2}", x.p99_ms),
+            x.errors.to_string(),
+        ]);
     }
-    Ok(())
+    let max_err = r
+        .tenants
+        .iter()
+        .map(|x| x.error_pts.abs())
+        .fold(0.0, f64::max);
+    // The issue's goals: 2 points for CPU and network, 5 for disk.
+    let goal_pts = if a.bound == Bound::Disk { 5.0 } else { 2.0 };
+    let name = format!("web-share-{}", r.bound);
+    let doc = Doc {
+        title: format!("web-share --bound {}: three tenants 50/33/17 on one worker", r.bound),
+        command: format!(
+            "omnistage exp web-share --bound {} --seconds {} --conns {}",
+            r.bound, r.seconds, r.conns_per_tenant
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "One server worker pinned to CPU {}, the load generator on CPU {load_cpu}, {} keep-alive \
+             connections per tenant each keeping a request outstanding (every tenant offers more \
+             than its share); {what}; {:.0} s after {WARMUP_S} s of warm-up.",
+            a.server_cpu, r.conns_per_tenant, r.seconds
+        )],
+        tables: vec![(String::new(), t)],
+        notes: vec![format!(
+            "Largest error {max_err:.2} points (goal ≤ {goal_pts} points): {}.",
+            if max_err <= goal_pts { "met" } else { "NOT met" }
+        )],
+    };
+    report::emit(&name, &r, &doc, a.common.json, a.out.as_deref(), |p| {
+        let cats: Vec<String> = r.tenants.iter().map(|x| x.name.clone()).collect();
+        report::svg_bars(
+            p,
+            &format!("web-share --bound {}: target vs measured share", r.bound),
+            "share",
+            &cats,
+            &[
+                (
+                    "target".into(),
+                    r.tenants.iter().map(|x| x.target_share).collect(),
+                ),
+                (
+                    "measured".into(),
+                    r.tenants.iter().map(|x| x.share).collect(),
+                ),
+            ],
+        )
+    })
 }
