@@ -342,6 +342,11 @@ pub struct CoreCounters {
     /// Hypervisor steal time of the CPU the worker is pinned to (`/proc/stat`, tick
     /// resolution), ns; 0 when the worker is not pinned or where unavailable.
     pub os_steal_ns: Counter,
+    /// The part of `infra_ns` spent around sleeps, by the OS's clocks: CPU inside the blocking
+    /// poll (entering and leaving it, the wake-up) and run-queue wait after a wake-up. Read
+    /// from the thread's CPU clock and schedstat on each side of every sleep, and moved from
+    /// idle to infra, so a lightly loaded worker's wake-ups are attributed, not lost.
+    pub wake_ns: Counter,
     /// Messages dropped because a handler panicked.
     pub panics: Counter,
     /// Messages handled (in both scheduled and bypass modes; updated per dispatch).
@@ -431,6 +436,7 @@ impl Ledger {
                 os_cpu_ns: k.os_cpu_ns.get(),
                 os_runqueue_ns: k.os_runqueue_ns.get(),
                 os_steal_ns: k.os_steal_ns.get(),
+                wake_ns: k.wake_ns.get(),
                 panics: k.panics.get(),
             });
         }
@@ -499,10 +505,29 @@ pub struct CoreRow {
     pub os_cpu_ns: u64,
     pub os_runqueue_ns: u64,
     pub os_steal_ns: u64,
+    /// The part of `infra_ns` spent around sleeps (see [`CoreCounters::wake_ns`]).
+    pub wake_ns: u64,
     pub panics: u64,
 }
 
 impl CoreRow {
+    /// This row minus an `earlier` one of the same core: the counters over the interval.
+    pub fn since(&self, earlier: &CoreRow) -> CoreRow {
+        debug_assert_eq!(self.core, earlier.core);
+        CoreRow {
+            core: self.core,
+            elapsed_ns: self.elapsed_ns.saturating_sub(earlier.elapsed_ns),
+            idle_ns: self.idle_ns.saturating_sub(earlier.idle_ns),
+            infra_ns: self.infra_ns.saturating_sub(earlier.infra_ns),
+            dispatch_ns: self.dispatch_ns.saturating_sub(earlier.dispatch_ns),
+            os_cpu_ns: self.os_cpu_ns.saturating_sub(earlier.os_cpu_ns),
+            os_runqueue_ns: self.os_runqueue_ns.saturating_sub(earlier.os_runqueue_ns),
+            os_steal_ns: self.os_steal_ns.saturating_sub(earlier.os_steal_ns),
+            wake_ns: self.wake_ns.saturating_sub(earlier.wake_ns),
+            panics: self.panics.saturating_sub(earlier.panics),
+        }
+    }
+
     /// Time the runtime says the worker was busy: dispatches plus the loop's own work.
     pub fn charged_ns(&self) -> u64 {
         self.dispatch_ns + self.infra_ns
@@ -629,6 +654,29 @@ mod tests {
         let up = s.rolled_up(|a| if a == 0 { None } else { Some(0) }, 8);
         assert_eq!(up.iter().find(|(a, _)| *a == 0).unwrap().1.cpu_ns, 180);
         assert_eq!(s.cpu_ns_total(), 180);
+    }
+
+    #[test]
+    fn core_row_since_is_the_interval() {
+        let a = CoreRow {
+            elapsed_ns: 100,
+            idle_ns: 40,
+            infra_ns: 10,
+            wake_ns: 4,
+            ..Default::default()
+        };
+        let b = CoreRow {
+            elapsed_ns: 300,
+            idle_ns: 90,
+            infra_ns: 30,
+            wake_ns: 9,
+            ..Default::default()
+        };
+        let d = b.since(&a);
+        assert_eq!(
+            (d.elapsed_ns, d.idle_ns, d.infra_ns, d.wake_ns),
+            (200, 50, 20, 5)
+        );
     }
 
     #[test]

@@ -43,3 +43,25 @@ fn messages_are_handled_and_charged() {
     assert_eq!(row.messages, 1000);
     eprintln!("{:?}", snap.cores);
 }
+
+/// An idle worker sleeps; what the OS's clocks find around each sleep is moved from idle to the
+/// loop's time (`wake_ns`, a part of `infra_ns`), and the three parts still tile elapsed time.
+#[test]
+fn sleeps_charge_their_wake_ups_to_the_loop() {
+    let mut b = Runtime::builder().workers(1);
+    b.stage::<u64, _, _>("noop", StageConfig::default(), |_core| |_ctx, _v| {})
+        .unwrap();
+    let rt = b.start().unwrap();
+    // Counters are flushed every 10 ms; wait until several flushes have happened while idle.
+    assert!(wait_until(Duration::from_secs(10), || {
+        rt.snapshot().cores[0].elapsed_ns >= 50_000_000
+    }));
+    let c = rt.snapshot().cores[0];
+    assert!(c.wake_ns > 0, "{c:?}");
+    assert!(c.wake_ns <= c.infra_ns, "{c:?}");
+    assert!(c.idle_ns > 0, "{c:?}");
+    // idle + infra + dispatch tile elapsed (each piece is converted to ns on its own, so allow
+    // a rounding nanosecond per piece: far less than a millisecond).
+    let parts = c.idle_ns + c.infra_ns + c.dispatch_ns;
+    assert!(parts.abs_diff(c.elapsed_ns) < 1_000_000, "{c:?}");
+}

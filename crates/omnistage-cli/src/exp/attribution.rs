@@ -4,9 +4,9 @@
 //! `saturated` (closed loop with CPU-heavy requests, the worker rarely idles). Per phase and core:
 //! elapsed, idle, charged (dispatches + loop) and the OS's busy time (thread CPU, run-queue wait
 //! and steal) from ledger deltas, the unattributed fraction |OS busy − charged| / elapsed, and the
-//! worker thread's sleeps (voluntary context switches) from /proc, to show where the residue
-//! comes from: the kernel's time inside epoll_wait, which the OS counts as the thread's CPU and
-//! the runtime's clock counts as idle.
+//! worker thread's sleeps (voluntary context switches) from /proc. The kernel's time inside
+//! epoll_wait and the wake-up's run-queue wait are measured by the worker with the OS's clocks
+//! around each sleep and charged to the loop (`wake_ns`); the page says how much that is.
 
 use super::harness::{self, ThreadStat};
 use super::report::{self, Doc, Table};
@@ -41,6 +41,8 @@ struct CoreResult {
     os_cpu_ns: u64,
     os_runqueue_ns: u64,
     os_steal_ns: u64,
+    /// The part of the charged (loop) time spent around sleeps by the OS's clocks.
+    wake_ns: u64,
     unattributed_ns: i64,
     unattributed_fraction: f64,
     idle_fraction: f64,
@@ -65,6 +67,9 @@ struct Phase {
     /// Run-queue wait ns per sleep (woken but not yet on a CPU: the runtime's clock is still
     /// in the wait, the OS calls it busy).
     runqueue_ns_per_sleep: Option<f64>,
+    /// Time around each sleep that the worker measured with the OS's clocks and charged to
+    /// the loop (kernel CPU inside the wait, run-queue wait after the wake-up), ns per sleep.
+    wake_ns_per_sleep: Option<f64>,
     worker_thread: ThreadStat,
 }
 
@@ -116,6 +121,7 @@ fn phase(name: &'static str, seconds: f64, load: Vec<String>) -> Result<Phase, S
                 os_cpu_ns: d.os_cpu_ns,
                 os_runqueue_ns: d.os_runqueue_ns,
                 os_steal_ns: d.os_steal_ns,
+                wake_ns: d.wake_ns,
                 unattributed_ns: d.unattributed_ns(),
                 unattributed_fraction: d.unattributed_ns().unsigned_abs() as f64
                     / d.elapsed_ns.max(1) as f64,
@@ -147,6 +153,7 @@ fn phase(name: &'static str, seconds: f64, load: Vec<String>) -> Result<Phase, S
                 .sum(),
         ),
         runqueue_ns_per_sleep: per_sleep(deltas.iter().map(|d| d.os_runqueue_ns as f64).sum()),
+        wake_ns_per_sleep: per_sleep(deltas.iter().map(|d| d.wake_ns as f64).sum()),
         worker_thread: ts,
         cores,
     })
@@ -198,6 +205,7 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
         "OS cpu s",
         "runq ms",
         "steal ms",
+        "wake ms",
         "unattributed ms",
         "unattributed %",
         "sleeps/s",
@@ -216,8 +224,9 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
                 format!("{:.4}", c.os_cpu_ns as f64 / 1e9),
                 format!("{:.1}", c.os_runqueue_ns as f64 / 1e6),
                 format!("{:.1}", c.os_steal_ns as f64 / 1e6),
-                format!("{:+.1}", c.unattributed_ns as f64 / 1e6),
-                format!("{:.3}", c.unattributed_fraction * 100.0),
+                format!("{:.1}", c.wake_ns as f64 / 1e6),
+                format!("{:+.2}", c.unattributed_ns as f64 / 1e6),
+                format!("{:.4}", c.unattributed_fraction * 100.0),
                 format!("{:.0}", p.sleeps_per_s),
                 opt(p.unattributed_ns_per_sleep),
             ]);
@@ -255,13 +264,16 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
                 if r.goal_met { "met" } else { "not met" }
             ),
             format!(
-                "Where the residue comes from: the runtime's clock stops counting at the call into epoll_wait and starts again when \
-                 it returns, and calls that span idle; the OS counts the kernel's work inside that call (entering the wait, \
-                 scheduling out, waking, scheduling back in, collecting events) as the thread's CPU. A second part is the wake-up's run-queue wait: \
-                 the thread is runnable but not yet on its CPU, which the OS calls busy and the runtime's clock (still inside the wait) \
-                 calls idle. Light phase, per sleep: {} ns unattributed = {} ns of thread CPU beyond the charged time + {} ns of \
-                 run-queue wait (+ steal). Saturated phase: {} sleeps, and the figure falls to {:.3} %: the residue is a per-wake-up \
-                 cost, not lost or double-counted dispatch time.",
+                "How the wake-ups are attributed: the runtime's clock cannot see inside epoll_wait, where the kernel works for \
+                 the thread (entering the wait, scheduling out, waking, scheduling back in) and where, once woken, the thread \
+                 waits on the run queue for its CPU; the OS counts both as busy. The worker therefore reads the OS's clocks \
+                 (its thread CPU clock and schedstat's run-queue wait) on each side of every sleep and charges what it finds \
+                 to the loop (/infra) instead of idle: {} ns per sleep in the light phase. Before it did (2026-11-21), this \
+                 phase read 3.3 % unattributed. What remains, per sleep: {} ns unattributed = {} ns of thread CPU beyond \
+                 the charged time + {} ns of run-queue wait (+ steal). A negative residue is time the runtime's clock \
+                 counted as busy while the OS saw the thread neither running nor runnable: blocked in a syscall or a page \
+                 fault outside the wait. Saturated phase: {} sleeps, {:.3} %.",
+                opt(lp.wake_ns_per_sleep),
                 opt(lp.unattributed_ns_per_sleep),
                 opt(lp.cpu_excess_ns_per_sleep),
                 opt(lp.runqueue_ns_per_sleep),

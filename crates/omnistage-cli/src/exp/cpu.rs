@@ -204,17 +204,7 @@ fn measure(
     let mut cores = Vec::new();
     let (mut unattributed_abs, mut elapsed) = (0u64, 0u64);
     for (a, b) in s0.cores.iter().zip(&s1.cores) {
-        let d = omnistage::account::CoreRow {
-            core: a.core,
-            elapsed_ns: b.elapsed_ns - a.elapsed_ns,
-            idle_ns: b.idle_ns - a.idle_ns,
-            infra_ns: b.infra_ns - a.infra_ns,
-            dispatch_ns: b.dispatch_ns - a.dispatch_ns,
-            os_cpu_ns: b.os_cpu_ns - a.os_cpu_ns,
-            os_runqueue_ns: b.os_runqueue_ns - a.os_runqueue_ns,
-            os_steal_ns: b.os_steal_ns - a.os_steal_ns,
-            panics: b.panics - a.panics,
-        };
+        let d = b.since(a);
         unattributed_abs += d.unattributed_ns().unsigned_abs();
         elapsed += d.elapsed_ns;
         cores.push(CoreResult {

@@ -124,17 +124,7 @@ pub fn core_deltas(a: &Snapshot, b: &Snapshot) -> Vec<CoreRow> {
     a.cores
         .iter()
         .zip(&b.cores)
-        .map(|(a, b)| CoreRow {
-            core: a.core,
-            elapsed_ns: b.elapsed_ns - a.elapsed_ns,
-            idle_ns: b.idle_ns - a.idle_ns,
-            infra_ns: b.infra_ns - a.infra_ns,
-            dispatch_ns: b.dispatch_ns - a.dispatch_ns,
-            os_cpu_ns: b.os_cpu_ns - a.os_cpu_ns,
-            os_runqueue_ns: b.os_runqueue_ns - a.os_runqueue_ns,
-            os_steal_ns: b.os_steal_ns - a.os_steal_ns,
-            panics: b.panics - a.panics,
-        })
+        .map(|(a, b)| b.since(a))
         .collect()
 }
 

@@ -1046,6 +1046,9 @@ struct LoopTime {
     idle_ns: u64,
     infra_ns: u64,
     dispatch_ns: u64,
+    /// The part of `infra_ns` spent around sleeps by the OS's clocks (CPU in the blocking poll,
+    /// run-queue wait after a wake-up).
+    wake_ns: u64,
 }
 
 /// The worker thread's body.
@@ -1105,6 +1108,8 @@ pub(crate) fn run(
         .cell(core, INFRA, LOOP_STAGE)
         .expect("first cell of the core fits");
     let mut schedstat = sys::SchedStat::open();
+    // A second handle for the reads around each sleep (the flush closure owns the first).
+    let mut sleep_schedstat = sys::SchedStat::open();
     // Steal is per CPU, so it can be charged to a worker only if the worker owns its CPU.
     let mut steal = pin.map(sys::CpuSteal::open);
     let steal_begin = steal.as_mut().and_then(|s| s.read()).unwrap_or(0);
@@ -1129,6 +1134,7 @@ pub(crate) fn run(
         counters.elapsed_ns.set(clock.delta_as_nanos(t_begin, t));
         counters.idle_ns.set(time.idle_ns);
         counters.infra_ns.set(time.infra_ns);
+        counters.wake_ns.set(time.wake_ns);
         counters.dispatch_ns.set(time.dispatch_ns);
         counters.os_cpu_ns.set(cpu);
         counters.os_runqueue_ns.set(rq);
@@ -1263,11 +1269,21 @@ pub(crate) fn run(
                 }
                 _ => false,
             };
+            // The OS's clocks on each side of the sleep: the kernel's CPU inside the blocking
+            // poll (entering it, the wake-up, leaving it) and the run-queue wait between the
+            // wake-up and running again are the runtime's cost of sleeping, not idle time.
+            // Two syscalls and a schedstat read per sleep: only an idle worker pays them.
+            let cpu_before = sys::thread_cpu_ns();
+            let rq_before = sleep_schedstat.read().map(|(_, w)| w);
+            let sleep_raw = clock.raw();
             if let Err(e) = poll.poll(&mut events, Some(Duration::from_nanos(wait))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
                 }
             }
+            let after = clock.raw();
+            let cpu_after = sys::thread_cpu_ns();
+            let rq_after = sleep_schedstat.read().map(|(_, w)| w);
             if precise_armed {
                 if let Some(t) = &precise {
                     t.arm(0);
@@ -1275,8 +1291,19 @@ pub(crate) fn run(
                 }
             }
             mailbox.sleeping.store(false, Ordering::SeqCst);
-            let after = clock.raw();
-            time.idle_ns += clock.delta_as_nanos(now_raw, after);
+            let slept = clock.delta_as_nanos(sleep_raw, after);
+            let rq_in_sleep = match (rq_before, rq_after) {
+                (Some(b), Some(a)) => a.saturating_sub(b),
+                _ => 0,
+            };
+            // Both OS readings straddle [sleep_raw, after], so they can exceed it by the
+            // reads themselves; never move more than the sleep's own length.
+            let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(slept);
+            time.wake_ns += wake;
+            time.idle_ns += slept - wake;
+            // Arming the sleep and the first OS reads are the loop's work; so is the wake.
+            // The reads after the sleep fall in the next segment, which starts at `after`.
+            time.infra_ns += clock.delta_as_nanos(now_raw, sleep_raw) + wake;
             seg_start = after;
             st.now_ns = shared.ns_of_raw(after);
             last_poll_ns = st.now_ns;
