@@ -347,7 +347,7 @@ pub(crate) fn render(rt: &Runtime, s: &Sample) -> String {
         }
     }
     type CorePick = fn(&omnistage::account::CoreRow) -> Value;
-    let core_families: [(&'static str, &'static str, CorePick); 5] = [
+    let core_families: [(&'static str, &'static str, CorePick); 6] = [
         (
             "omnistage_worker_idle_seconds",
             "Time the worker was blocked waiting for work.",
@@ -357,6 +357,11 @@ pub(crate) fn render(rt: &Runtime, s: &Sample) -> String {
             "omnistage_worker_infra_seconds",
             "The loop's own work (mailboxes, timers, decisions), charged to /infra.",
             |c| secs(c.infra_ns),
+        ),
+        (
+            "omnistage_worker_wake_seconds",
+            "Part of infra: the kernel's work around sleeps (CPU in the wait, run-queue wait after waking), by the OS's clocks.",
+            |c| secs(c.wake_ns),
         ),
         (
             "omnistage_worker_dispatch_seconds",
