@@ -605,6 +605,16 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
                  clients' completed requests (every client counted, including any that completed none), as in SEDA.",
                 r.think_ms, r.requests_per_conn, r.seconds, r.warmup_s
             ),
+            format!(
+                "**Limits**: N clients need 2N file descriptors in this process (the server's end and the load                  generator's; the soft limit was raised to {}) and N local ports at a time ({} in                  net.ipv4.ip_local_port_range; with a reconnect every {} requests, ports left in TIME_WAIT are reused                  on loopback under tcp_tw_reuse). A level that does not fit is skipped and named below.",
+                r.fd_soft_limit
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                r.local_ports
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                r.requests_per_conn
+            ),
             "**Goal** (judged at the top level): throughput (req/s) ≥ nginx's; client Jain ≥ 0.98; max response time \
              below nginx's. SEDA's Fig. 39: at 1024 clients Haboob 201 Mbit/s, mean 547 ms, max 3886 ms, fairness 0.98 \
              (Apache max 93.7 s, fairness 0.80; Flash max 37.4 s)."
