@@ -162,3 +162,40 @@ fn connections_smoke() {
     assert!(l[1]["req_per_s"].as_f64().unwrap() > 0.0);
     assert!(r["nginx_note"].is_string() && r["throughput_ratio"].is_number());
 }
+
+#[test]
+fn specweb_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&[
+        "specweb",
+        "--seconds",
+        "0.3",
+        "--warmup-s",
+        "0.2",
+        "--levels",
+        "4,16",
+        "--dirs",
+        "2",
+        "--nginx",
+        "/nonexistent/nginx",
+    ]);
+    assert_eq!(r["experiment"], "specweb");
+    assert_eq!(r["files"], 72);
+    let l = r["levels"].as_array().unwrap();
+    assert_eq!(l.len(), 2);
+    for k in [
+        "req_per_s",
+        "mbit_per_s",
+        "mean_ms",
+        "p99_ms",
+        "max_ms",
+        "client_jain",
+    ] {
+        assert!(l[1][k].is_number(), "{k}");
+    }
+    assert!(l[1]["req_per_s"].as_f64().unwrap() > 0.0);
+    assert!(l[1]["errors_by_kind"].is_object());
+    assert!(r["nginx_note"].is_string() && r["goal_met"].is_null());
+}

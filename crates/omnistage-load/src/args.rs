@@ -34,6 +34,7 @@ pub const FD_SLACK: u64 = 64;
 /// Each `--tenant` is NAME:HOST:CONNS:MIX[,OPTION...]. MIX is one of `path=/x`,
 /// `zipf=N:ALPHA:/prefix` (requests /prefix/K.bin, K in 0..N, Zipf with exponent ALPHA),
 /// `zipf=FILE:ALPHA` (Zipf over the paths listed in FILE, one per line, most popular first),
+/// `weighted=FILE` (the paths of FILE's `WEIGHT PATH` lines, each with probability WEIGHT/sum),
 /// `burn=US` (/_burn?us=US), `bytes=N` (/_bytes?n=N). OPTION is `rate=R` (open loop for this
 /// tenant) or `think-ms=MS` (closed loop for this tenant).
 #[derive(Args, Debug, Clone)]

@@ -2,7 +2,8 @@
 //!
 //! Drives an HTTP/1.1 server with several tenants at once, each with its own `Host` header, number
 //! of keep-alive connections and URL mix, and reports per-tenant throughput, latency quantiles,
-//! errors by kind and Jain's fairness index across each tenant's connections.
+//! errors by kind and Jain's fairness index across each tenant's connections, and across all
+//! clients (connection slots) of the run.
 //!
 //! It is a benchmark tool, so the measurement comes first:
 //!
@@ -41,7 +42,7 @@ mod engine;
 
 pub use args::LoadArgs;
 pub use report::{format_table, print_table, Report, TenantReport};
-pub use stats::{jain_index, ErrorCounts};
+pub use stats::{client_counts, jain_index, ClientCounts, ErrorCounts};
 
 use engine::{Budget, Run, ThreadResult};
 use mix::Pacing;
@@ -143,6 +144,7 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         ));
     }
     let total_rate: Option<f64> = tenants.iter().map(|t| t.rate_per_s).sum::<Option<f64>>();
+    let client_requests = stats::client_counts(&total.ok_per_connection);
     let total = report::tenant_report(
         TenantMeta {
             name: "total".into(),
@@ -161,6 +163,8 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         warmup_s: plan.warmup.as_secs_f64(),
         tenants,
         total,
+        client_jain: client_requests.jain,
+        client_requests,
     })
 }
 

@@ -8,6 +8,7 @@
 //! | `path=/x` | always `/x` |
 //! | `zipf=N:ALPHA:/prefix` | `/prefix/K.bin`, K in `0..N`, Zipf-distributed with exponent ALPHA (K=0 most popular) |
 //! | `zipf=FILE:ALPHA` | the paths listed in FILE (one per line, `#` comments), Zipf over their order |
+//! | `weighted=FILE` | the paths listed in FILE as `WEIGHT PATH` lines, each drawn with probability WEIGHT / ΣWEIGHT (any popularity law, e.g. SPECweb99's class mix) |
 //! | `burn=US` | `/_burn?us=US` (the server burns US microseconds of CPU) |
 //! | `bytes=N` | `/_bytes?n=N` (the server answers N body bytes) |
 //!
@@ -18,7 +19,7 @@
 //! Everything is bounded by the named constants below, and every error says which part of which
 //! spec is wrong.
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 use rand_distr::{Distribution, Zipf};
 use std::io::Write;
 
@@ -86,6 +87,55 @@ pub enum Mix {
     Fixed(String),
     /// A Zipf-distributed choice from a set.
     Zipf { set: PathSet, zipf: Zipf<f64> },
+    /// A choice from a list with given weights.
+    Weighted(WeightedPaths),
+}
+
+/// Paths with weights, drawn by one uniform number and a binary search over the running sums
+/// (no allocation per draw).
+#[derive(Debug, Clone)]
+pub struct WeightedPaths {
+    paths: Vec<String>,
+    /// `cumulative[i]` = weight of paths `0..=i`; strictly increasing, last = total.
+    cumulative: Vec<f64>,
+}
+
+impl WeightedPaths {
+    /// Builds the table from `(weight, path)` pairs; every weight must be finite and positive.
+    pub fn new(entries: Vec<(f64, String)>) -> Result<Self, String> {
+        if entries.is_empty() {
+            return Err("no paths".into());
+        }
+        let mut total = 0.0;
+        let mut paths = Vec::with_capacity(entries.len());
+        let mut cumulative = Vec::with_capacity(entries.len());
+        for (w, p) in entries {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(format!("weight {w} of {p:?} must be a positive number"));
+            }
+            total += w;
+            paths.push(p);
+            cumulative.push(total);
+        }
+        if !total.is_finite() {
+            return Err("the weights add up to more than a float holds".into());
+        }
+        Ok(WeightedPaths { paths, cumulative })
+    }
+
+    /// Index of the path for a uniform draw `u` in `[0, 1)`.
+    fn index(&self, u: f64) -> usize {
+        let total = *self.cumulative.last().expect("never empty");
+        let x = u * total;
+        self.cumulative
+            .partition_point(|&c| c <= x)
+            .min(self.paths.len() - 1)
+    }
+
+    /// The paths, in file order.
+    pub fn paths(&self) -> &[String] {
+        &self.paths
+    }
 }
 
 impl Mix {
@@ -104,6 +154,10 @@ impl Mix {
                         let _ = write!(out, "{prefix}/{index}.bin");
                     }
                 }
+            }
+            Mix::Weighted(w) => {
+                let i = w.index(rng.random::<f64>());
+                out.extend_from_slice(w.paths[i].as_bytes());
             }
         }
     }
@@ -274,7 +328,7 @@ fn parse_alpha(s: &str) -> Result<f64, String> {
 /// Parses the MIX part of a tenant spec.
 pub fn parse_mix(text: &str) -> Result<Mix, String> {
     let (kind, arg) = text.split_once('=').ok_or_else(|| {
-        format!("MIX {text:?} must be path=/x, zipf=N:ALPHA:/prefix, zipf=FILE:ALPHA, burn=US or bytes=N")
+        format!("MIX {text:?} must be path=/x, zipf=N:ALPHA:/prefix, zipf=FILE:ALPHA, weighted=FILE, burn=US or bytes=N")
     })?;
     match kind {
         "path" => {
@@ -290,8 +344,9 @@ pub fn parse_mix(text: &str) -> Result<Mix, String> {
             Ok(Mix::Fixed(format!("/_bytes?n={n}")))
         }
         "zipf" => parse_zipf(arg),
+        "weighted" => Ok(Mix::Weighted(read_weighted_list(arg)?)),
         _ => Err(format!(
-            "unknown MIX kind {kind:?} (known: path, zipf, burn, bytes)"
+            "unknown MIX kind {kind:?} (known: path, zipf, weighted, burn, bytes)"
         )),
     }
 }
@@ -327,15 +382,56 @@ fn parse_zipf(arg: &str) -> Result<Mix, String> {
     Ok(Mix::Zipf { set, zipf })
 }
 
-/// Reads a list of request paths, one per line; blank lines and `#` comments are skipped.
-fn read_path_list(file: &str) -> Result<Vec<String>, String> {
-    let meta = std::fs::metadata(file).map_err(|e| format!("Zipf list {file:?}: {e}"))?;
+/// Reads a list file of at most [`MAX_LIST_FILE_BYTES`]; `what` names it in errors.
+fn read_list_text(what: &str, file: &str) -> Result<String, String> {
+    let meta = std::fs::metadata(file).map_err(|e| format!("{what} {file:?}: {e}"))?;
     if meta.len() > MAX_LIST_FILE_BYTES {
         return Err(format!(
-            "Zipf list {file:?} is larger than {MAX_LIST_FILE_BYTES} bytes"
+            "{what} {file:?} is larger than {MAX_LIST_FILE_BYTES} bytes"
         ));
     }
-    let text = std::fs::read_to_string(file).map_err(|e| format!("Zipf list {file:?}: {e}"))?;
+    std::fs::read_to_string(file).map_err(|e| format!("{what} {file:?}: {e}"))
+}
+
+/// Reads `WEIGHT PATH` lines (at most [`MAX_LIST_PATHS`]); blank lines and `#` comments are
+/// skipped.
+fn read_weighted_list(file: &str) -> Result<WeightedPaths, String> {
+    let what = "weighted list";
+    let text = read_list_text(what, file)?;
+    let mut entries = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = |e: String| format!("{what} {file:?} line {}: {e}", i + 1);
+        if entries.len() == MAX_LIST_PATHS {
+            return Err(format!(
+                "{what} {file:?} has more than {MAX_LIST_PATHS} paths"
+            ));
+        }
+        let (w, path) = line
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| at("expected WEIGHT PATH".into()))?;
+        let w: f64 = w
+            .parse()
+            .map_err(|_| at(format!("weight {w:?} is not a number")))?;
+        if !(w.is_finite() && w > 0.0) {
+            return Err(at(format!("weight {w} must be a positive number")));
+        }
+        let path = path.trim();
+        validate_path(path).map_err(at)?;
+        entries.push((w, path.to_string()));
+    }
+    if entries.is_empty() {
+        return Err(format!("{what} {file:?} has no paths"));
+    }
+    WeightedPaths::new(entries).map_err(|e| format!("{what} {file:?}: {e}"))
+}
+
+/// Reads a list of request paths, one per line; blank lines and `#` comments are skipped.
+fn read_path_list(file: &str) -> Result<Vec<String>, String> {
+    let text = read_list_text("Zipf list", file)?;
     let mut paths = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -416,6 +512,63 @@ mod tests {
         let e = parse_tenant(&format!("l:l:1:zipf={}:1.0", file.display())).unwrap_err();
         assert!(e.contains("line 1"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn weighted_index_follows_the_running_sums() {
+        let w = WeightedPaths::new(vec![
+            (1.0, "/a".into()),
+            (2.0, "/b".into()),
+            (1.0, "/c".into()),
+        ])
+        .unwrap();
+        // Running sums 1, 3, 4 of total 4: [0, .25) -> a, [.25, .75) -> b, [.75, 1) -> c.
+        assert_eq!(w.index(0.0), 0);
+        assert_eq!(w.index(0.2499), 0);
+        assert_eq!(w.index(0.25), 1);
+        assert_eq!(w.index(0.7499), 1);
+        assert_eq!(w.index(0.75), 2);
+        assert_eq!(w.index(0.999_999_999), 2);
+        assert_eq!(w.index(1.0), 2, "clamped to the last path");
+        assert!(WeightedPaths::new(vec![]).is_err());
+        assert!(WeightedPaths::new(vec![(0.0, "/a".into())]).is_err());
+        assert!(WeightedPaths::new(vec![(f64::NAN, "/a".into())]).is_err());
+    }
+
+    #[test]
+    fn weighted_list_file() {
+        let dir = std::env::temp_dir().join(format!("omnistage-load-wmix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("weights.txt");
+        std::fs::write(&file, "# weight path\n0.9 /hot.html\n\n0.1\t/cold.bin\n").unwrap();
+        let t = parse_tenant(&format!("w:w:1:weighted={}", file.display())).unwrap();
+        let ps = paths(&t.mix, 10_000);
+        let hot = ps.iter().filter(|p| *p == "/hot.html").count();
+        let cold = ps.iter().filter(|p| *p == "/cold.bin").count();
+        assert_eq!(hot + cold, 10_000);
+        assert!(
+            (8_700..=9_300).contains(&hot),
+            "hot {hot} of 10000 at weight 0.9"
+        );
+        for (text, needle) in [
+            ("/a\n", "expected WEIGHT PATH"),
+            ("x /a\n", "not a number"),
+            ("-1 /a\n", "positive"),
+            ("inf /a\n", "positive"),
+            ("1 a\n", "must start with '/'"),
+            ("# nothing\n", "no paths"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let e = parse_tenant(&format!("w:w:1:weighted={}", file.display())).unwrap_err();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+        // One path more than the limit.
+        std::fs::write(&file, "1 /a\n".repeat(MAX_LIST_PATHS + 1)).unwrap();
+        let e = parse_tenant(&format!("w:w:1:weighted={}", file.display())).unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = parse_tenant("w:w:1:weighted=/nonexistent/weights").unwrap_err();
+        assert!(e.contains("weighted list"), "{e}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Owns the conversion from merged [`TenantStats`] to per-tenant figures (rates over the measured
 //! window, latency quantiles in milliseconds, Jain's index over connections) and the totals row.
 
-use crate::stats::{jain_index, ErrorCounts, TenantStats};
+use crate::stats::{jain_index, ClientCounts, ErrorCounts, TenantStats};
 use serde::Serialize;
 
 /// A whole run.
@@ -22,6 +22,12 @@ pub struct Report {
     pub tenants: Vec<TenantReport>,
     /// All tenants together (`name` "total"; Jain's index over all connections).
     pub total: TenantReport,
+    /// Jain's index across clients: every connection slot of every tenant, by its successful
+    /// responses in the measured window (SEDA's fairness metric; the same number as
+    /// `total.jain_fairness`, named for what it judges). `null` when nothing succeeded.
+    pub client_jain: Option<f64>,
+    /// Successful responses per client slot: fewest, median, most, and slots with none.
+    pub client_requests: ClientCounts,
 }
 
 /// One tenant's figures over the measured window.
@@ -199,6 +205,19 @@ pub fn format_table(r: &Report) -> String {
             compact(t.unfinished),
         );
     }
+    let c = &r.client_requests;
+    let _ = writeln!(
+        out,
+        "clients: {} | jain {} | successful responses per client: min {} median {} max {} | none: {}",
+        c.clients,
+        r.client_jain
+            .map(|j| format!("{j:.3}"))
+            .unwrap_or_else(|| "-".to_string()),
+        c.requests_min,
+        c.requests_median,
+        c.requests_max,
+        c.starved
+    );
     out
 }
 

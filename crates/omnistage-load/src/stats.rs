@@ -180,6 +180,40 @@ pub fn jain_index(xs: &[u64]) -> Option<f64> {
     }
 }
 
+/// Successful responses per client (connection slot) over the whole run, summarised: what SEDA
+/// calls fairness across clients (Jain's index over each client's completed requests, every
+/// slot counted, including those that completed none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ClientCounts {
+    /// Client slots (all tenants).
+    pub clients: usize,
+    /// Jain's index over the slots' successful responses; `None` when none succeeded.
+    pub jain: Option<f64>,
+    /// Fewest successful responses of a slot.
+    pub requests_min: u64,
+    /// Median successful responses of a slot (lower middle for an even count).
+    pub requests_median: u64,
+    /// Most successful responses of a slot.
+    pub requests_max: u64,
+    /// Slots with no successful response in the measured window.
+    pub starved: usize,
+}
+
+/// Summarises per-slot successful responses (sorts a copy; called once per report).
+pub fn client_counts(per_slot: &[u64]) -> ClientCounts {
+    let mut sorted = per_slot.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    ClientCounts {
+        clients: n,
+        jain: jain_index(per_slot),
+        requests_min: sorted.first().copied().unwrap_or(0),
+        requests_median: if n == 0 { 0 } else { sorted[(n - 1) / 2] },
+        requests_max: sorted.last().copied().unwrap_or(0),
+        starved: sorted.iter().take_while(|&&x| x == 0).count(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +240,24 @@ mod tests {
         assert!((j - 16.0 / 20.0).abs() < 1e-12);
         assert_eq!(jain_index(&[]), None);
         assert_eq!(jain_index(&[0, 0]), None);
+    }
+
+    #[test]
+    fn client_counts_summarise_every_slot() {
+        let c = client_counts(&[4, 0, 2, 4, 0]);
+        assert_eq!(c.clients, 5);
+        assert_eq!(
+            (c.requests_min, c.requests_median, c.requests_max, c.starved),
+            (0, 2, 4, 2)
+        );
+        // (Σx)² / (n Σx²) = 100 / (5 · 36).
+        assert!((c.jain.unwrap() - 100.0 / 180.0).abs() < 1e-12);
+        let even = client_counts(&[1, 2, 3, 4]);
+        assert_eq!(even.requests_median, 2);
+        assert_eq!(client_counts(&[3, 3, 3]).jain, Some(1.0));
+        let empty = client_counts(&[]);
+        assert_eq!((empty.clients, empty.jain, empty.starved), (0, None, 0));
+        assert_eq!(client_counts(&[0, 0]).jain, None);
     }
 
     #[test]

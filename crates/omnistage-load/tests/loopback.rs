@@ -418,6 +418,52 @@ fn zipf_mix_requests_its_file_set() {
 }
 
 #[test]
+fn weighted_mix_requests_only_its_paths() {
+    let srv = server();
+    let dir = std::env::temp_dir().join(format!("omnistage-load-wl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("w.txt");
+    std::fs::write(&file, "3 /ok\n1 /f/1.bin\n").unwrap();
+    let spec = format!("w:w:1:weighted={}", file.display());
+    let r = load(
+        srv.addr,
+        &["--tenant", &spec, "--requests", "400", "--seed", "5"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let w = tenant(&r, "w");
+    assert_eq!((w.requests, w.errors), (400, Default::default()));
+    let paths = srv.seen.paths.lock().unwrap();
+    assert_eq!(paths.len(), 2, "{paths:?}");
+    assert!(paths["/ok"] > paths["/f/1.bin"], "{paths:?}");
+}
+
+#[test]
+fn client_counts_cover_every_slot_of_every_tenant() {
+    let srv = server();
+    // Two tenants of one connection each, three requests each: two clients, three apiece.
+    let r = load(
+        srv.addr,
+        &[
+            "--tenant",
+            "a:a:1:path=/ok",
+            "--tenant",
+            "b:b:1:path=/ok",
+            "--requests",
+            "3",
+        ],
+    );
+    let c = r.client_requests;
+    assert_eq!(c.clients, 2);
+    assert_eq!(
+        (c.requests_min, c.requests_median, c.requests_max),
+        (3, 3, 3)
+    );
+    assert_eq!(c.starved, 0);
+    assert_eq!(r.client_jain, Some(1.0));
+    assert_eq!(r.client_jain, r.total.jain_fairness);
+}
+
+#[test]
 fn timed_run_stops_by_itself() {
     let srv = server();
     let mut a = args(
@@ -438,8 +484,27 @@ fn report_json_and_table() {
     let srv = server();
     let r = load(srv.addr, &["--tenant", "a:a:1:bytes=10", "--requests", "3"]);
     let v = serde_json::to_value(&r).unwrap();
-    for k in ["addr", "threads", "seconds", "warmup_s", "tenants", "total"] {
+    for k in [
+        "addr",
+        "threads",
+        "seconds",
+        "warmup_s",
+        "tenants",
+        "total",
+        "client_jain",
+        "client_requests",
+    ] {
         assert!(v.get(k).is_some(), "{k}");
+    }
+    for k in [
+        "clients",
+        "jain",
+        "requests_min",
+        "requests_median",
+        "requests_max",
+        "starved",
+    ] {
+        assert!(v["client_requests"].get(k).is_some(), "{k}");
     }
     let t = &v["tenants"][0];
     for k in [
@@ -485,7 +550,8 @@ fn report_json_and_table() {
     assert_eq!(t["mix"], "bytes=10");
     assert_eq!(srv.seen.paths.lock().unwrap().get("/_bytes?n=10"), Some(&3));
     let table = omnistage_load::format_table(&r);
-    assert!(table.lines().count() == 4, "{table}");
+    assert!(table.lines().count() == 5, "{table}");
+    assert!(table.contains("clients: 1"), "{table}");
     assert!(table.contains("total"));
 }
 

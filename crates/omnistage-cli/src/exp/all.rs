@@ -57,6 +57,35 @@ fn max_err_pts(v: &Value, list: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// A specweb row: both servers at the top level (the goals' level).
+fn specweb_row(j: &Value) -> Summary {
+    let top = f(j, "/goals/clients");
+    let at = |server: &str| {
+        j["levels"].as_array().and_then(|a| {
+            a.iter()
+                .find(|l| l["server"] == server && f(l, "/clients") == top)
+        })
+    };
+    let line = |l: &Value| {
+        format!(
+            "{:.0} req/s ({:.0} Mbit/s), mean {:.0} ms, max {:.0} ms, client Jain {:.3}",
+            f(l, "/req_per_s"),
+            f(l, "/mbit_per_s"),
+            f(l, "/mean_ms"),
+            f(l, "/max_ms"),
+            f(l, "/client_jain")
+        )
+    };
+    (
+        format!(
+            "{top} clients: {}",
+            at("omnistage").map(line).unwrap_or_else(|| "-".into())
+        ),
+        at("nginx").map(|l| format!("nginx {}", line(l))),
+        j["goal_met"].as_bool(),
+    )
+}
+
 /// A duration for a command line: at most two decimals (0.6, not 0.6000000000000001).
 fn s(x: f64) -> String {
     format!("{}", (x * 100.0).round() / 100.0)
@@ -339,6 +368,20 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                     j["goal_met"].as_bool(),
                 )
             },
+        },
+        Exp {
+            file: "specweb",
+            args: [
+                v(&["specweb", "--seconds"]),
+                vec![sec(3.0)],
+                v(&["--warmup-s"]),
+                vec![sec(1.5)],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "SEDA Fig. 39 (Haboob vs Apache, Flash: SPECweb99-like)",
+            seed_number: "1024 clients: Haboob 201 Mbit/s, max 3.9 s, Jain 0.98 (Apache max 93.7 s, Jain 0.80)",
+            ours: specweb_row,
         },
     ];
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;

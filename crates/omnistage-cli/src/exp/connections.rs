@@ -82,7 +82,7 @@ const FILE_BYTES: usize = 128;
 const FD_SLACK: u64 = 200;
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-mod sys {
+pub(super) mod sys {
     #[repr(C)]
     struct RLimit {
         cur: u64,
@@ -127,7 +127,7 @@ mod sys {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-mod sys {
+pub(super) mod sys {
     pub fn raise_nofile() -> Option<(u64, u64)> {
         None
     }

@@ -15,6 +15,7 @@ mod peer;
 pub(crate) mod report;
 mod sched_cost;
 mod shaping;
+mod specweb;
 mod spike;
 pub(crate) mod util;
 mod web;
@@ -60,6 +61,8 @@ enum Which {
     OverloadSpike(spike::SpikeArgs),
     /// Requests/s and resident memory per connection at 100..10000 keep-alive connections (SEDA Fig. 7).
     Connections(connections::ConnectionsArgs),
+    /// SPECweb99-like static load at 64..4096 clients, omnistage vs nginx (SEDA Fig. 39).
+    Specweb(specweb::SpecwebArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -78,6 +81,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Shaping(a) => shaping::run(a),
         Which::OverloadSpike(a) => spike::run(a),
         Which::Connections(a) => connections::run(a),
+        Which::Specweb(a) => specweb::run(a),
         Which::All(a) => all::run(a),
     }
 }
