@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use omnistage_http::config::parse_config;
+use omnistage_http::config::{parse_config, SendOrder};
 use omnistage_http::server::{Server, ServerOptions};
 
 /// Read timeout on the client sockets (a stuck server fails the test).
@@ -71,6 +71,15 @@ fn read_body(s: &mut TcpStream) -> Vec<u8> {
 /// Serves medium, large, small (queued in that order) under `order`; returns the names in
 /// the order their responses completed.
 fn completion_order(order: &str, disk_threads: u32) -> Vec<&'static str> {
+    completion_order_after(order, disk_threads, |_| {})
+}
+
+/// As [`completion_order`], with `change` applied to the running server before the requests.
+fn completion_order_after(
+    order: &str,
+    disk_threads: u32,
+    change: impl FnOnce(&Server),
+) -> Vec<&'static str> {
     let dir = tempfile::tempdir().expect("tempdir");
     let files = [
         ("medium", MEDIUM, 1),
@@ -92,6 +101,8 @@ fn completion_order(order: &str, disk_threads: u32) -> Vec<&'static str> {
     };
     let server = Server::start(config, opts).expect("server");
     let addr: SocketAddr = server.local_addrs()[0];
+    change(&server);
+    let answered = server.stats().requests.load(Ordering::Relaxed);
     let done = Arc::new(Mutex::new(Vec::new()));
     let mut threads = Vec::new();
     for (i, (name, len, seed)) in files.into_iter().enumerate() {
@@ -102,7 +113,7 @@ fn completion_order(order: &str, disk_threads: u32) -> Vec<&'static str> {
             .unwrap();
         // The next request goes out once this one's response is queued.
         let deadline = Instant::now() + IO_TIMEOUT;
-        while server.stats().requests.load(Ordering::Relaxed) < i as u64 + 1 {
+        while server.stats().requests.load(Ordering::Relaxed) < answered + i as u64 + 1 {
             assert!(Instant::now() < deadline, "request {name} not answered");
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -151,4 +162,25 @@ fn orders_hold_with_the_disk_stage() {
         completion_order("longest_first", 2),
         ["large", "medium", "small"]
     );
+}
+
+#[test]
+fn a_changed_order_takes_effect_at_run_time() {
+    let order = completion_order_after("fifo", 0, |s| {
+        // One response under FIFO first, so the tenant's queue exists when its order changes.
+        let mut c = TcpStream::connect(s.local_addrs()[0]).expect("connect");
+        c.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        c.write_all(b"GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        assert!(read_body(&mut c) == content(SMALL, 3));
+        s.update_tenant("t", |t| t.send_order = SendOrder::ShortestFirst)
+            .expect("update");
+    });
+    assert_eq!(order, ["small", "medium", "large"]);
+}
+
+#[test]
+fn fair_shares_between_responses() {
+    // Byte round robin: the small response finishes first, the large one last.
+    assert_eq!(completion_order("fair", 0), ["small", "medium", "large"]);
 }

@@ -12,6 +12,7 @@ mod isolation;
 pub(crate) mod nginx;
 mod overhead;
 mod peer;
+mod priority;
 pub(crate) mod report;
 mod sched_cost;
 mod shaping;
@@ -60,6 +61,8 @@ enum Which {
     OverloadSpike(spike::SpikeArgs),
     /// Requests/s and resident memory per connection at 100..10000 keep-alive connections (SEDA Fig. 7).
     Connections(connections::ConnectionsArgs),
+    /// One capped tenant, files 1 KiB..1 MiB: response time by size per send order (TAP Fig. 6).
+    Priority(priority::PriorityArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -78,6 +81,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Shaping(a) => shaping::run(a),
         Which::OverloadSpike(a) => spike::run(a),
         Which::Connections(a) => connections::run(a),
+        Which::Priority(a) => priority::run(a),
         Which::All(a) => all::run(a),
     }
 }
