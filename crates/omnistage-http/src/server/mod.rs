@@ -228,6 +228,8 @@ struct SendSched {
     /// Connection → when its pending output arrived in its ordered queue (kept while it waits
     /// for the socket or the disk; forgotten when the output is done).
     arrivals: HashMap<u64, Arrival>,
+    /// Each configured tenant's `send_order`, by activity (refreshed by `configure`).
+    order_of: HashMap<ActivityId, SendOrder>,
 }
 
 /// When a response arrived in an ordered queue.
@@ -316,6 +318,7 @@ impl SendSched {
             queues: HashMap::new(),
             queued: HashMap::new(),
             arrivals: HashMap::new(),
+            order_of: HashMap::new(),
         };
         s.configure(live, 0);
         Some(s)
@@ -330,7 +333,9 @@ impl SendSched {
             .net_link_cap_bytes_per_s
             .map(|r| bucket(ShaperKind::Token, r));
         let _ = self.tree.set_shaper(self.link, link_cap, now_ns);
+        self.order_of.clear();
         for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            self.order_of.insert(tr.activity, t.send_order);
             if let Some(&n) = self.tenants.get(&tr.activity) {
                 let cap = t
                     .net_cap_bytes_per_s
@@ -2207,30 +2212,34 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
     let Some(ss) = cs.send.as_mut() else {
         return false;
     };
-    let order = live
-        .config
-        .tenants
-        .iter()
-        .find(|t| t.name == tr.name)
-        .map(|t| t.send_order);
+    // The order is cached per activity by `configure` (no scan of the tenants per send).
+    let order = ss.order_of.get(&tr.activity).copied();
     let leaf = match (order, ss.leaves.get(&key)) {
         // In a tenant with a send order: the tenant's queue leaf, the queue ranks it.
         (Some(order), _) if order != SendOrder::Fair => {
-            let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
-                return false;
-            };
-            let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
-                return false;
-            };
-            let Some(l) = ss.queue_leaf(tr.activity, node, order) else {
-                return false;
+            let l = match ss.queue_leaf.get(&tr.activity) {
+                Some(&l) => l,
+                None => {
+                    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name)
+                    else {
+                        return false;
+                    };
+                    let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+                        return false;
+                    };
+                    let Some(l) = ss.queue_leaf(tr.activity, node, order) else {
+                        return false;
+                    };
+                    l
+                }
             };
             // After a change of order, its own leaf (not in service here) goes.
             ss.forget_leaf(key);
             ss.enqueue(l, key, remaining);
-
             l
         }
+        // Its tenant left the configuration while it waited in the tenant's queue: it stays.
+        (None, None) if ss.queued.contains_key(&key) => return true,
         (_, Some(&l)) => l,
         (_, None) => {
             let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
@@ -2602,6 +2611,7 @@ mod tests {
             queues: HashMap::new(),
             queued: HashMap::new(),
             arrivals: HashMap::new(),
+            order_of: HashMap::new(),
         };
         let leaf = ss.queue_leaf(7, node, order).unwrap();
         (ss, leaf)
