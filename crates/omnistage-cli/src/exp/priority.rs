@@ -387,12 +387,55 @@ fn page(r: &Report, a: &PriorityArgs) -> Doc {
             ("Summary".into(), s),
             ("Per file size".into(), t),
         ],
-        notes: vec![format!(
-            "Peer: {}. TAP measured the time on the server (accept to close) at 2000 connections/s; \
-             we measure at the client over keep-alive connections, so times include the client's queueing.",
-            r.peer
-        )],
+        notes: notes(r),
     }
+}
+
+/// What this run shows beside the goal, read from its figures.
+fn notes(r: &Report) -> Vec<String> {
+    let run = |o: &str| r.runs.iter().find(|x| x.order == o);
+    let mut n = Vec::new();
+    if let Some(lf) = run("longest_first") {
+        n.push(format!(
+            "Longest first: the 1 MiB file's mean is {} ms and the small files' {} ms. TAP reports that \
+             longest-connection-first balanced the times across sizes; here {}.",
+            ms(lf.large_mean_ms),
+            ms(lf.small_mean_ms),
+            if lf.large_mean_ms < lf.small_mean_ms {
+                "it is the mirror of shortest first instead: the large responses go first and the small \
+                 ones wait, up to the aging bound (16 × the size difference of the tenant's traffic)"
+            } else {
+                "the small files are not faster than the large one either"
+            }
+        ));
+    }
+    if let (Some(fair), Some(sf)) = (run("fair"), run("shortest_first")) {
+        let (a, b) = (fair.small_mean_ms, sf.small_mean_ms);
+        let verdict = if (a - b).abs() <= 0.25 * a.min(b) {
+            "within 25 % of each other: byte round robin in 16 KiB quanta already lets a small \
+             response out within about one round of the tenant's busy connections"
+        } else if b < a {
+            "shortest first is clearly lower"
+        } else {
+            "fair is clearly lower"
+        };
+        n.push(format!(
+            "Fair (byte round robin) against shortest first: small files {} vs {} ms ({verdict}); \
+             1 MiB {} vs {} ms; overall {} vs {} ms.",
+            ms(a),
+            ms(b),
+            ms(fair.large_mean_ms),
+            ms(sf.large_mean_ms),
+            ms(fair.overall_mean_ms),
+            ms(sf.overall_mean_ms),
+        ));
+    }
+    n.push(format!(
+        "Peer: {}. TAP measured the time on the server (accept to close) at 2000 connections/s; \
+         we measure at the client over keep-alive connections, so times include the client's own delays.",
+        r.peer
+    ));
+    n
 }
 
 /// Mean response time by file size, one line per order, log-log.

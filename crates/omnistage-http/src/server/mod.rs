@@ -2415,7 +2415,6 @@ fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
                 },
             };
             let sent = send_some(ctx, cs, key);
-
             let still = sent.more && !sent.blocked && !sent.failed && !sent.waiting;
             let remaining = match cs.conn(key) {
                 Some(c) if ordered && still => remaining_bytes(c),
