@@ -2682,6 +2682,32 @@ mod tests {
     }
 
     #[test]
+    fn longest_first_ages_a_small_response() {
+        let (mut ss, leaf) = sched(SendOrder::LongestFirst);
+        ss.enqueue(leaf, 1, 10);
+        let mut key = 2;
+        let mut overtaken = 0;
+        // Newcomers of 1000 bytes, each served whole, overtake it until the tenant sent the
+        // aging factor times the size difference after it arrived.
+        loop {
+            ss.enqueue(leaf, key, 1000);
+            let next = ss.pop_queued(leaf).unwrap();
+            ss.queues.get_mut(&leaf).unwrap().sent_bytes += 1000;
+            if next == 1 {
+                break;
+            }
+            ss.arrivals.remove(&next);
+            overtaken += 1;
+            key += 1;
+            assert!(
+                overtaken <= SEND_ORDER_AGING_FACTOR * 990 / 1000 + 1,
+                "starved"
+            );
+        }
+        assert!(overtaken > 1, "aging too fast: {overtaken}");
+    }
+
+    #[test]
     fn withdrawn_entries_are_compacted() {
         let (mut ss, leaf) = sched(SendOrder::ShortestFirst);
         let n = 1000u64;
