@@ -14,7 +14,8 @@
 //! http.send ──── the network send resource stage, when a link or tenant net cap is
 //!                configured: its own scheduler (SFQ by bytes under a link shaper,
 //!                one node per tenant with its weight and cap, a leaf per
-//!                connection) decides whose bytes go out next                   (/infra)
+//!                connection, or one per tenant whose `send_order` heap picks
+//!                the response) decides whose bytes go out next                 (/infra)
 //! http.cont ──── a connection's continuation (more body, more pipelined
 //!                requests) after it yielded; never refused                     (tenant)
 //! http.disk ──── a disk read coming back from the disk stage (`disk.rs`)       (tenant)
