@@ -30,7 +30,7 @@
 //! of range, removing `/infra`, a cycle, a node with children...; nothing changes), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
 //! `application/json`, 501 for what the runtime cannot change (`persist=true`, network and
-//! disk caps, cache budgets, moving connections), 503 when all handler threads are busy and
+//! disk caps, cache budgets, send orders, moving connections), 503 when all handler threads are busy and
 //! the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
 //!
 //! Off a loopback address the server refuses to start without a bearer token; with a token
@@ -136,6 +136,8 @@ pub struct TenantChange {
     pub disk_cap_bytes_per_s: Option<Option<u64>>,
     /// Cache budget, bytes.
     pub cache_bytes: Option<Option<u64>>,
+    /// Which pending response the send stage serves next within the tenant.
+    pub send_order: Option<omnistage_http::config::SendOrder>,
 }
 
 /// What an HTTP server lets the admin API change about its tenants (implemented by the
@@ -282,6 +284,9 @@ impl Tenants for omnistage_http::server::Server {
             }
             if let Some(v) = change.cache_bytes {
                 t.cache_bytes = v;
+            }
+            if let Some(v) = change.send_order {
+                t.send_order = v;
             }
         })
         .map_err(|e| match e {

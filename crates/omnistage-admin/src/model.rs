@@ -332,6 +332,10 @@ pub struct ActivityChange {
         skip_serializing_if = "Option::is_none"
     )]
     pub budget: Option<serde_json::Value>,
+    /// Send order of an HTTP server's tenant: `fair`, `fifo`, `shortest_first` or
+    /// `longest_first` (501 without an HTTP server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_order: Option<String>,
 }
 
 /// Body of `POST /api/v1/activities/{path}:move`.

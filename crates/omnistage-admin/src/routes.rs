@@ -569,14 +569,16 @@ fn put_activity(
         Ok(c) => c,
         Err(r) => return r,
     };
-    let server_side =
-        change.cap_net.is_some() || change.cap_disk.is_some() || change.budget.is_some();
+    let server_side = change.cap_net.is_some()
+        || change.cap_disk.is_some()
+        || change.budget.is_some()
+        || change.send_order.is_some();
     if server_side {
         let Some(tenants) = tenants else {
             return Response::error(
                 501,
-                "network and disk caps and cache budgets live in the HTTP server: this admin \
-                 server runs without one",
+                "network and disk caps, cache budgets and send orders live in the HTTP server: \
+                 this admin server runs without one",
             );
         };
         let mut tc = crate::TenantChange::default();
@@ -596,6 +598,12 @@ fn put_activity(
             match bytes_setting(v, "budget") {
                 Ok(x) => tc.cache_bytes = Some(x),
                 Err(r) => return r,
+            }
+        }
+        if let Some(v) = &change.send_order {
+            match omnistage_http::config::SendOrder::parse(v) {
+                Ok(o) => tc.send_order = Some(o),
+                Err(e) => return Response::error(400, &e),
             }
         }
         if let Err(e) = tenants.set_tenant(path, &tc) {

@@ -368,6 +368,12 @@ fn changes_apply_and_refused_changes_change_nothing() {
             Some(r#"{"weight": 5, "budget": 1000}"#),
             501,
         ),
+        (
+            "PUT",
+            "/api/v1/activities/t/c",
+            Some(r#"{"send_order": "fifo"}"#),
+            501,
+        ),
         ("DELETE", "/api/v1/activities/infra", None, 409),
         ("DELETE", "/api/v1/activities/", None, 409),
         ("DELETE", "/api/v1/activities/t", None, 409),

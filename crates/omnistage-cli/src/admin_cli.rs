@@ -143,8 +143,9 @@ pub struct SetArgs {
     /// KEY=VALUE settings: weight=N, policy=fifo|rr|priority|wfq|sfq|drr, priority=N,
     /// cap_cpu=CORES|none, cap_kind=token|leaky, cap_burst_ms=MS, p90_ms=MS, admission=
     /// threshold|inherit|token:RATE:BURST, stage=NAME (for p90_ms and admission; default
-    /// http.work), cap_net=RATE, cap_disk=RATE, budget=BYTES (the last three are refused
-    /// by the server: they change through its config).
+    /// http.work), cap_net=RATE, cap_disk=RATE, budget=BYTES,
+    /// send_order=fair|fifo|shortest_first|longest_first (the last four change an HTTP
+    /// server's tenant: an admin server without one refuses them).
     settings: Vec<String>,
     /// Also write the change to the config file (refused: not implemented).
     #[arg(long)]
@@ -185,6 +186,7 @@ pub fn change_of(settings: &[String]) -> Result<ActivityChange, String> {
             "cap_net" => ch.cap_net = Some(serde_json::Value::String(v.into())),
             "cap_disk" => ch.cap_disk = Some(serde_json::Value::String(v.into())),
             "budget" => ch.budget = Some(serde_json::Value::String(v.into())),
+            "send_order" => ch.send_order = Some(v.into()),
             "stage" => stage = v.to_string(),
             "p90_ms" => {
                 admission = Some(AdmissionChange {
@@ -229,7 +231,8 @@ pub fn change_of(settings: &[String]) -> Result<ActivityChange, String> {
             _ => {
                 return Err(format!(
                     "unknown setting {k:?}: want weight, policy, priority, cap_cpu, cap_kind, \
-                     cap_burst_ms, p90_ms, admission, stage, cap_net, cap_disk or budget"
+                     cap_burst_ms, p90_ms, admission, stage, cap_net, cap_disk, budget or \
+                     send_order"
                 ))
             }
         }
@@ -338,6 +341,13 @@ mod tests {
             .unwrap()
             .cap_net
             .is_some());
+        assert_eq!(
+            change_of(&s(&["send_order=longest_first"]))
+                .unwrap()
+                .send_order
+                .as_deref(),
+            Some("longest_first")
+        );
         assert!(change_of(&s(&["weight=heavy"])).is_err());
         assert!(change_of(&s(&["colour=red"])).is_err());
         assert!(change_of(&s(&["weight"])).is_err());

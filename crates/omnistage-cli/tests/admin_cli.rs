@@ -138,6 +138,7 @@ fn set_tree_graph_and_top_against_a_running_server() {
         (vec!["set", "/tenants/a", "cap_net=0B/s"], "400"),
         (vec!["set", "/tenants/a", "budget=100GiB"], "409"),
         (vec!["set", "/tenants/a", "cap_net=fast"], "400"),
+        (vec!["set", "/tenants/a", "send_order=srpt"], "400"),
         (vec!["set", "/infra", "cap_net=10MB/s"], "404"),
         (vec!["set", "/tenants/a", "weight=5", "--persist"], "501"),
         (vec!["set", "/tenants/a", "colour=red"], "unknown setting"),
@@ -149,7 +150,13 @@ fn set_tree_graph_and_top_against_a_running_server() {
     }
     // Settings that live in the HTTP server (send stage, disk stage, cache) are changed too.
     let (code, out, err) = run(&[
-        &["set", "/tenants/a", "cap_net=10MB/s", "budget=1MiB"],
+        &[
+            "set",
+            "/tenants/a",
+            "cap_net=10MB/s",
+            "budget=1MiB",
+            "send_order=shortest_first",
+        ],
         &a[..],
     ]
     .concat());

@@ -117,6 +117,33 @@ fn shaping_smoke() {
 }
 
 #[test]
+fn priority_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&[
+        "priority",
+        "--seconds",
+        "0.5",
+        "--orders",
+        "fifo,shortest_first",
+    ]);
+    assert_eq!(r["experiment"], "priority");
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["order"], "shortest_first");
+    assert_eq!(runs[0]["buckets"].as_array().unwrap().len(), 6);
+    for k in ["achieved_bytes_per_s", "achieved_over_cap"] {
+        assert!(runs[0][k].is_number(), "{k}");
+    }
+    // A mean is null (NaN) when a size had no response in so short a window.
+    assert!(runs[0].get("small_mean_ms").is_some());
+    // Longest first did not run: the goal is not judged.
+    assert!(r["goal_met"].is_null());
+    assert!(r["all_at_cap"].is_boolean());
+}
+
+#[test]
 fn overload_spike_smoke() {
     if !two_cpus() {
         return;

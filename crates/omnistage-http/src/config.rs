@@ -35,6 +35,11 @@
 //!                                   # KiB, MiB, GiB; "/s" required; in [1 B/s, 1 TB/s]
 //! disk_cap = "50MB/s"               # optional, as net_cap
 //! cap_kind = "token"                # "token" (default) | "leaky"
+//! send_order = "fair"               # under a send scheduler (a net cap), which of the tenant's
+//!                                   # pending responses goes out next: "fair" (default; byte
+//!                                   # round robin between connections) | "fifo" (arrival
+//!                                   # order) | "shortest_first" (fewest bytes left, SRPT) |
+//!                                   # "longest_first" (largest response first)
 //! cache_bytes = 67108864            # optional budget, ≤ server.cache_bytes_max
 //! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
 //! connections_max = 2000            # optional, ≤ server.connections_max
@@ -188,6 +193,52 @@ pub enum CapKind {
     Leaky,
 }
 
+/// Which of a tenant's pending responses the send scheduler serves next (`send_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SendOrder {
+    /// Byte-fair between the tenant's connections (SFQ, one quantum each in turn).
+    #[default]
+    Fair,
+    /// The response that became pending first is served until it is done.
+    Fifo,
+    /// The response with the fewest bytes left (shortest remaining processing time).
+    ShortestFirst,
+    /// The largest response (by its bytes when it became pending) until it is done.
+    LongestFirst,
+}
+
+impl SendOrder {
+    /// Every order, in the order the docs list them.
+    pub const ALL: [SendOrder; 4] = [
+        SendOrder::Fair,
+        SendOrder::Fifo,
+        SendOrder::ShortestFirst,
+        SendOrder::LongestFirst,
+    ];
+
+    /// The config spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            SendOrder::Fair => "fair",
+            SendOrder::Fifo => "fifo",
+            SendOrder::ShortestFirst => "shortest_first",
+            SendOrder::LongestFirst => "longest_first",
+        }
+    }
+
+    /// Parses the config spelling.
+    pub fn parse(s: &str) -> Result<SendOrder, String> {
+        SendOrder::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "send_order {s:?} must be \"fair\", \"fifo\", \"shortest_first\" or \"longest_first\""
+                )
+            })
+    }
+}
+
 /// One tenant (`[[tenant]]`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TenantConfig {
@@ -211,6 +262,8 @@ pub struct TenantConfig {
     pub disk_cap_bytes_per_s: Option<u64>,
     /// How caps are enforced.
     pub cap_kind: CapKind,
+    /// Which pending response the send scheduler serves next within the tenant.
+    pub send_order: SendOrder,
     /// Cache budget.
     pub cache_bytes: Option<u64>,
     /// 90th-percentile response time target for admission control.
@@ -330,6 +383,7 @@ pub fn default_config(cwd: &Path) -> Config {
             net_cap_bytes_per_s: None,
             disk_cap_bytes_per_s: None,
             cap_kind: CapKind::Token,
+            send_order: SendOrder::Fair,
             cache_bytes: None,
             p90_target: None,
             connections_max: None,
@@ -408,6 +462,7 @@ struct RawTenant {
     net_cap: Option<Spanned<String>>,
     disk_cap: Option<Spanned<String>>,
     cap_kind: Option<Spanned<String>>,
+    send_order: Option<Spanned<String>>,
     cache_bytes: Option<Spanned<i64>>,
     p90_target_ms: Option<Spanned<i64>>,
     connections_max: Option<Spanned<i64>>,
@@ -884,6 +939,11 @@ fn tenant_config(
         },
     };
 
+    let send_order = match &t.send_order {
+        None => SendOrder::Fair,
+        Some(v) => SendOrder::parse(v.get_ref()).map_err(|e| c.err(v.span(), e))?,
+    };
+
     let cache_max = i64::try_from(server.cache_bytes_max).unwrap_or(CACHE_BYTES_MAX);
     let conn_max = i64::try_from(server.connections_max).unwrap_or(CONNECTIONS_MAX);
 
@@ -920,6 +980,7 @@ fn tenant_config(
         net_cap_bytes_per_s: c.rate(&t.net_cap, "net_cap")?,
         disk_cap_bytes_per_s: c.rate(&t.disk_cap, "disk_cap")?,
         cap_kind,
+        send_order,
         cache_bytes: c
             .opt_int_in(&t.cache_bytes, "cache_bytes", 0, cache_max)?
             .map(|n| n as u64),
@@ -1006,6 +1067,7 @@ cpu_cap = "0.5"
 net_cap = "10MB/s"
 disk_cap = "50MB/s"
 cap_kind = "leaky"
+send_order = "shortest_first"
 cache_bytes = 67108864
 p90_target_ms = 50
 connections_max = 2000
@@ -1032,6 +1094,14 @@ cpu_cap = 2
 
     fn err(text: &str) -> ConfigError {
         parse_config(text).expect_err("should be refused")
+    }
+
+    #[test]
+    fn send_order_names_round_trip() {
+        for o in SendOrder::ALL {
+            assert_eq!(SendOrder::parse(o.name()), Ok(o));
+        }
+        assert!(SendOrder::parse("").is_err());
     }
 
     #[test]
@@ -1063,6 +1133,7 @@ cpu_cap = 2
         assert_eq!(a.net_cap_bytes_per_s, Some(10_000_000));
         assert_eq!(a.disk_cap_bytes_per_s, Some(50_000_000));
         assert_eq!(a.cap_kind, CapKind::Leaky);
+        assert_eq!(a.send_order, SendOrder::ShortestFirst);
         assert_eq!(a.cache_bytes, Some(67_108_864));
         assert_eq!(a.p90_target, Some(Duration::from_millis(50)));
         assert_eq!(a.connections_max, Some(2000));
@@ -1087,6 +1158,7 @@ cpu_cap = 2
         );
         let b = &cfg.tenants[1];
         assert_eq!(b.weight, WEIGHT_DEFAULT);
+        assert_eq!(b.send_order, SendOrder::Fair);
         assert_eq!(b.cpu_cap, Some(1.5));
         assert_eq!(b.cap_kind, CapKind::Token);
         assert!(!b.synthetic);
@@ -1217,6 +1289,8 @@ cpu_cap = 2
             (tenant("cpu_cap = -0.5"), 4, "cpu_cap"),
             (tenant("cpu_cap = 2000"), 4, "cpu_cap"),
             (tenant("cap_kind = \"bucket\""), 4, "token"),
+            (tenant("send_order = \"srpt\""), 4, "shortest_first"),
+            (tenant("send_order = \"Shortest_First\""), 4, "send_order"),
             (tenant("cache_bytes = 999999999999"), 4, "outside"),
             (tenant("p90_target_ms = 0"), 4, "outside"),
             (tenant("connections_max = 10001"), 4, "outside"),

@@ -46,6 +46,29 @@ fn web_share_row(j: &Value, goal_pts: f64) -> Summary {
     )
 }
 
+/// The priority row: the small files' mean response time per send order, and the goal.
+fn priority_row(j: &Value) -> Summary {
+    let small = |order: &str| {
+        j["runs"]
+            .as_array()
+            .and_then(|a| a.iter().find(|r| r["order"] == order))
+            .map(|r| f(r, "/small_mean_ms"))
+            .unwrap_or(f64::NAN)
+    };
+    (
+        format!(
+            "small files' mean: shortest_first {:.1} ms, fifo {:.1} ms, longest_first {:.1} ms (fair {:.1} ms); all at the cap: {}",
+            small("shortest_first"),
+            small("fifo"),
+            small("longest_first"),
+            small("fair"),
+            j["all_at_cap"].as_bool().unwrap_or(false)
+        ),
+        None,
+        j["goal_met"].as_bool(),
+    )
+}
+
 fn max_err_pts(v: &Value, list: &str) -> f64 {
     v[list]
         .as_array()
@@ -313,6 +336,14 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                     }),
                 )
             },
+        },
+        Exp {
+            file: "priority",
+            args: [v(&["priority", "--seconds"]), vec![sec(10.0)]].concat(),
+            writes_own: true,
+            seed: "TAP Fig. 6 / Crovella (shortest-connection-first)",
+            seed_number: "shortest first: lowest small-file time",
+            ours: priority_row,
         },
         Exp {
             file: "overload-spike",

@@ -12,6 +12,7 @@ mod isolation;
 pub(crate) mod nginx;
 mod overhead;
 mod peer;
+mod priority;
 pub(crate) mod report;
 mod sched_cost;
 mod shaping;
@@ -63,6 +64,8 @@ enum Which {
     Connections(connections::ConnectionsArgs),
     /// SPECweb99-like static load at 64..4096 clients, omnistage vs nginx (SEDA Fig. 39).
     Specweb(specweb::SpecwebArgs),
+    /// One capped tenant, files 1 KiB..1 MiB: response time by size per send order (TAP Fig. 6).
+    Priority(priority::PriorityArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -82,6 +85,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::OverloadSpike(a) => spike::run(a),
         Which::Connections(a) => connections::run(a),
         Which::Specweb(a) => specweb::run(a),
+        Which::Priority(a) => priority::run(a),
         Which::All(a) => all::run(a),
     }
 }

@@ -14,7 +14,8 @@
 //! http.send ──── the network send resource stage, when a link or tenant net cap is
 //!                configured: its own scheduler (SFQ by bytes under a link shaper,
 //!                one node per tenant with its weight and cap, a leaf per
-//!                connection) decides whose bytes go out next                   (/infra)
+//!                connection, or one per tenant whose `send_order` heap picks
+//!                the response) decides whose bytes go out next                 (/infra)
 //! http.cont ──── a connection's continuation (more body, more pipelined
 //!                requests) after it yielded; never refused                     (tenant)
 //! http.disk ──── a disk read coming back from the disk stage (`disk.rs`)       (tenant)
@@ -36,7 +37,7 @@ mod disk;
 mod output;
 
 use crate::cond::{self, RangeOutcome};
-use crate::config::{AccessLog, CapKind, ClassSelector, Config};
+use crate::config::{AccessLog, CapKind, ClassSelector, Config, SendOrder};
 use crate::path;
 use crate::request::{self, Limits, Method, ParseOutcome, Request};
 use crate::response::{self, DateCache};
@@ -54,7 +55,8 @@ use omnistage::exec::{
 use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
 use output::Output;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -95,6 +97,14 @@ const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
 const SEND_QUANTUM_BYTES: usize = 16 * 1024;
 /// Most picks per dispatch of the send stage before it yields to the CPU scheduler.
 const SEND_PICKS_PER_DISPATCH: usize = 64;
+/// Aging of `shortest_first` and `longest_first`: a response's rank improves by one byte for
+/// every this many bytes its tenant sent after it arrived, so no response waits behind
+/// newcomers for more than this many times its own size (or, longest first, the largest
+/// newcomer's) of its tenant's traffic.
+const SEND_ORDER_AGING_FACTOR: u64 = 16;
+/// Stale entries an ordered send queue may hold beyond twice its live ones before it is
+/// compacted.
+const SEND_QUEUE_SLACK: usize = 64;
 /// Highest admission rate of a tenant with a p90 target, requests/s (all cores).
 const P90_RATE_MAX_PER_S: f64 = 100_000.0;
 /// Requests a p90-controlled tenant may send back to back.
@@ -209,6 +219,58 @@ struct SendSched {
     /// A `Pump` waits on a timer for a shaper (it does not stand for the immediate one: a
     /// tenant that is not throttled must not wait for one that is).
     pump_timer: bool,
+    /// Per tenant with a `send_order` other than `fair`: the one leaf that stands for all its
+    /// connections (created on its first send; at most one per tenant).
+    queue_leaf: HashMap<ActivityId, NodeId>,
+    /// The ordered queue behind each such leaf.
+    queues: HashMap<NodeId, OrderedQueue>,
+    /// Connection → (queue leaf, entry id) of its one live entry in an ordered queue.
+    queued: HashMap<u64, (NodeId, u64)>,
+    /// Connection → when its pending output arrived in its ordered queue (kept while it waits
+    /// for the socket or the disk; forgotten when the output is done).
+    arrivals: HashMap<u64, Arrival>,
+    /// Each configured tenant's `send_order`, by activity (refreshed by `configure`).
+    order_of: HashMap<ActivityId, SendOrder>,
+}
+
+/// When a response arrived in an ordered queue.
+#[derive(Clone, Copy)]
+struct Arrival {
+    /// The queue's bytes sent by then (the clock of aging).
+    sent_bytes: u64,
+    /// Arrival number in the queue (the FIFO order, and the tie-break of the others).
+    seq: u64,
+    /// Bytes the connection had to send when it arrived.
+    bytes: u64,
+}
+
+/// A tenant's pending responses in its `send_order`: a binary heap of
+/// `(rank, arrival seq, entry id, connection)`, smallest first, with lazy deletion (an entry is
+/// live while `SendSched::queued` names it). A decision is O(log n); entries are reused, and
+/// stale ones are compacted away once they outnumber the live ones (plus a slack), so the
+/// heap stays within twice the tenant's connections on this core.
+struct OrderedQueue {
+    order: SendOrder,
+    heap: BinaryHeap<Reverse<(u64, u64, u64, u64)>>,
+    live: usize,
+    next_entry: u64,
+    next_arrival: u64,
+    sent_bytes: u64,
+}
+
+/// The heap rank of a response (smaller goes first). Shortest first ranks by the bytes left
+/// (SRPT); longest first by the bytes the response had when it arrived (ranking it by the
+/// bytes left would be LRPT, which evens out the large responses until every one, small ones
+/// too, finishes together at the end).
+fn send_rank(order: SendOrder, remaining_bytes: u64, arrival: Arrival) -> u64 {
+    let age = arrival.sent_bytes / SEND_ORDER_AGING_FACTOR;
+    // Byte counts are far below 2^62 (a body is bounded by a file size).
+    const TOP: u64 = 1 << 62;
+    match order {
+        SendOrder::Fair | SendOrder::Fifo => 0,
+        SendOrder::ShortestFirst => remaining_bytes.min(TOP).saturating_add(age),
+        SendOrder::LongestFirst => (TOP - arrival.bytes.min(TOP)).saturating_add(age),
+    }
 }
 
 fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
@@ -253,6 +315,11 @@ impl SendSched {
             conn_of: HashMap::new(),
             pump_queued: false,
             pump_timer: false,
+            queue_leaf: HashMap::new(),
+            queues: HashMap::new(),
+            queued: HashMap::new(),
+            arrivals: HashMap::new(),
+            order_of: HashMap::new(),
         };
         s.configure(live, 0);
         Some(s)
@@ -267,7 +334,9 @@ impl SendSched {
             .net_link_cap_bytes_per_s
             .map(|r| bucket(ShaperKind::Token, r));
         let _ = self.tree.set_shaper(self.link, link_cap, now_ns);
+        self.order_of.clear();
         for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            self.order_of.insert(tr.activity, t.send_order);
             if let Some(&n) = self.tenants.get(&tr.activity) {
                 let cap = t
                     .net_cap_bytes_per_s
@@ -275,7 +344,110 @@ impl SendSched {
                 let _ = self.tree.set_params(n, ClientParams::weight(t.weight));
                 let _ = self.tree.set_shaper(n, cap, now_ns);
             }
+            // A changed order ranks the entries pushed from now on; a tenant that went back to
+            // `fair` keeps its queue until it drains (its connections move to their own leaves
+            // as they next get output).
+            if t.send_order != SendOrder::Fair {
+                if let Some(q) = self
+                    .queue_leaf
+                    .get(&tr.activity)
+                    .and_then(|l| self.queues.get_mut(l))
+                {
+                    q.order = t.send_order;
+                }
+            }
         }
+    }
+
+    /// The ordered queue's leaf of a tenant, created under its node on first use.
+    fn queue_leaf(
+        &mut self,
+        activity: ActivityId,
+        node: NodeId,
+        order: SendOrder,
+    ) -> Option<NodeId> {
+        if let Some(&l) = self.queue_leaf.get(&activity) {
+            return Some(l);
+        }
+        let l = self.tree.add_leaf(node, ClientParams::default()).ok()?;
+        self.queue_leaf.insert(activity, l);
+        self.queues.insert(
+            l,
+            OrderedQueue {
+                order,
+                heap: BinaryHeap::new(),
+                live: 0,
+                next_entry: 0,
+                next_arrival: 0,
+                sent_bytes: 0,
+            },
+        );
+        Some(l)
+    }
+
+    /// Puts a connection's pending output in an ordered queue (a no-op if it is there).
+    /// Returns whether it was pushed.
+    fn enqueue(&mut self, leaf: NodeId, key: u64, remaining_bytes: u64) -> bool {
+        match self.queued.get(&key) {
+            Some(&(l, _)) if l == leaf => return false,
+            Some(_) => self.dequeue(key),
+            None => {}
+        }
+        let Some(q) = self.queues.get_mut(&leaf) else {
+            return false;
+        };
+        let arrival = *self.arrivals.entry(key).or_insert_with(|| {
+            q.next_arrival += 1;
+            Arrival {
+                sent_bytes: q.sent_bytes,
+                seq: q.next_arrival,
+                bytes: remaining_bytes,
+            }
+        });
+        q.next_entry += 1;
+        let entry = q.next_entry;
+        let rank = send_rank(q.order, remaining_bytes, arrival);
+        q.heap.push(Reverse((rank, arrival.seq, entry, key)));
+        q.live += 1;
+        self.queued.insert(key, (leaf, entry));
+        true
+    }
+
+    /// Takes the first live connection out of an ordered queue.
+    fn pop_queued(&mut self, leaf: NodeId) -> Option<u64> {
+        let q = self.queues.get_mut(&leaf)?;
+        while let Some(Reverse((_, _, entry, key))) = q.heap.pop() {
+            if self.queued.get(&key) == Some(&(leaf, entry)) {
+                self.queued.remove(&key);
+                q.live -= 1;
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// Withdraws a connection from its ordered queue, if it is in one (the queue's leaf goes
+    /// idle when nothing live is left). Not for a leaf in service.
+    fn dequeue(&mut self, key: u64) {
+        let Some((leaf, _)) = self.queued.remove(&key) else {
+            return;
+        };
+        let queued = &self.queued;
+        if let Some(q) = self.queues.get_mut(&leaf) {
+            q.live -= 1;
+            if q.live == 0 {
+                q.heap.clear();
+                self.tree.leaf_idle(leaf);
+            } else if q.heap.len() > 2 * q.live + SEND_QUEUE_SLACK {
+                q.heap
+                    .retain(|Reverse((_, _, e, k))| queued.get(k) == Some(&(leaf, *e)));
+            }
+        }
+    }
+
+    /// Live connections in an ordered queue (0 for a leaf that is not one).
+    fn queue_live(&self, leaf: NodeId) -> usize {
+        self.queues.get(&leaf).map_or(0, |q| q.live)
     }
 
     /// The tenant's node, created with its weight and cap on its first send.
@@ -304,6 +476,13 @@ impl SendSched {
     }
 
     fn forget(&mut self, key: u64) {
+        self.dequeue(key);
+        self.arrivals.remove(&key);
+        self.forget_leaf(key);
+    }
+
+    /// Removes a connection's own leaf (`fair`), if it has one.
+    fn forget_leaf(&mut self, key: u64) {
         if let Some(leaf) = self.leaves.remove(&key) {
             self.conn_of.remove(&leaf);
             self.tree.leaf_idle(leaf);
@@ -2030,12 +2209,40 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
     let now = ctx.now_ns();
     let live = cs.live.clone();
     let send_stage = cs.stages.send;
+    let remaining = cs.conn(key).map_or(0, remaining_bytes);
     let Some(ss) = cs.send.as_mut() else {
         return false;
     };
-    let leaf = match ss.leaves.get(&key) {
-        Some(&l) => l,
-        None => {
+    // The order is cached per activity by `configure` (no scan of the tenants per send).
+    let order = ss.order_of.get(&tr.activity).copied();
+    let leaf = match (order, ss.leaves.get(&key)) {
+        // In a tenant with a send order: the tenant's queue leaf, the queue ranks it.
+        (Some(order), _) if order != SendOrder::Fair => {
+            let l = match ss.queue_leaf.get(&tr.activity) {
+                Some(&l) => l,
+                None => {
+                    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name)
+                    else {
+                        return false;
+                    };
+                    let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+                        return false;
+                    };
+                    let Some(l) = ss.queue_leaf(tr.activity, node, order) else {
+                        return false;
+                    };
+                    l
+                }
+            };
+            // After a change of order, its own leaf (not in service here) goes.
+            ss.forget_leaf(key);
+            ss.enqueue(l, key, remaining);
+            l
+        }
+        // Its tenant left the configuration while it waited in the tenant's queue: it stays.
+        (None, None) if ss.queued.contains_key(&key) => return true,
+        (_, Some(&l)) => l,
+        (_, None) => {
             let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
                 return false;
             };
@@ -2045,6 +2252,8 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
             let Ok(l) = ss.tree.add_leaf(node, ClientParams::default()) else {
                 return false;
             };
+            // After a change of order, it leaves the tenant's queue.
+            ss.dequeue(key);
             ss.leaves.insert(key, l);
             ss.conn_of.insert(l, key);
             l
@@ -2061,6 +2270,11 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
             .is_ok();
     }
     true
+}
+
+/// Bytes of a connection's output still to send: what is queued plus the rest of its body.
+fn remaining_bytes(c: &mut Conn) -> u64 {
+    c.out.pending() as u64 + c.body.as_ref().map_or(0, |b| b.remaining)
 }
 
 /// What one pick of the send scheduler did with a connection.
@@ -2190,14 +2404,41 @@ fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
         for _ in 0..SEND_PICKS_PER_DISPATCH {
             let ss = cs.send.as_mut().expect("checked");
             let Some(leaf) = ss.tree.pick(now) else { break };
-            let Some(&key) = ss.conn_of.get(&leaf) else {
-                ss.tree.charge(leaf, 1, false, now);
-                continue;
+            // A connection's own leaf (`fair`), or its tenant's ordered queue.
+            let (key, ordered) = match ss.conn_of.get(&leaf) {
+                Some(&key) => (key, false),
+                None => match ss.pop_queued(leaf) {
+                    Some(key) => (key, true),
+                    None => {
+                        ss.tree.charge(leaf, 1, false, now);
+                        continue;
+                    }
+                },
             };
             let sent = send_some(ctx, cs, key);
-            let ss = cs.send.as_mut().expect("checked");
             let still = sent.more && !sent.blocked && !sent.failed && !sent.waiting;
-            ss.tree.charge(leaf, sent.bytes.max(1) as u64, still, now);
+            let remaining = match cs.conn(key) {
+                Some(c) if ordered && still => remaining_bytes(c),
+                _ => 0,
+            };
+            let ss = cs.send.as_mut().expect("checked");
+            if ordered {
+                if still {
+                    ss.enqueue(leaf, key, remaining);
+                }
+                if let Some(q) = ss.queues.get_mut(&leaf) {
+                    q.sent_bytes += sent.bytes as u64;
+                }
+                let backlogged = ss.queue_live(leaf) > 0;
+                ss.tree
+                    .charge(leaf, sent.bytes.max(1) as u64, backlogged, now);
+            } else {
+                ss.tree.charge(leaf, sent.bytes.max(1) as u64, still, now);
+            }
+            if !sent.more {
+                // The response is done: the next one arrives afresh.
+                ss.arrivals.remove(&key);
+            }
             if sent.failed {
                 close(ctx, cs, key);
                 continue;
@@ -2342,4 +2583,155 @@ fn on_disk(ctx: &mut Ctx<'_>, d: DiskDone) {
             drive(ctx, cs, key);
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A send scheduler with one tenant (activity 7) and its ordered queue's leaf.
+    fn sched(order: SendOrder) -> (SendSched, NodeId) {
+        let mut tree = Tree::new(PolicyKind::Sfq);
+        tree.set_min_cost(1);
+        let link = tree
+            .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let node = tree
+            .add_interior(link, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let mut ss = SendSched {
+            tree,
+            link,
+            tenants: HashMap::new(),
+            leaves: HashMap::new(),
+            conn_of: HashMap::new(),
+            pump_queued: false,
+            pump_timer: false,
+            queue_leaf: HashMap::new(),
+            queues: HashMap::new(),
+            queued: HashMap::new(),
+            arrivals: HashMap::new(),
+            order_of: HashMap::new(),
+        };
+        let leaf = ss.queue_leaf(7, node, order).unwrap();
+        (ss, leaf)
+    }
+
+    /// Pops every live connection, in queue order.
+    fn drain(ss: &mut SendSched, leaf: NodeId) -> Vec<u64> {
+        std::iter::from_fn(|| ss.pop_queued(leaf)).collect()
+    }
+
+    #[test]
+    fn ordered_queue_serves_by_order() {
+        // Connections 1, 2, 3 arrive in that order with 500, 5, 50 bytes to send.
+        let sizes = [(1, 500), (2, 5), (3, 50)];
+        for (order, want) in [
+            (SendOrder::Fifo, vec![1, 2, 3]),
+            (SendOrder::ShortestFirst, vec![2, 3, 1]),
+            (SendOrder::LongestFirst, vec![1, 3, 2]),
+        ] {
+            let (mut ss, leaf) = sched(order);
+            for (key, bytes) in sizes {
+                assert!(ss.enqueue(leaf, key, bytes));
+                assert!(!ss.enqueue(leaf, key, bytes), "queued twice");
+            }
+            assert_eq!(ss.queue_live(leaf), 3);
+            assert_eq!(drain(&mut ss, leaf), want, "{order:?}");
+            assert_eq!(ss.queue_live(leaf), 0);
+        }
+    }
+
+    #[test]
+    fn fifo_keeps_a_response_at_the_head_across_quanta() {
+        let (mut ss, leaf) = sched(SendOrder::Fifo);
+        ss.enqueue(leaf, 1, 100);
+        ss.enqueue(leaf, 2, 10);
+        // Served one quantum, still pending: it keeps its arrival.
+        assert_eq!(ss.pop_queued(leaf), Some(1));
+        ss.enqueue(leaf, 1, 90);
+        assert_eq!(ss.pop_queued(leaf), Some(1));
+        // Blocked on its socket, then back: still first.
+        ss.enqueue(leaf, 1, 80);
+        assert_eq!(drain(&mut ss, leaf), vec![1, 2]);
+    }
+
+    #[test]
+    fn shortest_first_ages_a_large_response() {
+        let (mut ss, leaf) = sched(SendOrder::ShortestFirst);
+        ss.enqueue(leaf, 1, 1000);
+        let mut key = 2;
+        // Newcomers of 10 bytes overtake it until the tenant sent the aging factor times its
+        // size after it arrived.
+        let mut overtaken = 0;
+        loop {
+            ss.enqueue(leaf, key, 10);
+            let next = ss.pop_queued(leaf).unwrap();
+            ss.queues.get_mut(&leaf).unwrap().sent_bytes += 10;
+            if next == 1 {
+                break;
+            }
+            ss.arrivals.remove(&next);
+            overtaken += 1;
+            key += 1;
+            assert!(
+                overtaken <= SEND_ORDER_AGING_FACTOR * 1000 / 10 + 1,
+                "starved"
+            );
+        }
+        assert!(overtaken > 10, "aging too fast: {overtaken}");
+    }
+
+    #[test]
+    fn longest_first_ages_a_small_response() {
+        let (mut ss, leaf) = sched(SendOrder::LongestFirst);
+        ss.enqueue(leaf, 1, 10);
+        let mut key = 2;
+        let mut overtaken = 0;
+        // Newcomers of 1000 bytes, each served whole, overtake it until the tenant sent the
+        // aging factor times the size difference after it arrived.
+        loop {
+            ss.enqueue(leaf, key, 1000);
+            let next = ss.pop_queued(leaf).unwrap();
+            ss.queues.get_mut(&leaf).unwrap().sent_bytes += 1000;
+            if next == 1 {
+                break;
+            }
+            ss.arrivals.remove(&next);
+            overtaken += 1;
+            key += 1;
+            assert!(
+                overtaken <= SEND_ORDER_AGING_FACTOR * 990 / 1000 + 1,
+                "starved"
+            );
+        }
+        assert!(overtaken > 1, "aging too fast: {overtaken}");
+    }
+
+    #[test]
+    fn withdrawn_entries_are_compacted() {
+        let (mut ss, leaf) = sched(SendOrder::ShortestFirst);
+        let n = 1000u64;
+        for key in 0..n {
+            ss.enqueue(leaf, key, 1 + key);
+        }
+        // Connections close while queued (all but the 10 largest).
+        for key in 0..n - 10 {
+            ss.forget(key);
+        }
+        let q = &ss.queues[&leaf];
+        assert_eq!(q.live, 10);
+        assert!(
+            q.heap.len() <= 2 * q.live + SEND_QUEUE_SLACK + 1,
+            "{} entries for {} live",
+            q.heap.len(),
+            q.live
+        );
+        assert_eq!(drain(&mut ss, leaf), (n - 10..n).collect::<Vec<_>>());
+        // Withdrawing the last one empties the heap.
+        ss.enqueue(leaf, 5, 1);
+        ss.forget(5);
+        assert!(ss.queues[&leaf].heap.is_empty());
+        assert!(!ss.arrivals.contains_key(&5));
+    }
 }
