@@ -596,9 +596,13 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     notes.push(match (r.throughput_ratio, r.cpu_per_req_ratio) {
         (Some(t), Some(c)) => format!(
             "Throughput: req/s at the largest level is {t:.2}× that at the smallest (goal ≥ 0.90: {}); \
-             the server's CPU time per request is {c:.2}× (at the smallest level the server is not saturated: \
-             each connection waits {} ms between requests, so there req/s is bounded by the think time).",
+             the server's CPU time per request is {c:.2}× (a figure the machine's other load disturbs less; at the \
+             smallest level the think time alone bounds req/s to {:.0}, as each connection waits {} ms between requests).",
             if t >= 0.9 { "met" } else { "not met" },
+            r.levels
+                .iter()
+                .find(|l| l.server == "omnistage")
+                .map_or(0.0, |l| l.connections as f64 * 1000.0 / r.think_ms.max(1e-3)),
             r.think_ms
         ),
         (Some(t), None) => format!(
