@@ -183,11 +183,16 @@ fn connections_smoke() {
         "kib_per_idle_connection",
         "rss_idle_kib",
         "open_at_reading",
+        "kib_per_idle_connection_peak",
+        "kib_per_idle_connection_trimmed",
     ] {
         assert!(l[0][k].is_number(), "{k}");
     }
     assert!(l[1]["req_per_s"].as_f64().unwrap() > 0.0);
     assert!(r["nginx_note"].is_string() && r["throughput_ratio"].is_number());
+    // CPU per request needs /proc; present as a key either way.
+    assert!(l[0].get("server_cpu_us_per_req").is_some());
+    assert!(r.get("cpu_per_req_ratio").is_some() && r.get("nginx_kib_per_slot_at_start").is_some());
 }
 
 #[test]

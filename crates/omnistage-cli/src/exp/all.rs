@@ -390,9 +390,10 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 };
                 (
                     format!(
-                        "req/s at {} conns = {:.2}× at the smallest; {:.2} KiB per idle conn",
+                        "req/s at {} conns = {:.2}× at the smallest (server CPU per request {:.2}×); {:.2} KiB per idle conn",
                         ours.map(|l| f(l, "/connections")).unwrap_or(f64::NAN),
                         f(j, "/throughput_ratio"),
+                        f(j, "/cpu_per_req_ratio"),
                         kib(ours)
                     ),
                     ng.map(|n| format!("nginx {:.2} KiB per idle conn", kib(Some(n)))),

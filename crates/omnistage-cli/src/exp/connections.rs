@@ -3,10 +3,15 @@
 //! CPU 0, a fresh server per level); the load generator runs as a child process (`omnistage
 //! load`, pinned to CPU 1) so that its sockets and buffers are not in this process's `VmRSS`.
 //! Per level: an idle run (each connection sends one request and then thinks for 60 s) gives the
-//! resident memory per idle connection, `VmRSS` with all connections open minus `VmRSS` before
-//! (after `malloc_trim`); an active run (a small think time) gives requests/s. nginx
-//! (`/usr/sbin/nginx`, one worker pinned to CPU 0, if installed) is measured the same way from
-//! `/proc/PID/status`.
+//! resident memory per idle connection, `VmRSS` once all connections are open (the run is
+//! stopped then; if some never open within the limit, what was open counts) minus `VmRSS`
+//! before (after `malloc_trim`), over the connections the server held; an active run (a small
+//! think time) gives requests/s and the server's CPU time per request (user + system time of
+//! its worker thread, or of nginx's single process, from `/proc`: a figure that stays
+//! comparable when the machine is shared and throughput is not). nginx (`/usr/sbin/nginx`, one
+//! worker pinned to CPU 0, if installed) is measured the same way from `/proc/PID/status`; it
+//! allocates its connection table for `worker_connections` at start, which is in its "before"
+//! reading (the page reports it per connection slot).
 
 use super::cfgweb;
 use super::nginx;
@@ -47,8 +52,14 @@ struct Level {
     open_at_reading: usize,
     rss_before_kib: u64,
     rss_idle_kib: u64,
-    /// (rss_idle − rss_before) / connections.
+    /// (rss_idle − rss_before) / open_at_reading (the connections the server held), with
+    /// rss_idle read once all were open and their first requests answered.
     kib_per_idle_connection: f64,
+    /// The same with the most VmRSS seen while they were opening.
+    kib_per_idle_connection_peak: f64,
+    /// omnistage only: the same after `malloc_trim` (what the connections themselves hold,
+    /// without the allocator's free pages).
+    kib_per_idle_connection_trimmed: Option<f64>,
     req_per_s: f64,
     p99_ms: f64,
     errors: u64,
@@ -56,6 +67,9 @@ struct Level {
     errors_by_kind: serde_json::Value,
     /// Largest VmRSS seen during the active run.
     rss_active_max_kib: u64,
+    /// The server's CPU time (user + system) during the active run's measured window over
+    /// its requests, µs; `None` when /proc cannot say.
+    server_cpu_us_per_req: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -74,12 +88,21 @@ struct Report {
     throughput_ratio: Option<f64>,
     /// omnistage's KiB per idle connection at the largest level / nginx's.
     memory_ratio_vs_nginx: Option<f64>,
+    /// omnistage's server CPU µs per request at the largest level / at the smallest: how much
+    /// more each request costs with many connections (1.0: nothing).
+    cpu_per_req_ratio: Option<f64>,
+    /// nginx's resident memory at start per connection of `worker_connections`, KiB (the
+    /// slope of its "before" readings over the levels): memory it holds for every connection
+    /// slot, used or not, that its per-idle-connection figure does not include.
+    nginx_kib_per_slot_at_start: Option<f64>,
     goal_met: Option<bool>,
 }
 
 const FILE: &str = "one.bin";
 const FILE_BYTES: usize = 128;
 const FD_SLACK: u64 = 200;
+/// Name of the server's one worker thread (set by the runtime).
+const WORKER_THREAD: &str = "omnistage-w0";
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 pub(super) mod sys {
@@ -186,59 +209,149 @@ fn err_sum(t: &serde_json::Value) -> u64 {
         .unwrap_or(0)
 }
 
-/// Measures one level against a server: `rss` reads its VmRSS (KiB), `open` counts its open
-/// connections.
+/// How to read one server: `rss` its VmRSS (KiB), `open` its open connections, `cpu_ticks`
+/// the CPU time (user + system, clock ticks) of the thread or process that serves.
+struct Probe<'a> {
+    rss: &'a dyn Fn() -> u64,
+    open: &'a dyn Fn() -> usize,
+    cpu_ticks: &'a dyn Fn() -> Option<u64>,
+    /// Returns the allocator's free pages to the OS if the server is this process (true).
+    trim: &'a dyn Fn() -> bool,
+}
+
+/// Longest wait for the server to close the idle run's connections.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// Longest wait for all connections of the idle run to be open, s: 2 s plus 1 s per 1,000
+/// connections (a connect that met a full accept queue retries after 1 s, 3 s, ...).
+fn idle_wait_s(n: usize) -> f64 {
+    2.0 + n as f64 / 1000.0
+}
+
+/// Clock ticks per second of /proc's CPU times (`CLK_TCK`, 100 on Linux).
+const CLK_TCK: f64 = 100.0;
+
+/// Measures one level against a server.
 fn measure(
     server: &'static str,
     addr: &str,
     n: usize,
     a: &ConnectionsArgs,
-    rss: &dyn Fn() -> u64,
-    open: &dyn Fn() -> usize,
+    p: &Probe<'_>,
 ) -> Result<Level, String> {
     std::thread::sleep(Duration::from_millis(200));
     sys::trim();
-    let before = rss();
-    // Idle: one request per connection, then a 60 s think; read memory once all are open.
-    let idle_s = 1.0 + n as f64 / 5000.0;
-    let mut child = spawn_load(addr, n, idle_s, 0.0, 60_000.0)?;
+    let before = (p.rss)();
+    // Idle: one request per connection, then a 60 s think; read memory once all are open,
+    // then stop the generator (its run is longer than the wait, so it never ends by itself
+    // before the reading).
+    let wait_s = idle_wait_s(n);
+    let mut child = spawn_load(addr, n, wait_s + 5.0, 0.0, 60_000.0)?;
     let t0 = Instant::now();
     let mut open_n = 0;
     let mut idle_rss = 0;
-    while t0.elapsed().as_secs_f64() < idle_s + 5.0 {
-        open_n = open();
-        idle_rss = idle_rss.max(rss());
+    while t0.elapsed().as_secs_f64() < wait_s {
+        open_n = (p.open)();
+        idle_rss = idle_rss.max((p.rss)());
         if open_n >= n || child.try_wait().map_err(|e| e.to_string())?.is_some() {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(200));
-    idle_rss = idle_rss.max(rss());
-    let _ = finish_load(child)?;
-    // Active: small think time, throughput from the load generator.
-    let child = spawn_load(addr, n, a.seconds, 0.5, a.think_ms)?;
-    let mut child = child;
+    // Let the last requests be answered and their buffers settle, then read: what the server
+    // holds for its idle connections, including what its allocator kept from the burst of
+    // first requests (neither server is asked to give that back). `idle_peak` is the most seen.
+    std::thread::sleep(Duration::from_millis(300));
+    open_n = open_n.max((p.open)());
+    let idle_peak = idle_rss.max((p.rss)());
+    let idle_rss = (p.rss)();
+    // Ours only (this process): what is left once the allocator returns its free pages.
+    let idle_trimmed = (p.trim)().then(|| (p.rss)());
+    if child.try_wait().map_err(|e| e.to_string())?.is_some() {
+        let _ = finish_load(child)?;
+    } else {
+        // Our own child, by its handle.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // Its connections close now: wait until the server has closed them (bounded), so the
+    // active run's connections do not meet a connection limit still held by these.
+    let t_close = Instant::now();
+    while (p.open)() > 0 && t_close.elapsed() < CLOSE_WAIT {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Active: small think time, throughput from the load generator; the server's CPU time
+    // over the measured window (it starts after the warmup).
+    let warmup_s = 0.5;
+    let mut child = spawn_load(addr, n, a.seconds, warmup_s, a.think_ms)?;
+    let t_active = Instant::now();
     let mut act_max = 0;
+    let mut cpu_from: Option<(Instant, u64)> = None;
+    let mut cpu_to: Option<(Instant, u64)> = None;
     while child.try_wait().map_err(|e| e.to_string())?.is_none() {
-        act_max = act_max.max(rss());
+        act_max = act_max.max((p.rss)());
+        let el = t_active.elapsed().as_secs_f64();
+        // The generator's clock starts a little after ours (process start, connects):
+        // sample inside its measured window, keeping clear of both edges.
+        if cpu_from.is_none() && el >= warmup_s + 0.3 {
+            cpu_from = (p.cpu_ticks)().map(|c| (Instant::now(), c));
+        } else if el <= warmup_s + a.seconds - 0.1 {
+            if let Some(c) = (p.cpu_ticks)() {
+                if cpu_from.is_some() {
+                    cpu_to = Some((Instant::now(), c));
+                }
+            }
+        }
         std::thread::sleep(Duration::from_millis(100));
     }
     let j = finish_load(child)?;
     let t = &j["total"];
+    let req_per_s = t["req_per_s"].as_f64().unwrap_or(0.0);
+    let per_conn = |rss: u64| rss.saturating_sub(before) as f64 / open_n.max(1) as f64;
+    let server_cpu_us_per_req = match (cpu_from, cpu_to) {
+        (Some((t0, c0)), Some((t1, c1))) if t1 > t0 && req_per_s > 0.0 => {
+            let cpu_s = c1.saturating_sub(c0) as f64 / CLK_TCK;
+            let reqs = req_per_s * (t1 - t0).as_secs_f64();
+            Some(cpu_s / reqs * 1e6)
+        }
+        _ => None,
+    };
     Ok(Level {
         server,
         connections: n,
         open_at_reading: open_n,
         rss_before_kib: before,
         rss_idle_kib: idle_rss,
-        kib_per_idle_connection: idle_rss.saturating_sub(before) as f64 / n as f64,
-        req_per_s: t["req_per_s"].as_f64().unwrap_or(0.0),
+        kib_per_idle_connection: per_conn(idle_rss),
+        kib_per_idle_connection_peak: per_conn(idle_peak),
+        kib_per_idle_connection_trimmed: idle_trimmed.map(per_conn),
+        req_per_s,
         p99_ms: t["p99_ms"].as_f64().unwrap_or(0.0),
         errors: err_sum(t),
         errors_by_kind: t["errors"].clone(),
         rss_active_max_kib: act_max,
+        server_cpu_us_per_req,
     })
+}
+
+/// User + system CPU ticks from a `/proc/.../stat` file (fields 14 and 15).
+fn stat_ticks(path: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The `/proc/self/task/TID/stat` of this process's thread named `name`.
+fn thread_stat_path(name: &str) -> Option<String> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find_map(|e| {
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            (comm.trim() == name).then(|| format!("{}/stat", e.path().display()))
+        })
 }
 
 /// TCP sockets a process holds (entries of /proc/PID/fd that are sockets), minus one listener.
@@ -313,16 +426,25 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                 &tenant,
             )?;
             let stats = server.stats();
+            // The one worker thread serves everything (this process's other threads are the
+            // experiment's own); looked up when read, as it may not be named yet at start.
             let lv = measure(
                 "omnistage",
                 &addr,
                 n,
                 &a,
-                &|| cfgweb::rss_kib("self").unwrap_or(0),
-                &|| {
-                    stats
-                        .open_connections
-                        .load(std::sync::atomic::Ordering::Relaxed)
+                &Probe {
+                    rss: &|| cfgweb::rss_kib("self").unwrap_or(0),
+                    open: &|| {
+                        stats
+                            .open_connections
+                            .load(std::sync::atomic::Ordering::Relaxed)
+                    },
+                    cpu_ticks: &|| thread_stat_path(WORKER_THREAD).and_then(|p| stat_ticks(&p)),
+                    trim: &|| {
+                        sys::trim();
+                        true
+                    },
                 },
             );
             server.drain(Duration::from_millis(300));
@@ -346,13 +468,18 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                 Err(e) => return Ok(Some(e)),
             };
             let pid = ng.pid();
+            let stat = format!("/proc/{pid}/stat");
             let lv = measure(
                 "nginx",
                 &format!("127.0.0.1:{port}"),
                 n,
                 &a,
-                &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
-                &|| sockets_of(pid),
+                &Probe {
+                    rss: &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
+                    open: &|| sockets_of(pid),
+                    cpu_ticks: &|| stat_ticks(&stat),
+                    trim: &|| false,
+                },
             )?;
             drop(ng);
             levels.push(lv);
@@ -375,6 +502,21 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    let cpu_per_req_ratio = match (
+        ours.first().and_then(|l| l.server_cpu_us_per_req),
+        ours.last().and_then(|l| l.server_cpu_us_per_req),
+    ) {
+        (Some(f), Some(l)) if ours.len() >= 2 && f > 0.0 => Some(l / f),
+        _ => None,
+    };
+    let ng: Vec<&Level> = levels.iter().filter(|l| l.server == "nginx").collect();
+    let nginx_kib_per_slot_at_start = match (ng.first(), ng.last()) {
+        (Some(f), Some(l)) if l.connections > f.connections => Some(
+            (l.rss_before_kib as f64 - f.rss_before_kib as f64)
+                / (l.connections - f.connections) as f64,
+        ),
+        _ => None,
+    };
     let goal_met = match (throughput_ratio, memory_ratio_vs_nginx) {
         (Some(t), Some(m)) => Some(t >= 0.9 && m <= 1.0),
         (Some(t), None) if t < 0.9 => Some(false),
@@ -393,6 +535,8 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         nginx_note,
         throughput_ratio,
         memory_ratio_vs_nginx,
+        cpu_per_req_ratio,
+        nginx_kib_per_slot_at_start,
         goal_met,
     };
     let mut t = Table::new(&[
@@ -402,9 +546,12 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "req/s",
         "p99 ms",
         "errors",
+        "server CPU µs / req",
         "RSS before MiB",
         "RSS idle MiB",
         "KiB / idle conn",
+        "(peak)",
+        "(after trim)",
         "RSS max active MiB",
     ]);
     for l in &r.levels {
@@ -415,9 +562,16 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             format!("{:.0}", l.req_per_s),
             format!("{:.2}", l.p99_ms),
             l.errors.to_string(),
+            l.server_cpu_us_per_req
+                .map(|c| format!("{c:.1}"))
+                .unwrap_or_else(|| "–".into()),
             format!("{:.1}", l.rss_before_kib as f64 / 1024.0),
             format!("{:.1}", l.rss_idle_kib as f64 / 1024.0),
             format!("{:.2}", l.kib_per_idle_connection),
+            format!("{:.2}", l.kib_per_idle_connection_peak),
+            l.kib_per_idle_connection_trimmed
+                .map(|k| format!("{k:.2}"))
+                .unwrap_or_else(|| "–".into()),
             format!("{:.1}", l.rss_active_max_kib as f64 / 1024.0),
         ]);
     }
@@ -430,6 +584,46 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     }
     if let Some(n) = &r.nginx_note {
         notes.push(format!("nginx not measured: {n}."));
+    }
+    for l in &r.levels {
+        if l.open_at_reading < l.connections {
+            notes.push(format!(
+                "{} at {}: only {} connections were open when the idle memory was read (within {:.0} s); the per-connection figure is over those.",
+                l.server, l.connections, l.open_at_reading, idle_wait_s(l.connections)
+            ));
+        }
+    }
+    notes.push(match (r.throughput_ratio, r.cpu_per_req_ratio) {
+        (Some(t), Some(c)) => format!(
+            "Throughput: req/s at the largest level is {t:.2}× that at the smallest (goal ≥ 0.90: {}); \
+             the server's CPU time per request is {c:.2}× (a figure the machine's other load disturbs less; at the \
+             smallest level the think time alone bounds req/s to {:.0}, as each connection waits {} ms between requests).",
+            if t >= 0.9 { "met" } else { "not met" },
+            r.levels
+                .iter()
+                .find(|l| l.server == "omnistage")
+                .map_or(0.0, |l| l.connections as f64 * 1000.0 / r.think_ms.max(1e-3)),
+            r.think_ms
+        ),
+        (Some(t), None) => format!(
+            "Throughput: req/s at the largest level is {t:.2}× that at the smallest (goal ≥ 0.90: {}).",
+            if t >= 0.9 { "met" } else { "not met" }
+        ),
+        _ => "Throughput ratio: needs two levels.".into(),
+    });
+    if let Some(m) = r.memory_ratio_vs_nginx {
+        notes.push(format!(
+            "Memory: omnistage holds {m:.2}× nginx's resident memory per idle connection at the largest level (goal ≤ 1.00: {}).",
+            if m <= 1.0 { "met" } else { "not met" }
+        ));
+    }
+    if let Some(k) = r.nginx_kib_per_slot_at_start {
+        notes.push(format!(
+            "nginx allocates its connection table for worker_connections (set to the level + 100) at start: \
+             its RSS before grows by {k:.2} KiB per connection slot over the levels. That memory is in its \
+             \"before\" reading, so it is not in its KiB per idle connection; omnistage allocates a connection's \
+             slot when it accepts, so its figure includes it."
+        ));
     }
     let doc = Doc {
         title: "connections: requests/s and memory per connection, 100 to 10,000 keep-alive connections (SEDA Fig. 7)".into(),
@@ -444,9 +638,12 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             "The HTTP server in this process (1 worker on CPU 0, a fresh server per level) and, where installed, nginx \
              (one worker on CPU 0). The load generator runs as a child process on CPU 1 so its memory is not counted. \
              Per level: an idle run opens every connection, sends one request on each and then thinks for 60 s; the \
-             server's VmRSS with all connections open minus its VmRSS before (after malloc_trim) over the connection \
-             count is the memory per idle connection. An active run then sends a {FILE_BYTES}-byte file with {} ms think \
-             time for {} s (after 0.5 s warmup). Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
+             server's VmRSS once all connections are open and their first requests answered, minus its VmRSS before \
+             (after malloc_trim), over the connections it held, is the memory per idle connection (the goal's figure; \
+             neither server gives its allocator's free pages back before that reading). Also shown: the peak while the \
+             connections opened, and for omnistage the figure after a malloc_trim (what the connections themselves hold). An active run then sends a {FILE_BYTES}-byte file with {} ms think \
+             time for {} s (after 0.5 s warmup); the server's CPU time (its worker thread, or nginx's one process, \
+             from /proc) over the requests in that window is its CPU per request. Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
              per idle connection ≤ nginx's.",
             a.think_ms, a.seconds
         )],

@@ -3,7 +3,11 @@
 //! Response heads (and anything generated) go into owned buffers; file bodies from the cache
 //! are shared `Bytes` slices, so a cache hit is sent without copying its body. Pipelined
 //! responses simply queue up in order.
+//!
+//! The queue and the head buffers come from this thread's pool (`pool.rs`) and go back to it
+//! when they are written out, so an idle connection's `Output` holds no allocation.
 
+use super::pool;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::io::{IoSlice, Write};
@@ -11,7 +15,7 @@ use std::io::{IoSlice, Write};
 /// Most slices handed to one `writev` (the kernel allows 1024; a few cover a response).
 const IOVECS_MAX: usize = 16;
 
-enum Seg {
+pub(super) enum Seg {
     Own(Vec<u8>),
     Shared(Bytes),
 }
@@ -55,7 +59,8 @@ impl Output {
     /// there) and accounts for what it added. `f` may truncate only what it added itself.
     pub(super) fn with_head<R>(&mut self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         if !matches!(self.segs.back(), Some(Seg::Own(_))) {
-            self.segs.push_back(Seg::Own(Vec::new()));
+            let head = pool::take_buf();
+            self.push_seg(Seg::Own(head));
         }
         let Some(Seg::Own(v)) = self.segs.back_mut() else {
             unreachable!("pushed above")
@@ -79,7 +84,7 @@ impl Output {
         }
         self.pending += v.len();
         self.queued_total += v.len() as u64;
-        self.segs.push_back(Seg::Own(v));
+        self.push_seg(Seg::Own(v));
     }
 
     /// Queues shared bytes (no copy).
@@ -89,7 +94,32 @@ impl Output {
         }
         self.pending += b.len();
         self.queued_total += b.len() as u64;
-        self.segs.push_back(Seg::Shared(b));
+        self.push_seg(Seg::Shared(b));
+    }
+
+    /// Appends a segment, taking a queue from the pool if this output holds none.
+    fn push_seg(&mut self, seg: Seg) {
+        if self.segs.capacity() == 0 {
+            self.segs = pool::take_queue();
+        }
+        self.segs.push_back(seg);
+    }
+
+    /// Everything is written (or taken back): the buffers and the queue go back to the pool.
+    fn release(&mut self) {
+        for seg in self.segs.drain(..) {
+            if let Seg::Own(v) = seg {
+                pool::give_buf(v);
+            }
+        }
+        pool::give_queue(std::mem::take(&mut self.segs));
+        self.front_pos = 0;
+    }
+
+    /// Whether this output holds an allocation (for tests: an idle one should not).
+    #[cfg(test)]
+    pub(super) fn holds_memory(&self) -> bool {
+        self.segs.capacity() > 0
     }
 
     pub(super) fn mark(&self) -> Mark {
@@ -106,7 +136,9 @@ impl Output {
             let back = self.segs.back_mut().expect("pending bytes are queued");
             let unwritten = back.bytes().len() - if only_front { self.front_pos } else { 0 };
             if remove >= unwritten && !(only_front && self.front_pos > 0) {
-                self.segs.pop_back();
+                if let Some(Seg::Own(v)) = self.segs.pop_back() {
+                    pool::give_buf(v);
+                }
                 self.pending -= unwritten;
                 remove -= unwritten;
                 continue;
@@ -121,8 +153,7 @@ impl Output {
         }
         self.queued_total = keep_total;
         if self.pending == 0 {
-            self.segs.clear();
-            self.front_pos = 0;
+            self.release();
         }
     }
 
@@ -168,12 +199,13 @@ impl Output {
                 return;
             }
             n -= left;
-            self.segs.pop_front();
+            if let Some(Seg::Own(v)) = self.segs.pop_front() {
+                pool::give_buf(v);
+            }
             self.front_pos = 0;
         }
         if self.pending == 0 {
-            self.segs.clear();
-            self.front_pos = 0;
+            self.release();
         }
     }
 }
@@ -215,6 +247,38 @@ mod tests {
         }
         assert_eq!(w.got, b"HEAD1 body-one HEAD2 body-two");
         assert_eq!(o.pending(), 0);
+    }
+
+    #[test]
+    fn a_written_output_gives_its_buffers_back() {
+        let before = pool::held();
+        let mut o = Output::default();
+        assert!(!o.holds_memory());
+        o.with_head(|v| v.extend_from_slice(b"HEAD "));
+        o.push_shared(Bytes::from_static(b"body"));
+        o.with_head(|v| v.extend_from_slice(b"HEAD2"));
+        assert!(o.holds_memory());
+        let mut w = Trickle {
+            cap: 3,
+            got: Vec::new(),
+        };
+        while !o.is_empty() {
+            o.write_to(&mut w, usize::MAX).unwrap();
+        }
+        assert_eq!(w.got, b"HEAD bodyHEAD2");
+        assert!(!o.holds_memory(), "an idle output holds no allocation");
+        let after = pool::held();
+        assert_eq!(
+            after,
+            (before.0 + 2, before.1 + 1),
+            "two heads and the queue"
+        );
+        // The next response reuses them.
+        o.with_head(|v| v.extend_from_slice(b"again"));
+        assert_eq!(pool::held(), (before.0 + 1, before.1));
+        o.rollback(Mark(0));
+        assert!(!o.holds_memory());
+        assert_eq!(pool::held(), after);
     }
 
     #[test]
