@@ -1,6 +1,7 @@
 //! `omnistage exp NAME`: experiments. Each prints a table by default, or one JSON object with
 //! `--json`. They measure on real clocks and are benchmarks, never tests.
 
+mod adversary;
 mod all;
 mod attribution;
 mod breakdown;
@@ -60,6 +61,8 @@ enum Which {
     OverloadSpike(spike::SpikeArgs),
     /// Requests/s and resident memory per connection at 100..10000 keep-alive connections (SEDA Fig. 7).
     Connections(connections::ConnectionsArgs),
+    /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
+    Adversary(adversary::AdversaryArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -78,6 +81,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Shaping(a) => shaping::run(a),
         Which::OverloadSpike(a) => spike::run(a),
         Which::Connections(a) => connections::run(a),
+        Which::Adversary(a) => adversary::run(a),
         Which::All(a) => all::run(a),
     }
 }
