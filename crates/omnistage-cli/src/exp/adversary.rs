@@ -568,16 +568,8 @@ fn run_server(
     a: &AdversaryArgs,
     tg: &Target<'_>,
     kinds: &[&str],
-) -> Result<(f64, Vec<Phase>), String> {
-    let cap = match a.victim_rate {
-        Some(_) => 0.0,
-        None => capacity(tg.addr)?,
-    };
-    let rate = a
-        .victim_rate
-        .unwrap_or((cap * a.victim_fraction).max(1.0))
-        .round();
-    std::thread::sleep(Duration::from_millis(300));
+    rate: f64,
+) -> Result<Vec<Phase>, String> {
     let mut out = vec![phase(a, tg, rate, "alone", &[])?];
     out.push(phase(a, tg, rate, "all", kinds)?);
     if a.per_kind && kinds.len() > 1 {
@@ -589,7 +581,7 @@ fn run_server(
     for p in out.iter_mut().skip(1) {
         p.p99_ratio = (alone > 0.0).then(|| p.victim.p99_ms / alone);
     }
-    Ok((cap, out))
+    Ok(out)
 }
 
 fn omnistage_toml(root: &Path) -> (String, String) {
@@ -678,20 +670,18 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
                 .ok_or("adversary activity")?,
         );
         let snap = || server.runtime().snapshot();
-        let target = Target {
+        let ours = Target {
             server: "omnistage",
             addr: &addr,
             ledger: Some(&snap),
             ids,
         };
-        let ours = run_server(&a, &target, &kinds);
-        server.drain(Duration::from_millis(300));
-        let (cap, mut phases) = ours?;
-        let mut caps = vec![("omnistage".to_string(), cap)];
-        let nginx_note = if !a.nginx.exists() {
-            Some(format!("{} not installed", a.nginx.display()))
+        // nginx runs beside (idle) so that both capacities are known before any phase.
+        let port = nginx::free_port()?;
+        let ng_addr = format!("127.0.0.1:{port}");
+        let (ng, nginx_note) = if !a.nginx.exists() {
+            (None, Some(format!("{} not installed", a.nginx.display())))
         } else {
-            let port = nginx::free_port()?;
             match nginx::start(
                 &a.nginx,
                 &dir.join("nginx"),
@@ -699,24 +689,47 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
                 SERVER_CONNECTIONS_MAX,
                 &nginx_servers(port, &root),
             ) {
-                Err(e) => Some(e),
-                Ok(ng) => {
-                    let addr = format!("127.0.0.1:{port}");
-                    let target = Target {
-                        server: "nginx",
-                        addr: &addr,
-                        ledger: None,
-                        ids: (0, 0),
-                    };
-                    let r = run_server(&a, &target, &kinds);
-                    drop(ng);
-                    let (cap, p) = r?;
-                    caps.push(("nginx".into(), cap));
-                    phases.extend(p);
-                    None
-                }
+                Ok(ng) => (Some(ng), None),
+                Err(e) => (None, Some(e)),
             }
         };
+        let theirs = Target {
+            server: "nginx",
+            addr: &ng_addr,
+            ledger: None,
+            ids: (0, 0),
+        };
+        let targets: Vec<&Target<'_>> = if ng.is_some() {
+            vec![&ours, &theirs]
+        } else {
+            vec![&ours]
+        };
+        let result = (|| -> Result<_, String> {
+            let mut caps = Vec::new();
+            if a.victim_rate.is_none() {
+                for tg in &targets {
+                    caps.push((tg.server.to_string(), capacity(tg.addr)?));
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            }
+            // One rate for both servers, from the slower one, so the victim's generator has the
+            // same work (and the same headroom on the shared load CPU) against each.
+            let rate = a
+                .victim_rate
+                .unwrap_or_else(|| {
+                    caps.iter().map(|c| c.1).fold(f64::INFINITY, f64::min) * a.victim_fraction
+                })
+                .max(1.0)
+                .round();
+            let mut phases = Vec::new();
+            for tg in &targets {
+                phases.extend(run_server(&a, tg, &kinds, rate)?);
+            }
+            Ok((caps, phases))
+        })();
+        drop(ng);
+        server.drain(Duration::from_millis(300));
+        let (caps, phases) = result?;
         Ok((caps, phases, nginx_note, server_toml + &tenants_toml))
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -874,14 +887,20 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             ),
             format!(
                 "Victim: {VICTIM_CONNS} keep-alive connections, open loop (latency from each request's scheduled \
-                 time), a {SMALL_BYTES}-byte file, at {:.2} of its closed-loop capacity alone measured first per server \
-                 ({caps}); {} s measured after {WARMUP_S} s warmup per phase. Adversary (all on CPU 1 with the \
-                 victim's generator, {}: many-conns = \
+                 time), a {SMALL_BYTES}-byte file, {}; {} s measured after {WARMUP_S} s warmup per phase. Adversary (all on CPU 1 with the \
+                 victim's generator,{}): many-conns = \
                  {} keep-alive connections closed loop on a {SMALL_BYTES}-byte file; large-files = {LARGE_CONNS} \
-                 closed-loop connections on a {} MB file; slow-readers = {} connections with SO_RCVBUF {SLOW_RCVBUF_BYTES} \
+                 closed-loop connections on a {:.1} MB file; slow-readers = {} connections with SO_RCVBUF {SLOW_RCVBUF_BYTES} \
                  reading {SLOW_READ_BYTES} B per {} ms; slowloris = {} connections sending a never-ending request head \
                  one byte per {} s. The attack starts {} s before the victim's phase.",
-                r.victim_fraction,
+                match a.victim_rate {
+                    Some(rate) => format!("at a given {rate} req/s"),
+                    None => format!(
+                        "at {:.2} of its closed-loop capacity alone (the victim's generator and the server together, \
+                         both pinned) on the slower server, the same rate on both ({caps})",
+                        r.victim_fraction
+                    ),
+                },
                 r.seconds,
                 if r.adversary_idle {
                     " under SCHED_IDLE, so they take only the CPU the victim's generator leaves and never delay its wakeups"
@@ -928,4 +947,59 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
     report::emit("adversary", r, &doc, a.common.json, a.out.as_deref(), |p| {
         report::svg_bars(p, "Victim p99 alone vs attacked", "p99 ms", &cats, &series)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AdversaryArgs,
+    }
+
+    fn args(extra: &[&str]) -> AdversaryArgs {
+        Cli::try_parse_from(std::iter::once("adversary").chain(extra.iter().copied()))
+            .expect("parses")
+            .a
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_anything_runs() {
+        for bad in [
+            &["--attacks", "many-conns,nope"][..],
+            &["--seconds", "0"],
+            &["--flood-conns", "0"],
+            &["--flood-conns", "20001"],
+            &["--slowloris-conns", "5001"],
+            &["--slow-readers", "1001"],
+            &["--victim-rate", "0"],
+            &["--victim-fraction", "3"],
+            &["--large-bytes", "10"],
+        ] {
+            let e = run(args(bad)).expect_err("refused");
+            assert!(e.contains("--"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn slow_clients_keep_their_connection_count_and_stop_by_themselves() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let until = Instant::now() + Duration::from_millis(300);
+        let loris = std::thread::spawn(move || slowloris(addr, 3, until, false));
+        let slow = slow_readers(addr, 2, until, false);
+        let loris = loris.join().unwrap();
+        // Nothing is ever answered: the connections stay, none is re-opened beyond the count.
+        assert!(loris.open_at_end <= 3);
+        assert!(
+            loris.bytes_sent >= 1,
+            "the first connection sent its first byte"
+        );
+        assert_eq!(slow.bytes, 0);
+        assert_eq!(slow.reconnects, 0);
+        drop(l);
+    }
 }
