@@ -33,6 +33,8 @@ const SMALL_BYTES: usize = 1024;
 const LARGE: &str = "large.bin";
 /// Victim connections (open loop, keep-alive).
 const VICTIM_CONNS: usize = 128;
+/// Name of the load generator's (first) thread.
+const LOAD_THREAD: &str = "load-0";
 /// Closed-loop connections fetching the large file.
 const LARGE_CONNS: usize = 8;
 /// Time the adversary gets to open its connections before the victim is measured.
@@ -154,6 +156,12 @@ struct Phase {
     /// attacked p99 / alone p99 of the same server.
     p99_ratio: Option<f64>,
     ledger: Option<Ledger>,
+    /// Time the victim's generator thread waited for CPU 1 in the measured window (the OS's
+    /// run queue), ms: latency the server did not cause.
+    victim_generator_runqueue_ms: Option<f64>,
+    /// Time the server's worker waited for CPU 0 in the measured window, ms (other processes
+    /// on the machine).
+    server_runqueue_ms: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -492,6 +500,41 @@ struct Target<'a> {
     addr: &'a str,
     ledger: Option<&'a dyn Fn() -> omnistage::account::Snapshot>,
     ids: (u32, u32),
+    /// The server's `schedstat` file (its one worker thread): where its run-queue wait is read.
+    schedstat: Option<PathBuf>,
+}
+
+/// Run-queue wait (ns) from a `schedstat` file (`cpu_ns runqueue_ns timeslices`).
+fn runqueue_ns(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Thread ids of this process whose name is `name`.
+fn tids_named(name: &str) -> Vec<u64> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// The `schedstat` of the thread named `name` that is not among `old` (waits up to 0.5 s for
+/// it to appear).
+fn new_thread_schedstat(name: &str, old: &[u64]) -> Option<PathBuf> {
+    for _ in 0..50 {
+        if let Some(t) = tids_named(name).into_iter().find(|t| !old.contains(t)) {
+            return Some(PathBuf::from(format!("/proc/self/task/{t}/schedstat")));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
 }
 
 /// Runs the victim at `rate` for one phase, with `kinds` attacking (none: alone).
@@ -521,11 +564,34 @@ fn phase(
             format!("victim:victim.test:{VICTIM_CONNS}:path=/{SMALL},rate={rate}"),
         ],
     )?;
+    // The victim's generator thread is the one named like the load generator's that the
+    // attack did not start: its run-queue wait says how much of the victim's latency was its
+    // own CPU's doing, not the server's.
+    let old = tids_named(LOAD_THREAD);
     let h = harness::spawn_load(args);
-    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let gen_stat = new_thread_schedstat(LOAD_THREAD, &old);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S).saturating_sub(t0.elapsed()));
     let before = tg.ledger.map(|f| f());
+    let gen0 = gen_stat.as_deref().and_then(runqueue_ns);
+    let srv0 = tg.schedstat.as_deref().and_then(runqueue_ns);
+    let mut gen1 = gen0;
+    let mut srv1 = srv0;
+    let t_measure = Instant::now();
+    while !h.is_finished() {
+        // Read until the generator ends (its last reading is at most one tick old).
+        if t_measure.elapsed().as_secs_f64() <= a.seconds {
+            gen1 = gen_stat.as_deref().and_then(runqueue_ns).or(gen1);
+            srv1 = tg.schedstat.as_deref().and_then(runqueue_ns).or(srv1);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let r = harness::join_load(h);
     let after = tg.ledger.map(|f| f());
+    let ms = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 1e6),
+        _ => None,
+    };
     let adversary = match attack {
         Some(at) => Some(finish_attack(at)?),
         None => None,
@@ -559,6 +625,8 @@ fn phase(
         adversary,
         p99_ratio: None,
         ledger,
+        victim_generator_runqueue_ms: ms(gen0, gen1),
+        server_runqueue_ms: ms(srv0, srv1),
     })
 }
 
@@ -675,6 +743,8 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
             addr: &addr,
             ledger: Some(&snap),
             ids,
+            // The worker names itself when it starts running.
+            schedstat: new_thread_schedstat("omnistage-w0", &[]),
         };
         // nginx runs beside (idle) so that both capacities are known before any phase.
         let port = nginx::free_port()?;
@@ -698,6 +768,9 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
             addr: &ng_addr,
             ledger: None,
             ids: (0, 0),
+            schedstat: ng
+                .as_ref()
+                .map(|n| PathBuf::from(format!("/proc/{}/schedstat", n.pid()))),
         };
         let targets: Vec<&Target<'_>> = if ng.is_some() {
             vec![&ours, &theirs]
@@ -785,6 +858,8 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "max ms",
         "p99 / alone",
         "victim errors",
+        "victim gen. run-queue ms",
+        "server run-queue ms",
         "flood req/s",
         "large MB/s",
         "slow-read KB/s",
@@ -802,6 +877,10 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             format!("{:.1}", p.victim.max_ms),
             p.p99_ratio.map_or("—".into(), |x| format!("{x:.2}")),
             p.victim.errors.to_string(),
+            p.victim_generator_runqueue_ms
+                .map_or("—".into(), |x| format!("{x:.0}")),
+            p.server_runqueue_ms
+                .map_or("—".into(), |x| format!("{x:.0}")),
             if has("many-conns") {
                 format!("{:.0}", adv.flood_req_per_s)
             } else {
