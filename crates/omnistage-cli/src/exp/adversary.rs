@@ -191,6 +191,10 @@ struct Report {
     nginx_p99_ratio: Option<f64>,
     /// omnistage_p99_ratio ≤ 1.5 and the victim had no errors under attack.
     goal_met: Option<bool>,
+    /// Largest run-queue wait of the server's worker or the victim's generator in any phase, as
+    /// a fraction of the measured window: above 0.1 the machine was busy with other work and
+    /// the latencies say more about it than about the servers.
+    runqueue_fraction_max: Option<f64>,
 }
 
 /// Puts the calling thread (and the threads it creates after) under SCHED_IDLE when `idle`:
@@ -821,6 +825,12 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         .map(|p| p.victim.errors)
         .unwrap_or(0);
     let goal_met = omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0);
+    let runqueue_fraction_max = phases
+        .iter()
+        .flat_map(|p| [p.victim_generator_runqueue_ms, p.server_runqueue_ms])
+        .flatten()
+        .map(|ms| ms / (a.seconds * 1e3))
+        .reduce(f64::max);
     let r = Report {
         experiment: "adversary",
         machine: machine(),
@@ -844,6 +854,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         omnistage_p99_ratio,
         nginx_p99_ratio,
         goal_met,
+        runqueue_fraction_max,
     };
     emit(&a, &r)
 }
@@ -940,6 +951,20 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         (None, Some(n)) => format!("nginx not measured: {n}."),
         _ => String::new(),
     };
+    let noise = match r.runqueue_fraction_max {
+        Some(f) if f > 0.1 => format!(
+            "**The machine was busy**: in some phase the server's worker or the victim's generator waited {:.0} % of \
+             the measured window in the OS's run queue (other processes on its CPU; see the run-queue columns). Those \
+             waits are latency neither server caused; read the figures of such phases as noise, and the goal as unjudged \
+             until a run on a quiet machine.",
+            f * 100.0
+        ),
+        Some(f) => format!(
+            "The server's worker and the victim's generator waited at most {:.1} % of a window in the OS's run queue.",
+            f * 100.0
+        ),
+        None => String::new(),
+    };
     let caps = r
         .capacity_req_per_s
         .iter()
@@ -1000,7 +1025,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             (String::new(), t),
             ("CPU the omnistage worker charged per activity in each phase (ledger, victim's measured window):".into(), lt),
         ],
-        notes: vec![verdict, peer],
+        notes: vec![verdict, peer, noise],
     };
     let cats: Vec<String> = ["omnistage", "nginx"]
         .iter()
