@@ -55,6 +55,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const HEADER_TIMEOUT_MS: u64 = 10_000;
 const KEEPALIVE_TIMEOUT_MS: u64 = 5_000;
 const SERVER_CONNECTIONS_MAX: usize = 10_000;
+/// Open files kept free beyond two per connection (listeners, files, stdio).
+const FD_SLACK: u64 = 200;
 /// Per-tenant connection limit on omnistage (40 % of the server's).
 const TENANT_CONNECTIONS_MAX: usize = 4_000;
 
@@ -186,6 +188,8 @@ struct Report {
     capacity_req_per_s: Vec<(String, f64)>,
     phases: Vec<Phase>,
     nginx_note: Option<String>,
+    /// Set when the flood was shrunk to fit the open-files limit.
+    fd_note: Option<String>,
     /// omnistage's victim p99 under the combined attack / alone.
     omnistage_p99_ratio: Option<f64>,
     nginx_p99_ratio: Option<f64>,
@@ -715,15 +719,27 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
     if kinds.is_empty() {
         return Err("--attacks: give at least one kind".into());
     }
-    // Client and server sockets of every attack live in this process.
-    let conns = VICTIM_CONNS + a.flood_conns + LARGE_CONNS + a.slow_readers + a.slowloris_conns;
-    let fds = raise_nofile();
-    if let Some(soft) = fds {
-        if (2 * conns + 200) as u64 > soft {
+    // Client and server sockets of every attack live in this process: the flood shrinks to
+    // what the open-files limit leaves (said on the page), the rest must fit.
+    let mut a = a;
+    let others = VICTIM_CONNS + LARGE_CONNS + a.slow_readers + a.slowloris_conns;
+    let mut fd_note = None;
+    if let Some(soft) = raise_nofile() {
+        let fit = (soft.saturating_sub(FD_SLACK) / 2) as usize;
+        if others + 1 > fit {
             return Err(format!(
-                "{conns} connections need {} open files in this process; the limit is {soft}",
-                2 * conns + 200
+                "{} connections need {} open files in this process; the limit is {soft}",
+                others + 1,
+                2 * (others + 1) + FD_SLACK as usize
             ));
+        }
+        if others + a.flood_conns > fit {
+            fd_note = Some(format!(
+                "many-conns shrunk from {} to {} connections to fit the open-files limit {soft}",
+                a.flood_conns,
+                fit - others
+            ));
+            a.flood_conns = fit - others;
         }
     }
     let dir = std::env::temp_dir().join(format!("omnistage-adversary-{}", std::process::id()));
@@ -851,6 +867,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         capacity_req_per_s: caps,
         phases,
         nginx_note,
+        fd_note,
         omnistage_p99_ratio,
         nginx_p99_ratio,
         goal_met,
@@ -1025,7 +1042,10 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             (String::new(), t),
             ("CPU the omnistage worker charged per activity in each phase (ledger, victim's measured window):".into(), lt),
         ],
-        notes: vec![verdict, peer, noise],
+        notes: [verdict, peer, noise, r.fd_note.clone().unwrap_or_default()]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect(),
     };
     let cats: Vec<String> = ["omnistage", "nginx"]
         .iter()
