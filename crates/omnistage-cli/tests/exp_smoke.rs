@@ -231,3 +231,45 @@ fn specweb_smoke() {
     assert!(l[1]["errors_by_kind"].is_object());
     assert!(r["nginx_note"].is_string() && r["goal_met"].is_null());
 }
+
+#[test]
+fn adversary_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&[
+        "adversary",
+        "--seconds",
+        "0.3",
+        "--victim-rate",
+        "200",
+        "--flood-conns",
+        "20",
+        "--slow-readers",
+        "2",
+        "--slowloris-conns",
+        "5",
+        "--large-bytes",
+        "65536",
+        "--nginx",
+        "/nonexistent/nginx",
+    ]);
+    assert_eq!(r["experiment"], "adversary");
+    let p = r["phases"].as_array().unwrap();
+    assert_eq!(p.len(), 2);
+    assert_eq!(p[0]["phase"], "alone");
+    assert_eq!(p[1]["phase"], "all");
+    for k in ["req_per_s", "p50_ms", "p99_ms", "max_ms", "errors"] {
+        assert!(p[1]["victim"][k].is_number(), "{k}");
+    }
+    for k in [
+        "flood_req_per_s",
+        "large_bytes_per_s",
+        "slow_reader_bytes_per_s",
+        "slowloris_open_at_end",
+    ] {
+        assert!(p[1]["adversary"][k].is_number(), "{k}");
+    }
+    assert!(p[1]["ledger"]["adversary_cpu_ms"].is_number());
+    assert!(r["nginx_note"].is_string());
+}

@@ -415,6 +415,45 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed_number: "1024 clients: Haboob 201 Mbit/s, max 3.9 s, Jain 0.98 (Apache max 93.7 s, Jain 0.80)",
             ours: specweb_row,
         },
+        Exp {
+            file: "adversary",
+            args: [v(&["adversary", "--per-kind", "--seconds"]), vec![sec(3.0)]].concat(),
+            writes_own: true,
+            seed: "QLinux LRP / TAP §1 (a co-hosted adversary)",
+            seed_number: "victim p99 attacked ≤ 1.5× alone",
+            ours: |j| {
+                let p99 = |server: &str, phase: &str| {
+                    j["phases"]
+                        .as_array()
+                        .and_then(|a| {
+                            a.iter()
+                                .find(|p| p["server"] == server && p["phase"] == phase)
+                        })
+                        .map(|p| f(p, "/victim/p99_ms"))
+                        .unwrap_or(f64::NAN)
+                };
+                (
+                    format!(
+                        "victim p99 {:.2} ms alone, {:.2} ms attacked ({:.2}×)",
+                        p99("omnistage", "alone"),
+                        p99("omnistage", "all"),
+                        f(j, "/omnistage_p99_ratio")
+                    ),
+                    Some(match j["nginx_p99_ratio"].as_f64() {
+                        Some(r) => format!(
+                            "nginx {:.2} → {:.2} ms ({r:.2}×)",
+                            p99("nginx", "alone"),
+                            p99("nginx", "all")
+                        ),
+                        None => format!(
+                            "nginx not run: {}",
+                            j["nginx_note"].as_str().unwrap_or("not installed")
+                        ),
+                    }),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
     ];
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -1,6 +1,7 @@
 //! `omnistage exp NAME`: experiments. Each prints a table by default, or one JSON object with
 //! `--json`. They measure on real clocks and are benchmarks, never tests.
 
+mod adversary;
 mod all;
 mod attribution;
 mod breakdown;
@@ -66,6 +67,8 @@ enum Which {
     Specweb(specweb::SpecwebArgs),
     /// One capped tenant, files 1 KiB..1 MiB: response time by size per send order (TAP Fig. 6).
     Priority(priority::PriorityArgs),
+    /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
+    Adversary(adversary::AdversaryArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -86,6 +89,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Connections(a) => connections::run(a),
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
+        Which::Adversary(a) => adversary::run(a),
         Which::All(a) => all::run(a),
     }
 }

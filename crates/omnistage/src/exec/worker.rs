@@ -92,6 +92,14 @@ pub const IO_REGISTRATIONS_MAX: usize = 1 << 20;
 const IO_POLL_EVERY_DISPATCHES: u32 = 32;
 /// ...or after this long, whichever comes first (bounds the latency a busy core adds to I/O).
 const IO_POLL_INTERVAL_NS: u64 = 100_000;
+/// Readiness events taken from the kernel per `epoll_wait`.
+const IO_EVENTS_PER_POLL: usize = 256;
+/// Most `epoll_wait` calls per I/O round: a round goes on while the kernel returns a full
+/// batch, so up to this times [`IO_EVENTS_PER_POLL`] sources are classified into their
+/// activities' queues at once. The kernel's ready list is FIFO and blind to activities; taking
+/// only one batch per round left a tenant with thousands of busy sockets ahead of everyone
+/// else's readiness there, out of the scheduler's reach (LRP: classify early, then schedule).
+const IO_POLL_ROUNDS_MAX: usize = 32;
 
 /// A registered I/O source on one worker (a `mio` token plus a generation, so a stale handle
 /// of a closed socket can never reach the socket that reused its slot).
@@ -1088,7 +1096,7 @@ pub(crate) fn run(
         })
         .collect();
     let mut last_poll_ns = 0u64;
-    let mut events = mio::Events::with_capacity(64);
+    let mut events = mio::Events::with_capacity(IO_EVENTS_PER_POLL);
     // epoll's own timeout is in whole milliseconds; waits shorter than that go to a timerfd.
     let precise = sys::PreciseTimer::new().ok().and_then(|t| {
         poll.registry()
@@ -1175,12 +1183,17 @@ pub(crate) fn run(
         {
             dispatches_since_poll = 0;
             last_poll_ns = st.now_ns;
-            if let Err(e) = poll.poll(&mut events, Some(Duration::ZERO)) {
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    eprintln!("omnistage: worker {core}: poll failed: {e}");
+            for _ in 0..IO_POLL_ROUNDS_MAX {
+                if let Err(e) = poll.poll(&mut events, Some(Duration::ZERO)) {
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        eprintln!("omnistage: worker {core}: poll failed: {e}");
+                    }
+                }
+                st.io_ready(shared, &events);
+                if events.iter().count() < IO_EVENTS_PER_POLL {
+                    break;
                 }
             }
-            st.io_ready(shared, &events);
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
@@ -1309,6 +1322,15 @@ pub(crate) fn run(
             last_poll_ns = st.now_ns;
             dispatches_since_poll = 0;
             st.io_ready(shared, &events);
+            // A full batch: take the rest of the kernel's ready list too (see IO_POLL_ROUNDS_MAX).
+            let mut rounds = 1;
+            while rounds < IO_POLL_ROUNDS_MAX && events.iter().count() >= IO_EVENTS_PER_POLL {
+                rounds += 1;
+                if poll.poll(&mut events, Some(Duration::ZERO)).is_err() {
+                    break;
+                }
+                st.io_ready(shared, &events);
+            }
         }
         if st.now_ns >= next_flush_ns || stop {
             flush(&mut time, &mut seg_start);
