@@ -1679,11 +1679,15 @@ mod tests {
         assert!(LittleBound::new(MS, 0.5, 0)
             .unwrap_err()
             .contains("limit_max"));
-        let mut p = P90Params::default();
-        p.queue_bound_fraction = 1.5;
-        assert!(p.validate().unwrap_err().contains("queue_bound_fraction"));
-        p.queue_bound_fraction = 0.5;
-        assert!(p.validate().is_ok());
+        let p = |f| P90Params {
+            queue_bound_fraction: f,
+            ..P90Params::default()
+        };
+        assert!(p(1.5)
+            .validate()
+            .unwrap_err()
+            .contains("queue_bound_fraction"));
+        assert!(p(0.5).validate().is_ok());
     }
 
     #[test]
