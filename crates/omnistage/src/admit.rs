@@ -730,7 +730,7 @@ impl ClassedP90 {
 
 /// Smallest bound [`LittleBound`] sets: a few requests may always wait, so a tenant that was
 /// idle (whose measured completion rate is near 0) is not refused its first burst outright.
-pub const LITTLE_BOUND_MIN: usize = 8;
+pub const LITTLE_BOUND_MIN: usize = 4;
 /// Window over which [`LittleBound`] measures the completion rate: short enough to follow a
 /// load step within a tenth of a second, long enough to hold tens of completions at 1,000/s.
 pub const LITTLE_WINDOW_NS: u64 = 50_000_000;
@@ -1704,7 +1704,8 @@ mod tests {
         assert_eq!(b.observe(200, 100 * MS), Some(30));
         // Long silences: the smoothed rate halves per window, the bound stops at its floor.
         assert_eq!(b.observe(1, 10 * S), Some(15));
-        assert_eq!(b.observe(1, 20 * S), Some(LITTLE_BOUND_MIN));
+        assert_eq!(b.observe(1, 20 * S), Some(7));
+        assert_eq!(b.observe(1, 30 * S), Some(LITTLE_BOUND_MIN));
     }
 
     #[test]
