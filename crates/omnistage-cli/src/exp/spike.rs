@@ -92,6 +92,14 @@ struct Run {
     spike_windows: usize,
     /// Requests served per second during the spike (load generator), ÷ the measured capacity.
     spike_goodput_fraction: f64,
+    /// During the spike: CPU the OS gave the worker thread ÷ wall time (below 1: the machine
+    /// was busy with something else).
+    spike_worker_os_cpu_fraction: Option<f64>,
+    /// During the spike: charged CPU of the tenant's `http.work` ÷ all charged CPU.
+    spike_work_cpu_fraction: Option<f64>,
+    /// During the spike: charged CPU outside `http.work` (reading, parsing, answering 503s)
+    /// per request refused, µs.
+    spike_other_cpu_us_per_reject: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -247,12 +255,35 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
     let mut prev_r = rt.rejected(work, id);
     let mut windows = Vec::new();
     let mut k = 1u32;
+    // (snapshot, worker thread stat, rejections, time) at the step up and at the step down.
+    type Mark = (
+        omnistage::account::Snapshot,
+        Option<harness::ThreadStat>,
+        u64,
+        Instant,
+    );
+    let mark = || -> Mark {
+        (
+            rt.snapshot(),
+            harness::thread_stat("omnistage-w0"),
+            rt.rejected(work, id),
+            Instant::now(),
+        )
+    };
+    let (mut at_up, mut at_down): (Option<Mark>, Option<Mark>) = (None, None);
     while start.elapsed().as_secs_f64() < total + 0.5 && !loader.is_finished() {
         let due = start + TICK * k;
         if let Some(d) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
         }
         k += 1;
+        let el = start.elapsed().as_secs_f64();
+        if at_up.is_none() && el >= lens[0] {
+            at_up = Some(mark());
+        }
+        if at_down.is_none() && el >= lens[0] + lens[1] {
+            at_down = Some(mark());
+        }
         let h = response_hist(rt, id, work);
         let r = rt.rejected(work, id);
         let queue_bound = rt.queue_bound(work, id);
@@ -273,6 +304,27 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
     let phases = loader
         .join()
         .map_err(|_| "load generator panicked".to_string())??;
+    let (mut os_frac, mut work_frac, mut per_reject) = (None, None, None);
+    if let (Some(u), Some(d)) = (&at_up, &at_down) {
+        let wall_ns = d.3.duration_since(u.3).as_nanos() as f64;
+        if let (Some(a), Some(b)) = (u.1, d.1) {
+            os_frac = Some(b.since(&a).cpu_ns as f64 / wall_ns.max(1.0));
+        }
+        let total_cpu =
+            |s: &omnistage::account::Snapshot| -> u64 { s.rows.iter().map(|r| r.cpu_ns).sum() };
+        let all = total_cpu(&d.0).saturating_sub(total_cpu(&u.0)) as f64;
+        let w = harness::activity_totals(&d.0, id, Some(work))
+            .0
+            .saturating_sub(harness::activity_totals(&u.0, id, Some(work)).0)
+            as f64;
+        if all > 0.0 {
+            work_frac = Some(w / all);
+        }
+        let rejects = d.2.saturating_sub(u.2);
+        if rejects > 0 {
+            per_reject = Some((all - w) / 1e3 / rejects as f64);
+        }
+    }
     server.drain(Duration::from_millis(300));
     let tgt = a.target_ms as f64;
     let (up, down) = (lens[0], lens[0] + lens[1]);
@@ -294,6 +346,9 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
             .count(),
         spike_windows: spike_w.len(),
         spike_goodput_fraction: phases[1].ok_per_s / cap,
+        spike_worker_os_cpu_fraction: os_frac,
+        spike_work_cpu_fraction: work_frac,
+        spike_other_cpu_us_per_reject: per_reject,
         phases,
         windows,
     })
@@ -386,6 +441,9 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
         "under target after step up",
         "spike windows over target",
         "spike goodput (× capacity)",
+        "spike: worker CPU from OS",
+        "spike: CPU in http.work",
+        "spike: other CPU per 503",
         "under target after step down",
         "rejections stop after step down",
     ]);
@@ -399,6 +457,15 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
             opt(run.settle_after_step_up_s),
             format!("{} of {}", run.spike_windows_over_target, run.spike_windows),
             format!("{:.2}", run.spike_goodput_fraction),
+            run.spike_worker_os_cpu_fraction
+                .map(|v| format!("{:.0} %", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            run.spike_work_cpu_fraction
+                .map(|v| format!("{:.0} %", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            run.spike_other_cpu_us_per_reject
+                .map(|v| format!("{v:.1} µs"))
+                .unwrap_or_else(|| "-".into()),
             opt(run.settle_after_step_down_s),
             opt(run.rejects_stop_after_step_down_s),
         ]);

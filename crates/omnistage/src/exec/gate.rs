@@ -169,6 +169,9 @@ struct Controller {
     little: Option<LittleBound>,
     /// `bound_rejected` as last seen, to tell a class group whether this gate shed since.
     bound_rejected_seen: u64,
+    /// `completed` as last seen, so completions fed while another worker held the lock still
+    /// count towards the bound's rate.
+    completed_seen: u64,
 }
 
 /// Stage-wide occupancy, shared by the gates of every activity of one stage.
@@ -213,6 +216,8 @@ pub(crate) struct Gate {
     pub(crate) rejected: AtomicU64,
     /// Of `rejected`, the refusals by `queue_bound` (below the fixed `limit`).
     pub(crate) bound_rejected: AtomicU64,
+    /// Messages dispatched and fed to [`Gate::observe`] (one add per batch).
+    completed: AtomicU64,
     /// Of `queued`, the messages admitted with a delay and still waiting for their time (on
     /// a timer or in transit to one); touched only on the timer path.
     pub(crate) delayed: AtomicUsize,
@@ -235,6 +240,7 @@ impl Gate {
             queue_bound: AtomicUsize::new(usize::MAX),
             rejected: AtomicU64::new(0),
             bound_rejected: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
             delayed: AtomicUsize::new(0),
         };
         g.set_predicate(predicate);
@@ -278,6 +284,7 @@ impl Gate {
                     )),
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
+                    completed_seen: self.completed.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -306,6 +313,7 @@ impl Gate {
                     },
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
+                    completed_seen: self.completed.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -430,6 +438,8 @@ impl Gate {
     /// (samples are dropped under contention: the controller works on a sample anyway), and
     /// counts the completions towards the Little's-law bound.
     pub(crate) fn observe(&self, responses_ns: &[u64], now_ns: u64) {
+        let n = responses_ns.len() as u64;
+        let completed = self.completed.fetch_add(n, Ordering::Relaxed) + n;
         let Ok(mut c) = self.controller.try_lock() else {
             return;
         };
@@ -437,7 +447,9 @@ impl Gate {
             return;
         };
         if let Some(l) = c.little.as_mut() {
-            if let Some(b) = l.observe(responses_ns.len() as u64, now_ns) {
+            let delta = completed.saturating_sub(c.completed_seen);
+            c.completed_seen = c.completed_seen.max(completed);
+            if let Some(b) = l.observe(delta, now_ns) {
                 self.queue_bound.store(b, Ordering::Relaxed);
             }
         }
@@ -526,8 +538,13 @@ mod tests {
         let stage = StageLoad::new(None);
         let gate = Gate::new(1000, 100, &p);
         assert_eq!(gate.queue_bound(), None, "no bound before a window closed");
-        // 100 completions (1 ms each) over 50 ms: 2,000/s, so 0.5 × 20 ms × 2,000 = 20.
-        gate.observe(&[MS; 50], 0);
+        // 100 completions (1 ms each) over 50 ms: 2,000/s, so 0.5 × 20 ms × 2,000 = 20. The
+        // middle 40 are fed while another worker holds the controller: they still count.
+        gate.observe(&[MS; 10], 0);
+        {
+            let _held = gate.controller.lock().unwrap();
+            gate.observe(&[MS; 40], 10 * MS);
+        }
         gate.observe(&[MS; 50], 50 * MS);
         assert_eq!(gate.queue_bound(), Some(20));
         for _ in 0..20 {
