@@ -87,6 +87,11 @@ struct Run {
     /// Seconds from the step down until the gate stops rejecting (every later window with
     /// under 1 % rejected; `null`: never within the run).
     rejects_stop_after_step_down_s: Option<f64>,
+    /// The first spike window with its server-side p90 under the target, from the step up
+    /// (`null`: none).
+    first_under_target_after_step_up_s: Option<f64>,
+    /// The Little's-law fraction of the tenant's p90 predicate (`null`: none).
+    queue_bound_fraction: Option<f64>,
     /// Spike windows (with completions) whose server-side p90 was over the target.
     spike_windows_over_target: usize,
     spike_windows: usize,
@@ -208,6 +213,7 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
     let rt = server.runtime();
     let id = rt.activity_id("/tenants/a").ok_or("tenant activity")?;
     let work = server.work_stage();
+    let rt_admission = rt.admission(work, id);
     let lens = [a.seconds * 0.25, a.seconds * 0.5, a.seconds * 0.25];
     let rates = [0.5 * cap, a.spike * cap, 0.5 * cap];
     let names = ["low", "spike", "low again"];
@@ -335,8 +341,18 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
             mid > up && mid < down && w.completed > 0
         })
         .collect();
+    let first_under = spike_w
+        .iter()
+        .find(|w| w.p90_ms.is_some_and(|p| p <= tgt))
+        .map(|w| (w.t_s - TICK.as_secs_f64() - up).max(0.0));
+    let queue_bound_fraction = match rt_admission {
+        Some(omnistage::exec::Predicate::P90 { params, .. }) => Some(params.queue_bound_fraction),
+        _ => None,
+    };
     Ok(Run {
         admission,
+        first_under_target_after_step_up_s: first_under,
+        queue_bound_fraction,
         settle_after_step_up_s: settle(&windows, up, down, tgt),
         settle_after_step_down_s: settle(&windows, down, total, tgt),
         rejects_stop_after_step_down_s: rejects_stop(&windows, down, total),
@@ -518,13 +534,17 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
                 a.repeats,
                 a.target_ms
             ),
-            "Admission is SEDA's p90 controller (a token bucket whose rate falls ×1/1.2 per run over the target and rises \
-             additively well under it) plus a Little's-law bound on the tenant's work queue: at most 0.5 × target × the \
-             measured completion rate may wait, so queueing alone stays near half the target whatever the controller's \
+            format!("Admission is SEDA's p90 controller (a token bucket whose rate falls ×1/1.2 per run over the target and rises \
+             additively well under it) plus a Little's-law bound on the tenant's work queue: at most {f} × target × the \
+             measured completion rate may wait, so mean queueing stays near {f} × the target whatever the controller's \
              rate. How rejects are counted: every refusal happens at admission, before the request is queued, and is \
              answered at once with 503 + Retry-After; it counts in the 503 fraction and in the gate's rejections. No \
-             request is dropped after it was queued, so every admitted request is served and counts in the p90."
-                .into(),
+             request is dropped after it was queued, so every admitted request is served and counts in the p90. \
+             The settle time is strict: from the first window after which *every* spike window is under the target \
+             (a single late window over it moves it to the end); the first window under the target came {first} after \
+             the step in the median run.",
+             f = r.runs[0].queue_bound_fraction.map(|f| f.to_string()).unwrap_or_else(|| "(none)".into()),
+             first = opt(r.runs[0].first_under_target_after_step_up_s)),
             format!(
                 "Goal: with admission, the server-side p90 back under the target within {GOAL_SETTLE_S} s of the step \
                  (SEDA needed 1.58 s in Breakwater's test), while serving at least {GOAL_GOODPUT_FRACTION}× the capacity \
