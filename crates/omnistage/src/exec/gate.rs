@@ -122,6 +122,12 @@ impl ClassGroup {
         gate.bucket.set_rate(rate);
     }
 
+    /// Takes `gate` out of `level` (it changed predicate).
+    fn detach(&self, level: usize, gate: &Gate) {
+        let mut m = self.members.lock().expect("class group members lock");
+        m[level].retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), gate));
+    }
+
     /// Feeds `level`'s response times (and whether its queue bound refused requests since the
     /// last feed); on a rate change, sets every member gate's bucket. Skipped when another
     /// worker is feeding the group (the controller works on a sample anyway).
@@ -251,6 +257,15 @@ impl Gate {
     /// [`Gate::attach`] once the gate is in an `Arc`.
     pub(crate) fn set_predicate(&self, predicate: &Predicate) {
         self.queue_bound.store(usize::MAX, Ordering::Relaxed);
+        // Leave a class group this gate was in, so the group stops setting its bucket.
+        let old = self.controller.lock().expect("controller lock").take();
+        if let Some(Controller {
+            control: Control::Class { group, level },
+            ..
+        }) = old
+        {
+            group.detach(level, self);
+        }
         match predicate {
             Predicate::Threshold => {
                 self.bucket_on.store(false, Ordering::Release);
@@ -589,10 +604,22 @@ mod tests {
         assert_eq!(group.rate_per_s(1), 100.0);
         assert_eq!(low.rate_per_s(), Some(100.0));
         assert_eq!(high.rate_per_s(), Some(1000.0));
-        // A dropped gate is skipped (and pruned at the next attach).
-        drop(low);
+        // A gate that changes predicate leaves the group: its bucket is its own again.
+        low.set_predicate(&Predicate::TokenBucket {
+            rate_per_s: 8.0,
+            burst: 1,
+        });
+        assert_eq!(group.members.lock().unwrap()[1].len(), 0);
         high.observe(&[50 * MS; 10], MS);
         assert_eq!(group.rate_per_s(1), 10.0);
+        assert_eq!(low.rate_per_s(), Some(8.0));
+        low.set_predicate(&pred(1));
+        low.attach(&pred(1));
+        assert_eq!(low.rate_per_s(), Some(10.0));
+        // A dropped gate is skipped (and pruned at the next attach).
+        drop(low);
+        high.observe(&[50 * MS; 10], 2 * MS);
+        assert_eq!(group.rate_per_s(1), 1.0);
     }
 
     #[test]
