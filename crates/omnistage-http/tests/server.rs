@@ -1859,20 +1859,41 @@ fn class_priorities_share_one_class_based_controller() {
     assert_eq!(target("/tenants/t"), 50_000_000);
 }
 
-/// A p90 tenant's work queue gets a Little's-law bound once its completion rate is measured
-/// (a window of 50 ms with completions), never below the floor.
+/// A p90 tenant's work queue gets a Little's-law bound once its departure rate has been
+/// measured over a backlog; sequential requests (never a backlog) leave it unbounded.
 #[test]
-fn p90_tenant_queue_gets_a_little_bound() {
+fn p90_tenant_queue_gets_a_little_bound_under_backlog() {
     let site = Site::new();
-    let ts = TestServer::simple(&site, "", "p90_target_ms = 50\n");
+    let ts = TestServer::simple(&site, "", "p90_target_ms = 50\nsynthetic = true\n");
     let rt = ts.server().runtime();
     let work = ts.server().work_stage();
     let id = rt.activity_id("/tenants/t").unwrap();
     let mut c = ts.connect();
-    assert!(wait_until(|| {
+    for _ in 0..20 {
         assert_eq!(c.get("/hello.txt", "x").status, 200);
-        rt.queue_bound(work, id).is_some()
-    }));
+    }
+    assert_eq!(rt.queue_bound(work, id), None, "no backlog, no bound");
+    // 16 connections each burning 2 ms per request keep the tenant's queue backlogged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr = ts.addr;
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                while !stop.load(Ordering::Relaxed) {
+                    let s = c.get("/_burn?us=2000", "x").status;
+                    assert!(s == 200 || s == 503, "{s}");
+                }
+            })
+        })
+        .collect();
+    let bounded = wait_until(|| rt.queue_bound(work, id).is_some());
+    stop.store(true, Ordering::Relaxed);
+    for h in clients {
+        h.join().expect("client");
+    }
+    assert!(bounded, "a backlog sets the bound");
     assert!(rt.queue_bound(work, id).unwrap() >= omnistage::admit::LITTLE_BOUND_MIN);
 }
 

@@ -728,39 +728,45 @@ impl ClassedP90 {
 // Little's-law queue bound
 // ---------------------------------------------------------------------------------------------
 
-/// Smallest bound [`LittleBound`] sets: a few requests may always wait, so a tenant that was
-/// idle (whose measured completion rate is near 0) is not refused its first burst outright.
+/// Smallest bound [`LittleBound`] sets: a few requests may always wait.
 pub const LITTLE_BOUND_MIN: usize = 4;
-/// Window over which [`LittleBound`] measures the completion rate: short enough to follow a
+/// Window over which [`LittleBound`] measures the departure rate: short enough to follow a
 /// load step within a tenth of a second, long enough to hold tens of completions at 1,000/s.
 pub const LITTLE_WINDOW_NS: u64 = 50_000_000;
-/// EWMA weight of the previous completion rate (the new window gets the rest).
+/// Backlogged time a window needs before its rate is trusted: 5 ms (a tenth of the window).
+/// A window with less says nothing new (the queue was mostly empty) and keeps the bound.
+pub const LITTLE_BUSY_MIN_NS: u64 = 5_000_000;
+/// EWMA weight of the previous departure rate (the new window gets the rest).
 const LITTLE_ALPHA: f64 = 0.5;
 
 /// A queue bound from Little's law: a request that finds `L` requests ahead of it in a queue
 /// served at `X` per second waits about `L / X`, so to keep the wait under `fraction × target`
-/// the queue must hold at most `fraction × target × X`. `X` is measured as completions per
-/// second over windows of [`LITTLE_WINDOW_NS`] (smoothed), which under overload is the rate
-/// the queue is actually served at, whatever share of the CPU it gets.
+/// the queue must hold at most `fraction × target × X`.
 ///
-/// Under light load the measured rate is the arrival rate (below the service rate), so the
-/// bound is lower than necessary; it is then rarely reached, and never below
-/// [`LITTLE_BOUND_MIN`]. Pure: the caller passes the time and counts completions.
+/// `X` is the departure rate *while the queue is backlogged*: the caller reports each batch
+/// of completions with whether the queue was non-empty since its previous report, and only
+/// those intervals count (over windows of [`LITTLE_WINDOW_NS`], smoothed). That is the rate a
+/// newly queued request is actually served at, whatever share of the CPU the queue gets; an
+/// interval that began with an empty queue would measure the arrival rate instead, and with
+/// clients that back off after a refusal a bound built on it would shrink itself. Until a
+/// window has [`LITTLE_BUSY_MIN_NS`] of backlog the bound stays at `limit_max` (no bound), and
+/// a window with less keeps the previous bound. Pure: the caller passes the time.
 #[derive(Debug, Clone)]
 pub struct LittleBound {
     target_ns: u64,
     fraction: f64,
     limit_max: usize,
     window_start_ns: Option<u64>,
-    window_completions: u64,
+    last_ns: Option<u64>,
+    busy_ns: u64,
+    busy_completions: u64,
     rate_per_s: Option<f64>,
     bound: usize,
 }
 
 impl LittleBound {
     /// A bound for `target_ns` (1..=[`P90_TIME_MAX_NS`]) and `fraction` in (0, 1], never above
-    /// `limit_max` (the queue's fixed limit); it starts at `limit_max` until the first window
-    /// closes.
+    /// `limit_max` (the queue's fixed limit); it starts at `limit_max`.
     pub fn new(target_ns: u64, fraction: f64, limit_max: usize) -> Result<Self, String> {
         if !(1..=P90_TIME_MAX_NS).contains(&target_ns) {
             return Err(format!(
@@ -780,29 +786,40 @@ impl LittleBound {
             fraction,
             limit_max,
             window_start_ns: None,
-            window_completions: 0,
+            last_ns: None,
+            busy_ns: 0,
+            busy_completions: 0,
             rate_per_s: None,
             bound: limit_max,
         })
     }
 
-    /// Counts `completions` finished at `now_ns`; returns the new bound when this closed a
-    /// window.
-    pub fn observe(&mut self, completions: u64, now_ns: u64) -> Option<usize> {
+    /// Counts `completions` finished at `now_ns`; `backlogged` says whether the queue was
+    /// non-empty all along since the previous call (it held messages when the previous batch
+    /// ended). Returns the new bound when this closed a window whose rate was trusted.
+    pub fn observe(&mut self, completions: u64, now_ns: u64, backlogged: bool) -> Option<usize> {
         let start = *self.window_start_ns.get_or_insert(now_ns);
-        self.window_completions = self.window_completions.saturating_add(completions);
-        let elapsed = now_ns.saturating_sub(start);
-        if elapsed < LITTLE_WINDOW_NS {
+        if let (Some(last), true) = (self.last_ns, backlogged) {
+            self.busy_ns = self.busy_ns.saturating_add(now_ns.saturating_sub(last));
+            self.busy_completions = self.busy_completions.saturating_add(completions);
+        }
+        self.last_ns = Some(now_ns);
+        if now_ns.saturating_sub(start) < LITTLE_WINDOW_NS {
             return None;
         }
-        let x = self.window_completions as f64 * NS_PER_S / elapsed as f64;
+        let (busy_ns, done) = (self.busy_ns, self.busy_completions);
+        self.window_start_ns = Some(now_ns);
+        self.busy_ns = 0;
+        self.busy_completions = 0;
+        if busy_ns < LITTLE_BUSY_MIN_NS {
+            return None;
+        }
+        let x = done as f64 * NS_PER_S / busy_ns as f64;
         let rate = match self.rate_per_s {
             None => x,
             Some(r) => LITTLE_ALPHA * r + (1.0 - LITTLE_ALPHA) * x,
         };
         self.rate_per_s = Some(rate);
-        self.window_start_ns = Some(now_ns);
-        self.window_completions = 0;
         let l = self.fraction * (self.target_ns as f64 / NS_PER_S) * rate;
         // `as usize` saturates; the clamp keeps it within [min, limit_max].
         self.bound = (l.floor() as usize)
@@ -816,7 +833,7 @@ impl LittleBound {
         self.bound
     }
 
-    /// The smoothed completion rate, `None` before the first window closed.
+    /// The smoothed backlogged departure rate, `None` before the first trusted window.
     pub fn rate_per_s(&self) -> Option<f64> {
         self.rate_per_s
     }
@@ -1691,31 +1708,39 @@ mod tests {
     }
 
     #[test]
-    fn little_bound_is_fraction_of_target_times_completion_rate() {
-        // Target 20 ms, half of it: at 2,000 completions/s the queue may hold 20.
+    fn little_bound_is_fraction_of_target_times_backlogged_departure_rate() {
+        // Target 20 ms, half of it: at 2,000 departures/s the queue may hold 20.
         let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
         assert_eq!(b.bound(), 10_000, "no bound before the first window");
-        assert_eq!(b.observe(0, 0), None);
-        // 100 completions over 50 ms = 2,000/s.
-        assert_eq!(b.observe(99, 49 * MS), None);
-        assert_eq!(b.observe(1, 50 * MS), Some(20));
+        assert_eq!(b.observe(0, 0, true), None);
+        // 100 completions over 50 ms of backlog = 2,000/s.
+        assert_eq!(b.observe(99, 49 * MS, true), None);
+        assert_eq!(b.observe(1, 50 * MS, true), Some(20));
         assert_eq!(b.rate_per_s(), Some(2_000.0));
         // Next window at 4,000/s: smoothed to 3,000/s, bound 30.
-        assert_eq!(b.observe(200, 100 * MS), Some(30));
-        // Long silences: the smoothed rate halves per window, the bound stops at its floor.
-        assert_eq!(b.observe(1, 10 * S), Some(15));
-        assert_eq!(b.observe(1, 20 * S), Some(7));
-        assert_eq!(b.observe(1, 30 * S), Some(LITTLE_BOUND_MIN));
+        assert_eq!(b.observe(200, 100 * MS, true), Some(30));
+        // Idle intervals do not count: 40 completions in 20 ms of backlog, in a window whose
+        // first 30 ms began with an empty queue, is 2,000/s (smoothed with 3,000: 2,500/s).
+        assert_eq!(b.observe(5, 130 * MS, false), None);
+        assert_eq!(b.observe(20, 140 * MS, true), None);
+        assert_eq!(b.observe(20, 150 * MS, true), Some(25));
+        // A window with under 5 ms of backlog keeps the bound.
+        assert_eq!(b.observe(1, 300 * MS, false), None);
+        assert_eq!(b.bound(), 25);
+        // A slow backlogged window lowers it, down to the floor.
+        assert_eq!(b.observe(1, 10 * S, true), Some(12));
+        assert_eq!(b.observe(1, 20 * S, true), Some(6));
+        assert_eq!(b.observe(1, 30 * S, true), Some(LITTLE_BOUND_MIN));
     }
 
     #[test]
     fn little_bound_never_exceeds_the_queue_limit() {
         let mut b = LittleBound::new(S, 1.0, 50).unwrap();
-        b.observe(0, 0);
+        b.observe(0, 0, true);
         // 1e6/s × 1 s would be a million: capped at the queue's own limit.
-        assert_eq!(b.observe(50_000, 50 * MS), Some(50));
+        assert_eq!(b.observe(50_000, 50 * MS, true), Some(50));
         // A huge count saturates instead of overflowing.
-        assert_eq!(b.observe(u64::MAX, 100 * MS), Some(50));
+        assert_eq!(b.observe(u64::MAX, 100 * MS, true), Some(50));
     }
 
     #[test]
