@@ -744,8 +744,9 @@ const LITTLE_ALPHA: f64 = 0.5;
 /// the queue must hold at most `fraction × target × X`.
 ///
 /// `X` is the departure rate *while the queue is backlogged*: the caller reports each batch
-/// of completions with whether the queue was non-empty since its previous report, and only
-/// those intervals count (over windows of [`LITTLE_WINDOW_NS`], smoothed). That is the rate a
+/// of completions with the longest response time in it; when that message was already
+/// queued at the previous report (its response time reaches back past it), the queue was
+/// non-empty all along in between, and only such intervals count (over windows of [`LITTLE_WINDOW_NS`], smoothed). That is the rate a
 /// newly queued request is actually served at, whatever share of the CPU the queue gets; an
 /// interval that began with an empty queue would measure the arrival rate instead, and with
 /// clients that back off after a refusal a bound built on it would shrink itself. Until a
@@ -794,11 +795,19 @@ impl LittleBound {
         })
     }
 
-    /// Counts `completions` finished at `now_ns`; `backlogged` says whether the queue was
-    /// non-empty all along since the previous call (it held messages when the previous batch
-    /// ended). Returns the new bound when this closed a window whose rate was trusted.
-    pub fn observe(&mut self, completions: u64, now_ns: u64, backlogged: bool) -> Option<usize> {
+    /// Counts `completions` finished at `now_ns`, the oldest of which took
+    /// `oldest_response_ns` from enqueue to now. Returns the new bound when this closed a
+    /// window whose rate was trusted.
+    pub fn observe(
+        &mut self,
+        completions: u64,
+        now_ns: u64,
+        oldest_response_ns: u64,
+    ) -> Option<usize> {
         let start = *self.window_start_ns.get_or_insert(now_ns);
+        let backlogged = self
+            .last_ns
+            .is_some_and(|last| oldest_response_ns >= now_ns.saturating_sub(last));
         if let (Some(last), true) = (self.last_ns, backlogged) {
             self.busy_ns = self.busy_ns.saturating_add(now_ns.saturating_sub(last));
             self.busy_completions = self.busy_completions.saturating_add(completions);
@@ -1712,35 +1721,36 @@ mod tests {
         // Target 20 ms, half of it: at 2,000 departures/s the queue may hold 20.
         let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
         assert_eq!(b.bound(), 10_000, "no bound before the first window");
-        assert_eq!(b.observe(0, 0, true), None);
+        assert_eq!(b.observe(0, 0, u64::MAX), None);
         // 100 completions over 50 ms of backlog = 2,000/s.
-        assert_eq!(b.observe(99, 49 * MS, true), None);
-        assert_eq!(b.observe(1, 50 * MS, true), Some(20));
+        assert_eq!(b.observe(99, 49 * MS, u64::MAX), None);
+        assert_eq!(b.observe(1, 50 * MS, u64::MAX), Some(20));
         assert_eq!(b.rate_per_s(), Some(2_000.0));
         // Next window at 4,000/s: smoothed to 3,000/s, bound 30.
-        assert_eq!(b.observe(200, 100 * MS, true), Some(30));
-        // Idle intervals do not count: 40 completions in 20 ms of backlog, in a window whose
-        // first 30 ms began with an empty queue, is 2,000/s (smoothed with 3,000: 2,500/s).
-        assert_eq!(b.observe(5, 130 * MS, false), None);
-        assert_eq!(b.observe(20, 140 * MS, true), None);
-        assert_eq!(b.observe(20, 150 * MS, true), Some(25));
+        assert_eq!(b.observe(200, 100 * MS, u64::MAX), Some(30));
+        // Idle intervals do not count (the oldest message of the batch was queued after the
+        // previous report): 40 completions in 20 ms of backlog, in a window whose first 30 ms
+        // began with an empty queue, is 2,000/s (smoothed with 3,000: 2,500/s).
+        assert_eq!(b.observe(5, 130 * MS, 0), None);
+        assert_eq!(b.observe(20, 140 * MS, 10 * MS), None);
+        assert_eq!(b.observe(20, 150 * MS, u64::MAX), Some(25));
         // A window with under 5 ms of backlog keeps the bound.
-        assert_eq!(b.observe(1, 300 * MS, false), None);
+        assert_eq!(b.observe(1, 300 * MS, 0), None);
         assert_eq!(b.bound(), 25);
         // A slow backlogged window lowers it, down to the floor.
-        assert_eq!(b.observe(1, 10 * S, true), Some(12));
-        assert_eq!(b.observe(1, 20 * S, true), Some(6));
-        assert_eq!(b.observe(1, 30 * S, true), Some(LITTLE_BOUND_MIN));
+        assert_eq!(b.observe(1, 10 * S, u64::MAX), Some(12));
+        assert_eq!(b.observe(1, 20 * S, u64::MAX), Some(6));
+        assert_eq!(b.observe(1, 30 * S, u64::MAX), Some(LITTLE_BOUND_MIN));
     }
 
     #[test]
     fn little_bound_never_exceeds_the_queue_limit() {
         let mut b = LittleBound::new(S, 1.0, 50).unwrap();
-        b.observe(0, 0, true);
+        b.observe(0, 0, u64::MAX);
         // 1e6/s × 1 s would be a million: capped at the queue's own limit.
-        assert_eq!(b.observe(50_000, 50 * MS, true), Some(50));
+        assert_eq!(b.observe(50_000, 50 * MS, u64::MAX), Some(50));
         // A huge count saturates instead of overflowing.
-        assert_eq!(b.observe(u64::MAX, 100 * MS, true), Some(50));
+        assert_eq!(b.observe(u64::MAX, 100 * MS, u64::MAX), Some(50));
     }
 
     #[test]

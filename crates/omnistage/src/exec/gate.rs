@@ -178,9 +178,6 @@ struct Controller {
     /// `completed` as last seen, so completions fed while another worker held the lock still
     /// count towards the bound's rate.
     completed_seen: u64,
-    /// Whether the queue held messages when the last batch was fed (so the interval until
-    /// the next feed was backlogged).
-    backlogged: bool,
 }
 
 /// Stage-wide occupancy, shared by the gates of every activity of one stage.
@@ -303,7 +300,6 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
-                    backlogged: false,
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -333,7 +329,6 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
-                    backlogged: false,
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -469,10 +464,10 @@ impl Gate {
         if let Some(l) = c.little.as_mut() {
             let delta = completed.saturating_sub(c.completed_seen);
             c.completed_seen = c.completed_seen.max(completed);
-            if let Some(b) = l.observe(delta, now_ns, c.backlogged) {
+            let oldest = responses_ns.iter().copied().max().unwrap_or(0);
+            if let Some(b) = l.observe(delta, now_ns, oldest) {
                 self.queue_bound.store(b, Ordering::Relaxed);
             }
-            c.backlogged = self.ready_queued() > 0;
         }
         match &mut c.control {
             Control::Single(ctl) => {
@@ -559,8 +554,6 @@ mod tests {
         let stage = StageLoad::new(None);
         let gate = Gate::new(1000, 100, &p);
         assert_eq!(gate.queue_bound(), None, "no bound before a window closed");
-        // A backlog: one message stays queued throughout.
-        assert!(gate.admit(&stage, 0).is_admit());
         // 100 completions (1 ms each) over 50 ms: 2,000/s, so 0.5 × 20 ms × 2,000 = 20. The
         // middle 40 are fed while another worker holds the controller: they still count.
         gate.observe(&[], 0);
@@ -569,9 +562,10 @@ mod tests {
             let _held = gate.controller.lock().unwrap();
             gate.observe(&[MS; 40], 10 * MS);
         }
-        gate.observe(&[MS; 50], 50 * MS);
+        // The oldest of this batch waited 50 ms: the queue was backlogged since the last feed.
+        gate.observe(&[50 * MS; 50], 50 * MS);
         assert_eq!(gate.queue_bound(), Some(20));
-        for _ in 0..19 {
+        for _ in 0..20 {
             assert!(gate.admit(&stage, 50 * MS).is_admit());
         }
         assert_eq!(
