@@ -749,9 +749,13 @@ const LITTLE_ALPHA: f64 = 0.5;
 /// non-empty all along in between, and only such intervals count (over windows of [`LITTLE_WINDOW_NS`], smoothed). That is the rate a
 /// newly queued request is actually served at, whatever share of the CPU the queue gets; an
 /// interval that began with an empty queue would measure the arrival rate instead, and with
-/// clients that back off after a refusal a bound built on it would shrink itself. Until a
-/// window has [`LITTLE_BUSY_MIN_NS`] of backlog the bound stays at `limit_max` (no bound), and
-/// a window with less keeps the previous bound. Pure: the caller passes the time.
+/// clients that back off after a refusal a bound built on it would shrink itself. But a
+/// bound no larger than a dispatch batch is emptied by every batch, so a queue held at a small
+/// bound never looks backlogged: in a window where the bound refused requests (demand
+/// exceeded it), the plain throughput of the window also counts, and `X` is the larger of the
+/// two. A window with neither [`LITTLE_BUSY_MIN_NS`] of backlog nor a refusal says nothing
+/// new and keeps the bound (`limit_max`, no bound, until the first one). Pure: the caller
+/// passes the time.
 #[derive(Debug, Clone)]
 pub struct LittleBound {
     target_ns: u64,
@@ -761,6 +765,8 @@ pub struct LittleBound {
     last_ns: Option<u64>,
     busy_ns: u64,
     busy_completions: u64,
+    window_completions: u64,
+    window_refusals: u64,
     rate_per_s: Option<f64>,
     bound: usize,
 }
@@ -790,21 +796,26 @@ impl LittleBound {
             last_ns: None,
             busy_ns: 0,
             busy_completions: 0,
+            window_completions: 0,
+            window_refusals: 0,
             rate_per_s: None,
             bound: limit_max,
         })
     }
 
     /// Counts `completions` finished at `now_ns`, the oldest of which took
-    /// `oldest_response_ns` from enqueue to now. Returns the new bound when this closed a
-    /// window whose rate was trusted.
+    /// `oldest_response_ns` from enqueue to now, and `refusals` by the bound since the previous
+    /// call. Returns the new bound when this closed a window that measured a rate.
     pub fn observe(
         &mut self,
         completions: u64,
         now_ns: u64,
         oldest_response_ns: u64,
+        refusals: u64,
     ) -> Option<usize> {
         let start = *self.window_start_ns.get_or_insert(now_ns);
+        self.window_completions = self.window_completions.saturating_add(completions);
+        self.window_refusals = self.window_refusals.saturating_add(refusals);
         let backlogged = self
             .last_ns
             .is_some_and(|last| oldest_response_ns >= now_ns.saturating_sub(last));
@@ -813,17 +824,24 @@ impl LittleBound {
             self.busy_completions = self.busy_completions.saturating_add(completions);
         }
         self.last_ns = Some(now_ns);
-        if now_ns.saturating_sub(start) < LITTLE_WINDOW_NS {
+        let window_ns = now_ns.saturating_sub(start);
+        if window_ns < LITTLE_WINDOW_NS {
             return None;
         }
         let (busy_ns, done) = (self.busy_ns, self.busy_completions);
+        let (all_done, refused) = (self.window_completions, self.window_refusals);
         self.window_start_ns = Some(now_ns);
         self.busy_ns = 0;
         self.busy_completions = 0;
-        if busy_ns < LITTLE_BUSY_MIN_NS {
-            return None;
-        }
-        let x = done as f64 * NS_PER_S / busy_ns as f64;
+        self.window_completions = 0;
+        self.window_refusals = 0;
+        let x_busy =
+            (busy_ns >= LITTLE_BUSY_MIN_NS).then(|| done as f64 * NS_PER_S / busy_ns as f64);
+        let x_refused = (refused > 0).then(|| all_done as f64 * NS_PER_S / window_ns as f64);
+        let x = match (x_busy, x_refused) {
+            (None, None) => return None,
+            (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
+        };
         let rate = match self.rate_per_s {
             None => x,
             Some(r) => LITTLE_ALPHA * r + (1.0 - LITTLE_ALPHA) * x,
@@ -1721,36 +1739,51 @@ mod tests {
         // Target 20 ms, half of it: at 2,000 departures/s the queue may hold 20.
         let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
         assert_eq!(b.bound(), 10_000, "no bound before the first window");
-        assert_eq!(b.observe(0, 0, u64::MAX), None);
+        assert_eq!(b.observe(0, 0, u64::MAX, 0), None);
         // 100 completions over 50 ms of backlog = 2,000/s.
-        assert_eq!(b.observe(99, 49 * MS, u64::MAX), None);
-        assert_eq!(b.observe(1, 50 * MS, u64::MAX), Some(20));
+        assert_eq!(b.observe(99, 49 * MS, u64::MAX, 0), None);
+        assert_eq!(b.observe(1, 50 * MS, u64::MAX, 0), Some(20));
         assert_eq!(b.rate_per_s(), Some(2_000.0));
         // Next window at 4,000/s: smoothed to 3,000/s, bound 30.
-        assert_eq!(b.observe(200, 100 * MS, u64::MAX), Some(30));
+        assert_eq!(b.observe(200, 100 * MS, u64::MAX, 0), Some(30));
         // Idle intervals do not count (the oldest message of the batch was queued after the
         // previous report): 40 completions in 20 ms of backlog, in a window whose first 30 ms
         // began with an empty queue, is 2,000/s (smoothed with 3,000: 2,500/s).
-        assert_eq!(b.observe(5, 130 * MS, 0), None);
-        assert_eq!(b.observe(20, 140 * MS, 10 * MS), None);
-        assert_eq!(b.observe(20, 150 * MS, u64::MAX), Some(25));
+        assert_eq!(b.observe(5, 130 * MS, 0, 0), None);
+        assert_eq!(b.observe(20, 140 * MS, 10 * MS, 0), None);
+        assert_eq!(b.observe(20, 150 * MS, u64::MAX, 0), Some(25));
         // A window with under 5 ms of backlog keeps the bound.
-        assert_eq!(b.observe(1, 300 * MS, 0), None);
+        assert_eq!(b.observe(1, 300 * MS, 0, 0), None);
         assert_eq!(b.bound(), 25);
         // A slow backlogged window lowers it, down to the floor.
-        assert_eq!(b.observe(1, 10 * S, u64::MAX), Some(12));
-        assert_eq!(b.observe(1, 20 * S, u64::MAX), Some(6));
-        assert_eq!(b.observe(1, 30 * S, u64::MAX), Some(LITTLE_BOUND_MIN));
+        assert_eq!(b.observe(1, 10 * S, u64::MAX, 0), Some(12));
+        assert_eq!(b.observe(1, 20 * S, u64::MAX, 0), Some(6));
+        assert_eq!(b.observe(1, 30 * S, u64::MAX, 0), Some(LITTLE_BOUND_MIN));
+    }
+
+    #[test]
+    fn little_bound_counts_throughput_when_it_refused() {
+        // A queue kept at a bound no larger than a batch is emptied by every batch, so it
+        // never looks backlogged; refusals show that demand exceeded it.
+        let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
+        b.observe(0, 0, 0, 0);
+        // 100 completions in 50 ms, never backlogged, no refusal: nothing learnt.
+        assert_eq!(b.observe(100, 50 * MS, 0, 0), None);
+        // The same with refusals: 2,000/s, bound 20.
+        assert_eq!(b.observe(100, 100 * MS, 0, 3), Some(20));
+        // The larger of the two estimates wins: backlogged 4,000/s vs throughput 1,000/s.
+        assert_eq!(b.observe(10, 140 * MS, 0, 1), None);
+        assert_eq!(b.observe(40, 150 * MS, u64::MAX, 0), Some(30));
     }
 
     #[test]
     fn little_bound_never_exceeds_the_queue_limit() {
         let mut b = LittleBound::new(S, 1.0, 50).unwrap();
-        b.observe(0, 0, u64::MAX);
+        b.observe(0, 0, u64::MAX, 0);
         // 1e6/s × 1 s would be a million: capped at the queue's own limit.
-        assert_eq!(b.observe(50_000, 50 * MS, u64::MAX), Some(50));
+        assert_eq!(b.observe(50_000, 50 * MS, u64::MAX, 0), Some(50));
         // A huge count saturates instead of overflowing.
-        assert_eq!(b.observe(u64::MAX, 100 * MS, u64::MAX), Some(50));
+        assert_eq!(b.observe(u64::MAX, 100 * MS, u64::MAX, 0), Some(50));
     }
 
     #[test]

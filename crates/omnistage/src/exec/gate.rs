@@ -178,6 +178,8 @@ struct Controller {
     /// `completed` as last seen, so completions fed while another worker held the lock still
     /// count towards the bound's rate.
     completed_seen: u64,
+    /// `bound_rejected` as last seen by the Little bound.
+    little_refused_seen: u64,
 }
 
 /// Stage-wide occupancy, shared by the gates of every activity of one stage.
@@ -300,6 +302,7 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
+                    little_refused_seen: self.bound_rejected.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -329,6 +332,7 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
+                    little_refused_seen: self.bound_rejected.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -465,7 +469,10 @@ impl Gate {
             let delta = completed.saturating_sub(c.completed_seen);
             c.completed_seen = c.completed_seen.max(completed);
             let oldest = responses_ns.iter().copied().max().unwrap_or(0);
-            if let Some(b) = l.observe(delta, now_ns, oldest) {
+            let refused_total = self.bound_rejected.load(Ordering::Relaxed);
+            let refused = refused_total.saturating_sub(c.little_refused_seen);
+            c.little_refused_seen = refused_total;
+            if let Some(b) = l.observe(delta, now_ns, oldest, refused) {
                 self.queue_bound.store(b, Ordering::Relaxed);
             }
         }
