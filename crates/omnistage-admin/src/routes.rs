@@ -523,6 +523,8 @@ fn admission_predicate(
                 return bad(&e);
             }
         }
+        // Built by the server from a tenant's classes, never from this API.
+        Predicate::ClassedP90 { .. } => {}
     }
     Ok(Some(p))
 }

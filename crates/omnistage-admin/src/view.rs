@@ -483,6 +483,16 @@ pub(crate) fn admission_of(
             burst: Some(burst),
             target_ms: Some(params.target_ns as f64 / 1e6),
         },
+        Predicate::ClassedP90 {
+            group,
+            level,
+            burst,
+        } => Admission {
+            predicate: format!("p90-class {level}"),
+            rate_per_s: Some(rate_now.unwrap_or_else(|| group.rate_per_s(level))),
+            burst: Some(burst),
+            target_ms: Some(group.target_ns(level) as f64 / 1e6),
+        },
     })
 }
 

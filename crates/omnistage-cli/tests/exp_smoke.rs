@@ -148,7 +148,15 @@ fn overload_spike_smoke() {
     if !two_cpus() {
         return;
     }
-    let r = run(&["overload-spike", "--seconds", "1.5", "--conns", "32"]);
+    let r = run(&[
+        "overload-spike",
+        "--seconds",
+        "1.5",
+        "--conns",
+        "32",
+        "--repeats",
+        "1",
+    ]);
     assert_eq!(r["experiment"], "overload-spike");
     let runs = r["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
@@ -158,6 +166,25 @@ fn overload_spike_smoke() {
         assert!(runs[0]["phases"][1][k].is_number(), "{k}");
     }
     assert!(!runs[0]["windows"].as_array().unwrap().is_empty());
+    assert!(r["capacity_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn classes_smoke() {
+    if !two_cpus() {
+        return;
+    }
+    let r = run(&["classes", "--seconds", "1.5", "--clients", "8"]);
+    assert_eq!(r["experiment"], "classes");
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["priorities"], true);
+    assert_eq!(runs[0]["both"].as_array().unwrap().len(), 2);
+    for k in ["ok_per_s", "reject_fraction"] {
+        assert!(runs[0]["both"][0][k].is_number(), "{k}");
+    }
+    assert!(!runs[0]["windows"].as_array().unwrap().is_empty());
+    assert!(r["goal_met"].is_boolean());
     assert!(r["capacity_per_s"].as_f64().unwrap() > 0.0);
 }
 

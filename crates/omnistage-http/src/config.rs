@@ -49,6 +49,9 @@
 //! name = "gold"                     # [a-z0-9_-]{1,64}, unique within the tenant
 //! header = "x-class: gold"          # exactly one of: header = "name: value" | prefix = "/api/"
 //! weight = 80                       # 1..=10000, default 100
+//! priority = 0                      # optional, 0..=14 (0 highest): SEDA's class-based admission;
+//!                                   #   under overload lower priorities are cut first
+//! p90_target_ms = 20                # optional, this class's target (default: the tenant's)
 //! ```
 //!
 //! Unknown keys are errors. Every error names the line and column of the offending value (or
@@ -97,6 +100,9 @@ pub const TENANTS_MAX: usize = 10_000;
 pub const HOSTS_PER_TENANT_MAX: usize = 1024;
 /// Most index file names per tenant.
 pub const INDEX_FILES_MAX: usize = 16;
+/// Lowest class priority (0 is the highest): 15 levels, plus one for requests in no class,
+/// fill the 16 levels of the class-based controller.
+pub const CLASS_PRIORITY_MAX: u32 = 14;
 /// Most classes per tenant.
 pub const CLASSES_MAX: usize = 64;
 /// Longest tenant or class name.
@@ -297,6 +303,13 @@ pub struct ClassConfig {
     pub selector: ClassSelector,
     /// Share weight within the tenant, 1..=10000.
     pub weight: u32,
+    /// Admission priority, 0 (highest) ..= [`CLASS_PRIORITY_MAX`]. When any class of a tenant
+    /// has one, the tenant's classes share one class-based p90 controller (SEDA): a higher
+    /// priority over its target cuts the lower ones first. Requests in no class rank below
+    /// every class.
+    pub priority: Option<u32>,
+    /// The class's own p90 target (default: the tenant's `p90_target_ms`).
+    pub p90_target: Option<Duration>,
 }
 
 /// How a request is put in a class.
@@ -477,6 +490,8 @@ struct RawClass {
     header: Option<Spanned<String>>,
     prefix: Option<Spanned<String>>,
     weight: Option<Spanned<i64>>,
+    priority: Option<Spanned<i64>>,
+    p90_target_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -969,6 +984,22 @@ fn tenant_config(
             classes.push(class);
         }
     }
+    let p90_target = c
+        .opt_int_in(&t.p90_target_ms, "p90_target_ms", 1, TIMEOUT_MS_MAX)?
+        .map(|n| Duration::from_millis(n as u64));
+    if let (Some(list), None) = (&t.class, p90_target) {
+        for (rc, class) in list.iter().zip(&classes) {
+            if class.priority.is_some() && class.p90_target.is_none() {
+                return Err(c.err(
+                    rc.span(),
+                    format!(
+                        "class {:?} has a priority but no target: set its p90_target_ms or the tenant's",
+                        class.name
+                    ),
+                ));
+            }
+        }
+    }
 
     Ok(TenantConfig {
         hosts,
@@ -984,9 +1015,7 @@ fn tenant_config(
         cache_bytes: c
             .opt_int_in(&t.cache_bytes, "cache_bytes", 0, cache_max)?
             .map(|n| n as u64),
-        p90_target: c
-            .opt_int_in(&t.p90_target_ms, "p90_target_ms", 1, TIMEOUT_MS_MAX)?
-            .map(|n| Duration::from_millis(n as u64)),
+        p90_target,
         connections_max: c
             .opt_int_in(&t.connections_max, "connections_max", 1, conn_max)?
             .map(|n| n as usize),
@@ -1039,6 +1068,12 @@ fn class_config(c: &Checker<'_>, rc: &Spanned<RawClass>) -> Result<ClassConfig, 
         name,
         selector,
         weight,
+        priority: c
+            .opt_int_in(&r.priority, "priority", 0, i64::from(CLASS_PRIORITY_MAX))?
+            .map(|n| n as u32),
+        p90_target: c
+            .opt_int_in(&r.p90_target_ms, "p90_target_ms", 1, TIMEOUT_MS_MAX)?
+            .map(|n| Duration::from_millis(n as u64)),
     })
 }
 
@@ -1076,6 +1111,8 @@ synthetic = true
 name = "gold"
 header = "X-Class: gold"
 weight = 80
+priority = 0
+p90_target_ms = 20
 [[tenant.class]]
 name = "api"
 prefix = "/api/"
@@ -1147,12 +1184,16 @@ cpu_cap = 2
                         name: "x-class".into(),
                         value: "gold".into()
                     },
-                    weight: 80
+                    weight: 80,
+                    priority: Some(0),
+                    p90_target: Some(Duration::from_millis(20)),
                 },
                 ClassConfig {
                     name: "api".into(),
                     selector: ClassSelector::Prefix("/api/".into()),
-                    weight: 100
+                    weight: 100,
+                    priority: None,
+                    p90_target: None,
                 },
             ]
         );
@@ -1317,6 +1358,9 @@ cpu_cap = 2
             (tenant("[[tenant.class]]\nname = \"g\"\nheader = \"x:\""), 6, "name: value"),
             (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"api\""), 6, "start with /"),
             (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\nweight = 0"), 7, "outside"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\npriority = 15"), 7, "outside 0..=14"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\np90_target_ms = 0"), 7, "outside"),
+            (tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/\"\npriority = 1"), 4, "no target"),
             (
                 tenant("[[tenant.class]]\nname = \"g\"\nprefix = \"/a\"\n[[tenant.class]]\nname = \"g\"\nprefix = \"/b\""),
                 8,

@@ -1807,6 +1807,96 @@ fn p90_target_puts_a_controller_on_the_tenant_queue() {
     assert_eq!(c.get("/hello.txt", "a.test").status, 200);
 }
 
+/// Class priorities put a tenant's classes under one class-based controller: a level per
+/// distinct priority (0 first), the class's own target, and a bottom level for requests in no
+/// class; without priorities each class keeps its own p90 controller with its own target.
+#[test]
+fn class_priorities_share_one_class_based_controller() {
+    use omnistage::exec::Predicate;
+    let site = Site::new();
+    let extra = "p90_target_ms = 50\n\
+                 [[tenant.class]]\nname = \"gold\"\nheader = \"x-class: gold\"\npriority = 0\np90_target_ms = 20\n\n\
+                 [[tenant.class]]\nname = \"bronze\"\nheader = \"x-class: bronze\"\npriority = 3\n";
+    let ts = TestServer::simple(&site, "", extra);
+    let rt = ts.server().runtime();
+    let work = ts.server().work_stage();
+    let pred = |path: &str| rt.admission(work, rt.activity_id(path).unwrap()).unwrap();
+    let level = |p: &Predicate| match p {
+        Predicate::ClassedP90 { group, level, .. } => (group.clone(), *level),
+        other => panic!("not a class predicate: {other:?}"),
+    };
+    let (g_gold, l_gold) = level(&pred("/tenants/t/gold"));
+    let (g_bronze, l_bronze) = level(&pred("/tenants/t/bronze"));
+    let (g_own, l_own) = level(&pred("/tenants/t"));
+    assert!(std::sync::Arc::ptr_eq(&g_gold, &g_bronze) && std::sync::Arc::ptr_eq(&g_gold, &g_own));
+    assert_eq!((l_gold, l_bronze, l_own), (0, 1, 2));
+    assert_eq!(g_gold.levels(), 3);
+    assert_eq!(g_gold.target_ns(0), 20_000_000);
+    assert_eq!(
+        g_gold.target_ns(1),
+        50_000_000,
+        "bronze inherits the tenant's target"
+    );
+    // Requests still go through (the buckets start at the ceiling).
+    let mut c = ts.connect();
+    let r = c.request("GET /hello.txt HTTP/1.1\r\nHost: x\r\nX-Class: bronze\r\n\r\n");
+    assert_eq!(r.body, HELLO);
+    assert!(rt
+        .admission_rate(work, rt.activity_id("/tenants/t/bronze").unwrap())
+        .is_some_and(|r| r > 1000.0));
+
+    // No priorities: a p90 controller per class, with the class's own target.
+    let extra = "p90_target_ms = 50\n\
+                 [[tenant.class]]\nname = \"gold\"\nheader = \"x-class: gold\"\np90_target_ms = 20\n";
+    let ts = TestServer::simple(&site, "", extra);
+    let rt = ts.server().runtime();
+    let work = ts.server().work_stage();
+    let target = |path: &str| match rt.admission(work, rt.activity_id(path).unwrap()) {
+        Some(Predicate::P90 { params, .. }) => params.target_ns,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(target("/tenants/t/gold"), 20_000_000);
+    assert_eq!(target("/tenants/t"), 50_000_000);
+}
+
+/// A p90 tenant's work queue gets a Little's-law bound once its departure rate has been
+/// measured over a backlog; sequential requests (never a backlog) leave it unbounded.
+#[test]
+fn p90_tenant_queue_gets_a_little_bound_under_backlog() {
+    let site = Site::new();
+    let ts = TestServer::simple(&site, "", "p90_target_ms = 50\nsynthetic = true\n");
+    let rt = ts.server().runtime();
+    let work = ts.server().work_stage();
+    let id = rt.activity_id("/tenants/t").unwrap();
+    let mut c = ts.connect();
+    for _ in 0..20 {
+        assert_eq!(c.get("/hello.txt", "x").status, 200);
+    }
+    assert_eq!(rt.queue_bound(work, id), None, "no backlog, no bound");
+    // 16 connections each burning 2 ms per request keep the tenant's queue backlogged.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr = ts.addr;
+    let clients: Vec<_> = (0..16)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                while !stop.load(Ordering::Relaxed) {
+                    let s = c.get("/_burn?us=2000", "x").status;
+                    assert!(s == 200 || s == 503, "{s}");
+                }
+            })
+        })
+        .collect();
+    let bounded = wait_until(|| rt.queue_bound(work, id).is_some());
+    stop.store(true, Ordering::Relaxed);
+    for h in clients {
+        h.join().expect("client");
+    }
+    assert!(bounded, "a backlog sets the bound");
+    assert!(rt.queue_bound(work, id).unwrap() >= omnistage::admit::LITTLE_BOUND_MIN);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The file cache
 // ---------------------------------------------------------------------------------------------

@@ -115,6 +115,8 @@ pub(crate) struct TenantPlan {
     pub mix: Mix,
     pub mix_text: String,
     pub pacing: Pacing,
+    /// One extra request header (`header=` option).
+    pub header: Option<(String, String)>,
 }
 
 /// A validated run.
@@ -241,6 +243,7 @@ pub(crate) fn plan(a: &LoadArgs) -> Result<Plan, String> {
             mix: t.mix,
             mix_text: t.mix_text,
             pacing: t.pacing.unwrap_or(global),
+            header: t.header,
         });
     }
     let total: usize = tenants.iter().map(|t| t.connections).sum();

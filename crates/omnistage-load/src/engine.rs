@@ -210,9 +210,12 @@ pub(crate) fn run_thread(
     })
 }
 
-fn request_tail(host: &str, close: bool) -> Vec<u8> {
+fn request_tail(host: &str, header: Option<&(String, String)>, close: bool) -> Vec<u8> {
     let connection = if close { "Connection: close\r\n" } else { "" };
-    format!(" HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{connection}\r\n")
+    let extra = header
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .unwrap_or_default();
+    format!(" HTTP/1.1\r\nHost: {host}\r\nUser-Agent: {USER_AGENT}\r\n{extra}{connection}\r\n")
         .into_bytes()
 }
 
@@ -227,8 +230,8 @@ impl<'r, 'p> Worker<'r, 'p> {
                 mix: &t.mix,
                 pacing: t.pacing,
                 connections: t.connections,
-                tail: request_tail(&t.host, false),
-                tail_close: request_tail(&t.host, true),
+                tail: request_tail(&t.host, t.header.as_ref(), false),
+                tail_close: request_tail(&t.host, t.header.as_ref(), true),
             })
             .collect();
         let mut stats: Vec<Option<TenantStats>> = plan.tenants.iter().map(|_| None).collect();
@@ -780,10 +783,14 @@ mod tests {
     #[test]
     fn request_tails() {
         assert_eq!(
-            request_tail("a.test", false),
+            request_tail("a.test", None, false),
             b" HTTP/1.1\r\nHost: a.test\r\nUser-Agent: omnistage-load\r\n\r\n"
         );
-        assert!(String::from_utf8(request_tail("a", true))
+        assert_eq!(
+            request_tail("a.test", Some(&("X-Class".into(), "high".into())), false),
+            b" HTTP/1.1\r\nHost: a.test\r\nUser-Agent: omnistage-load\r\nX-Class: high\r\n\r\n"
+        );
+        assert!(String::from_utf8(request_tail("a", None, true))
             .unwrap()
             .ends_with("Connection: close\r\n\r\n"));
     }

@@ -13,7 +13,8 @@
 //! | `bytes=N` | `/_bytes?n=N` (the server answers N body bytes) |
 //!
 //! OPTIONs override the global loop for this tenant: `rate=R` (open loop, R requests/s) or
-//! `think-ms=MS` (closed loop with that think time). HOST is sent as the `Host` header and may not
+//! `think-ms=MS` (closed loop with that think time); `header=NAME:VALUE` adds one request
+//! header to every request of the tenant (a server-side class selector, say). HOST is sent as the `Host` header and may not
 //! contain `:`; NAME labels the tenant in the report.
 //!
 //! Everything is bounded by the named constants below, and every error says which part of which
@@ -49,6 +50,8 @@ pub const MAX_TENANT_CONNECTIONS: usize = crate::MAX_CONNECTIONS_TOTAL;
 pub const MIN_RATE_PER_S: f64 = 0.001;
 /// Largest per-tenant open-loop rate, requests/s.
 pub const MAX_RATE_PER_S: f64 = 10_000_000.0;
+/// Longest `header=` option (name and value).
+pub const MAX_HEADER_BYTES: usize = 1024;
 /// Largest closed-loop think time.
 pub const MAX_THINK_MS: f64 = 60_000.0;
 
@@ -174,6 +177,8 @@ pub struct TenantSpec {
     pub mix_text: String,
     /// Per-tenant pacing from `,rate=` or `,think-ms=`; `None` means the global pacing.
     pub pacing: Option<Pacing>,
+    /// One extra request header (name, value) from `,header=NAME:VALUE`.
+    pub header: Option<(String, String)>,
 }
 
 /// Parses `NAME:HOST:CONNS:MIX[,OPTION...]`. Reads the list file of a `zipf=FILE:ALPHA` mix.
@@ -201,10 +206,18 @@ pub fn parse_tenant(spec: &str) -> Result<TenantSpec, String> {
     let mix_text = fields.next().unwrap_or_default();
     let mix = parse_mix(mix_text).map_err(err)?;
     let mut pacing = None;
+    let mut header = None;
     for opt in fields {
         let (key, value) = opt
             .split_once('=')
             .ok_or_else(|| err(format!("option {opt:?} is not KEY=VALUE")))?;
+        if key == "header" {
+            if header.is_some() {
+                return Err(err("give at most one header=".into()));
+            }
+            header = Some(parse_header(value).map_err(err)?);
+            continue;
+        }
         let value: f64 = value
             .parse()
             .map_err(|_| err(format!("option {key}: {value:?} is not a number")))?;
@@ -220,7 +233,7 @@ pub fn parse_tenant(spec: &str) -> Result<TenantSpec, String> {
             },
             _ => {
                 return Err(err(format!(
-                    "unknown option {key:?} (known: rate=R, think-ms=MS)"
+                    "unknown option {key:?} (known: rate=R, think-ms=MS, header=NAME:VALUE)"
                 )))
             }
         });
@@ -232,7 +245,46 @@ pub fn parse_tenant(spec: &str) -> Result<TenantSpec, String> {
         mix,
         mix_text: mix_text.to_string(),
         pacing,
+        header,
     })
+}
+
+/// Parses `NAME:VALUE` of a `header=` option: a token name (not one the generator writes
+/// itself), a non-empty value of visible ASCII and spaces, at most [`MAX_HEADER_BYTES`].
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    if text.len() > MAX_HEADER_BYTES {
+        return Err(format!("header= longer than {MAX_HEADER_BYTES} bytes"));
+    }
+    let Some((name, value)) = text.split_once(':') else {
+        return Err(format!("header {text:?} must be NAME:VALUE"));
+    };
+    let (name, value) = (name.trim(), value.trim());
+    let token = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !token {
+        return Err(format!("header name {name:?} is not an HTTP token"));
+    }
+    if [
+        "host",
+        "user-agent",
+        "connection",
+        "content-length",
+        "transfer-encoding",
+    ]
+    .contains(&name.to_ascii_lowercase().as_str())
+    {
+        return Err(format!(
+            "header {name:?} is written by the generator itself"
+        ));
+    }
+    if value.is_empty() || !value.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return Err(format!(
+            "header value {value:?} must be non-empty visible ASCII"
+        ));
+    }
+    Ok((name.to_string(), value.to_string()))
 }
 
 /// Checks an open-loop rate (requests/s).
@@ -483,6 +535,10 @@ mod tests {
         let t = parse_tenant("c:c:2:path=/x?y=1,think-ms=5").unwrap();
         assert_eq!(paths(&t.mix, 1), vec!["/x?y=1"]);
         assert_eq!(t.pacing, Some(Pacing::Closed { think_ms: 5.0 }));
+        assert_eq!(t.header, None);
+        let t = parse_tenant("h:h:128:burn=100,header=X-Class: high,think-ms=5").unwrap();
+        assert_eq!(t.header, Some(("X-Class".into(), "high".into())));
+        assert_eq!(t.pacing, Some(Pacing::Closed { think_ms: 5.0 }));
     }
 
     #[test]
@@ -588,9 +644,18 @@ mod tests {
             ("a:a:1:path=/,rate=0", "rate must be in"),
             ("a:a:1:path=/,rate=5,think-ms=1", "at most one"),
             ("a:a:1:path=/,speed=5", "unknown option"),
+            ("a:a:1:path=/,header=novalue", "NAME:VALUE"),
+            ("a:a:1:path=/,header=x:", "non-empty"),
+            ("a:a:1:path=/,header=a b:c", "token"),
+            ("a:a:1:path=/,header=Host:evil", "generator itself"),
+            ("a:a:1:path=/,header=x:\u{7f}", "visible ASCII"),
+            ("a:a:1:path=/,header=x:1,header=y:2", "at most one header"),
         ] {
             let e = parse_tenant(spec).unwrap_err();
             assert!(e.contains(needle), "{spec}: {e}");
         }
+        // Just over the length limit.
+        let spec = format!("a:a:1:path=/,header=x:{}", "v".repeat(MAX_HEADER_BYTES - 1));
+        assert!(parse_tenant(&spec).unwrap_err().contains("longer than"));
     }
 }

@@ -10,6 +10,8 @@
 //! - [`P90Params`] and [`P90Controller`]: SEDA's 90th-percentile response-time controller
 //!   (multiplicative decrease above target, additive increase well below it).
 //! - [`ClassedP90`]: one such controller per class of requests; lower classes are cut first.
+//! - [`LittleBound`]: a queue bound from Little's law (target × measured completion rate), so
+//!   a backlog admitted before a rate controller reacts cannot hold the response time high.
 //! - [`BatchingController`]: SEDA's batching-factor controller (smallest batch that keeps
 //!   throughput high).
 //! - [`over_share_ratio`] and [`SharedQueueLimit`]: share-aware shedding, so that when a shared
@@ -266,6 +268,11 @@ pub struct P90Params {
     pub rate_min_per_s: f64,
     /// Ceiling of the rate.
     pub rate_max_per_s: f64,
+    /// Not SEDA's: when above 0, the queue is also bounded by Little's law to
+    /// `queue_bound_fraction × target × measured completion rate` ([`LittleBound`]), so a
+    /// backlog admitted before the controller reacts cannot hold the response time over the
+    /// target. 0 (the default) leaves only SEDA's rate control.
+    pub queue_bound_fraction: f64,
 }
 
 impl Default for P90Params {
@@ -282,6 +289,7 @@ impl Default for P90Params {
             c_i: -0.1,
             rate_min_per_s: 0.05,
             rate_max_per_s: 5000.0,
+            queue_bound_fraction: 0.0,
         }
     }
 }
@@ -348,6 +356,12 @@ impl P90Params {
             return Err(format!(
                 "p90: adj_i must be in (0, rate_max_per_s ({})], got {}",
                 p.rate_max_per_s, p.adj_i
+            ));
+        }
+        if !(0.0..=1.0).contains(&p.queue_bound_fraction) {
+            return Err(format!(
+                "p90: queue_bound_fraction must be in [0, 1] (0: no Little's-law bound), got {}",
+                p.queue_bound_fraction
             ));
         }
         if !(p.adj_d > 1.0 && p.adj_d <= P90_ADJ_D_MAX) {
@@ -546,8 +560,10 @@ struct ClassState {
     ctl: P90Controller,
     /// lc^c: over-target runs with every lower class at rate_min since the last own cut.
     lc: u32,
-    /// Whether the last run was over target (err > err_d).
+    /// Whether the last run was over target (err > err_d, or the class was shed).
     over: bool,
+    /// The class's queue bound refused requests since its last run ([`ClassedP90::note_shed`]).
+    shed: bool,
 }
 
 /// SEDA's class-based differentiation (seda.md 2.4): one response-time controller per class,
@@ -597,6 +613,7 @@ impl ClassedP90 {
                 ctl,
                 lc: 0,
                 over: false,
+                shed: false,
             });
         }
         Ok(ClassedP90 { classes })
@@ -616,6 +633,15 @@ impl ClassedP90 {
         } else {
             false
         }
+    }
+
+    /// Records that `class`'s queue bound (Little's law, [`LittleBound`]) refused requests: its
+    /// next run counts as over target even if the requests it did serve met the target (the
+    /// bound is what kept them under it), so the lower classes are cut first. The lowest class
+    /// has nobody to cut and ignores this. Panics if `class` is out of range.
+    pub fn note_shed(&mut self, class: usize) {
+        self.check(class);
+        self.classes[class].shed = true;
     }
 
     /// Runs every class whose timeout has passed with samples waiting, highest first; returns
@@ -664,7 +690,9 @@ impl ClassedP90 {
         let err = self.classes[c].ctl.measure(now_ns);
         let p = &self.classes[c].ctl.params;
         let (err_d, adj_d, rate_min_per_s) = (p.err_d, p.adj_d, p.rate_min_per_s);
-        let over = err > err_d;
+        let lowest = c + 1 == self.classes.len();
+        let over = err > err_d || (self.classes[c].shed && !lowest);
+        self.classes[c].shed = false;
         self.classes[c].over = over;
         if !over {
             self.classes[c].lc = 0;
@@ -673,7 +701,7 @@ impl ClassedP90 {
                 .any(|h| h.ctl.over_target_recently(h.over, now_ns));
             return self.classes[c].ctl.adjust(err, !held);
         }
-        if c + 1 == self.classes.len() {
+        if lowest {
             return self.classes[c].ctl.adjust(err, true);
         }
         let lower = &mut self.classes[c + 1..];
@@ -693,6 +721,148 @@ impl ClassedP90 {
             changed |= l.ctl.set_rate_clamped(r);
         }
         changed
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Little's-law queue bound
+// ---------------------------------------------------------------------------------------------
+
+/// Smallest bound [`LittleBound`] sets: a few requests may always wait.
+pub const LITTLE_BOUND_MIN: usize = 4;
+/// Window over which [`LittleBound`] measures the departure rate: short enough to follow a
+/// load step within a tenth of a second, long enough to hold tens of completions at 1,000/s.
+pub const LITTLE_WINDOW_NS: u64 = 50_000_000;
+/// Backlogged time a window needs before its rate is trusted: 5 ms (a tenth of the window).
+/// A window with less says nothing new (the queue was mostly empty) and keeps the bound.
+pub const LITTLE_BUSY_MIN_NS: u64 = 5_000_000;
+/// EWMA weight of the previous departure rate (the new window gets the rest).
+const LITTLE_ALPHA: f64 = 0.5;
+
+/// A queue bound from Little's law: a request that finds `L` requests ahead of it in a queue
+/// served at `X` per second waits about `L / X`, so to keep the wait under `fraction × target`
+/// the queue must hold at most `fraction × target × X`.
+///
+/// `X` is the departure rate *while the queue is backlogged*: the caller reports each batch
+/// of completions with the longest response time in it; when that message was already
+/// queued at the previous report (its response time reaches back past it), the queue was
+/// non-empty all along in between, and only such intervals count (over windows of [`LITTLE_WINDOW_NS`], smoothed). That is the rate a
+/// newly queued request is actually served at, whatever share of the CPU the queue gets; an
+/// interval that began with an empty queue would measure the arrival rate instead, and with
+/// clients that back off after a refusal a bound built on it would shrink itself. But a
+/// bound no larger than a dispatch batch is emptied by every batch, so a queue held at a small
+/// bound never looks backlogged: in a window where the bound refused requests (demand
+/// exceeded it), the plain throughput of the window also counts, and `X` is the larger of the
+/// two. A window with neither [`LITTLE_BUSY_MIN_NS`] of backlog nor a refusal says nothing
+/// new and keeps the bound (`limit_max`, no bound, until the first one). Pure: the caller
+/// passes the time.
+#[derive(Debug, Clone)]
+pub struct LittleBound {
+    target_ns: u64,
+    fraction: f64,
+    limit_max: usize,
+    window_start_ns: Option<u64>,
+    last_ns: Option<u64>,
+    busy_ns: u64,
+    busy_completions: u64,
+    window_completions: u64,
+    window_refusals: u64,
+    rate_per_s: Option<f64>,
+    bound: usize,
+}
+
+impl LittleBound {
+    /// A bound for `target_ns` (1..=[`P90_TIME_MAX_NS`]) and `fraction` in (0, 1], never above
+    /// `limit_max` (the queue's fixed limit); it starts at `limit_max`.
+    pub fn new(target_ns: u64, fraction: f64, limit_max: usize) -> Result<Self, String> {
+        if !(1..=P90_TIME_MAX_NS).contains(&target_ns) {
+            return Err(format!(
+                "little bound: target_ns must be in 1..={P90_TIME_MAX_NS}, got {target_ns}"
+            ));
+        }
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(format!(
+                "little bound: fraction must be in (0, 1], got {fraction}"
+            ));
+        }
+        if limit_max == 0 {
+            return Err("little bound: limit_max must be at least 1".into());
+        }
+        Ok(LittleBound {
+            target_ns,
+            fraction,
+            limit_max,
+            window_start_ns: None,
+            last_ns: None,
+            busy_ns: 0,
+            busy_completions: 0,
+            window_completions: 0,
+            window_refusals: 0,
+            rate_per_s: None,
+            bound: limit_max,
+        })
+    }
+
+    /// Counts `completions` finished at `now_ns`, the oldest of which took
+    /// `oldest_response_ns` from enqueue to now, and `refusals` by the bound since the previous
+    /// call. Returns the new bound when this closed a window that measured a rate.
+    pub fn observe(
+        &mut self,
+        completions: u64,
+        now_ns: u64,
+        oldest_response_ns: u64,
+        refusals: u64,
+    ) -> Option<usize> {
+        let start = *self.window_start_ns.get_or_insert(now_ns);
+        self.window_completions = self.window_completions.saturating_add(completions);
+        self.window_refusals = self.window_refusals.saturating_add(refusals);
+        let backlogged = self
+            .last_ns
+            .is_some_and(|last| oldest_response_ns >= now_ns.saturating_sub(last));
+        if let (Some(last), true) = (self.last_ns, backlogged) {
+            self.busy_ns = self.busy_ns.saturating_add(now_ns.saturating_sub(last));
+            self.busy_completions = self.busy_completions.saturating_add(completions);
+        }
+        self.last_ns = Some(now_ns);
+        let window_ns = now_ns.saturating_sub(start);
+        if window_ns < LITTLE_WINDOW_NS {
+            return None;
+        }
+        let (busy_ns, done) = (self.busy_ns, self.busy_completions);
+        let (all_done, refused) = (self.window_completions, self.window_refusals);
+        self.window_start_ns = Some(now_ns);
+        self.busy_ns = 0;
+        self.busy_completions = 0;
+        self.window_completions = 0;
+        self.window_refusals = 0;
+        let x_busy =
+            (busy_ns >= LITTLE_BUSY_MIN_NS).then(|| done as f64 * NS_PER_S / busy_ns as f64);
+        let x_refused = (refused > 0).then(|| all_done as f64 * NS_PER_S / window_ns as f64);
+        let x = match (x_busy, x_refused) {
+            (None, None) => return None,
+            (a, b) => a.unwrap_or(0.0).max(b.unwrap_or(0.0)),
+        };
+        let rate = match self.rate_per_s {
+            None => x,
+            Some(r) => LITTLE_ALPHA * r + (1.0 - LITTLE_ALPHA) * x,
+        };
+        self.rate_per_s = Some(rate);
+        let l = self.fraction * (self.target_ns as f64 / NS_PER_S) * rate;
+        // `as usize` saturates; the clamp keeps it within [min, limit_max].
+        self.bound = (l.floor() as usize)
+            .max(LITTLE_BOUND_MIN)
+            .min(self.limit_max);
+        Some(self.bound)
+    }
+
+    /// The bound in force.
+    pub fn bound(&self) -> usize {
+        self.bound
+    }
+
+    /// The smoothed backlogged departure rate, `None` before the first trusted window.
+    pub fn rate_per_s(&self) -> Option<f64> {
+        self.rate_per_s
     }
 }
 
@@ -1506,6 +1676,114 @@ mod tests {
         // Class 0 has not run for more than two timeouts: its flag no longer holds class 1.
         assert!(window(&mut c, 1, 100_000, 2 * S + 1));
         assert!(close(c.rate_per_s(1), 11.6));
+    }
+
+    #[test]
+    fn classed_shed_high_class_counts_as_over_and_cuts_the_lower_class() {
+        let mut c = ClassedP90::new(&[MS, MS], classed_params(), 100.0).unwrap();
+        // Class 0 served its requests at a quarter of its target (err = -0.75) ...
+        c.note_shed(0);
+        // ... but its queue bound refused some: the lower class is cut, class 0 keeps its rate.
+        assert!(window(&mut c, 0, 250_000, 0));
+        assert!(c.over_target(0));
+        assert_eq!(c.rate_per_s(0), 100.0);
+        assert_eq!(c.rate_per_s(1), 10.0);
+        // The flag is for one run only: the next clean run is under target and increases.
+        assert!(window(&mut c, 0, 250_000, 0));
+        assert!(!c.over_target(0));
+        assert!(close(c.rate_per_s(0), 100.0 + 2.0 * 0.65));
+        // The lowest class has nobody to cut: a shed alone does not count as over there.
+        c.note_shed(1);
+        assert!(window(&mut c, 1, 250_000, 10 * S));
+        assert!(!c.over_target(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "out of range")]
+    fn classed_note_shed_out_of_range_panics() {
+        let mut c = ClassedP90::new(&[MS, MS], classed_params(), 100.0).unwrap();
+        c.note_shed(2);
+    }
+
+    // --- LittleBound --------------------------------------------------------------------------
+
+    #[test]
+    fn little_bound_limits_are_enforced() {
+        assert!(LittleBound::new(0, 0.5, 100)
+            .unwrap_err()
+            .contains("target_ns"));
+        assert!(LittleBound::new(P90_TIME_MAX_NS + 1, 0.5, 100).is_err());
+        assert!(LittleBound::new(MS, 0.0, 100)
+            .unwrap_err()
+            .contains("fraction"));
+        assert!(LittleBound::new(MS, 1.5, 100)
+            .unwrap_err()
+            .contains("fraction"));
+        assert!(LittleBound::new(MS, f64::NAN, 100).is_err());
+        assert!(LittleBound::new(MS, 0.5, 0)
+            .unwrap_err()
+            .contains("limit_max"));
+        let p = |f| P90Params {
+            queue_bound_fraction: f,
+            ..P90Params::default()
+        };
+        assert!(p(1.5)
+            .validate()
+            .unwrap_err()
+            .contains("queue_bound_fraction"));
+        assert!(p(0.5).validate().is_ok());
+    }
+
+    #[test]
+    fn little_bound_is_fraction_of_target_times_backlogged_departure_rate() {
+        // Target 20 ms, half of it: at 2,000 departures/s the queue may hold 20.
+        let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
+        assert_eq!(b.bound(), 10_000, "no bound before the first window");
+        assert_eq!(b.observe(0, 0, u64::MAX, 0), None);
+        // 100 completions over 50 ms of backlog = 2,000/s.
+        assert_eq!(b.observe(99, 49 * MS, u64::MAX, 0), None);
+        assert_eq!(b.observe(1, 50 * MS, u64::MAX, 0), Some(20));
+        assert_eq!(b.rate_per_s(), Some(2_000.0));
+        // Next window at 4,000/s: smoothed to 3,000/s, bound 30.
+        assert_eq!(b.observe(200, 100 * MS, u64::MAX, 0), Some(30));
+        // Idle intervals do not count (the oldest message of the batch was queued after the
+        // previous report): 40 completions in 20 ms of backlog, in a window whose first 30 ms
+        // began with an empty queue, is 2,000/s (smoothed with 3,000: 2,500/s).
+        assert_eq!(b.observe(5, 130 * MS, 0, 0), None);
+        assert_eq!(b.observe(20, 140 * MS, 10 * MS, 0), None);
+        assert_eq!(b.observe(20, 150 * MS, u64::MAX, 0), Some(25));
+        // A window with under 5 ms of backlog keeps the bound.
+        assert_eq!(b.observe(1, 300 * MS, 0, 0), None);
+        assert_eq!(b.bound(), 25);
+        // A slow backlogged window lowers it, down to the floor.
+        assert_eq!(b.observe(1, 10 * S, u64::MAX, 0), Some(12));
+        assert_eq!(b.observe(1, 20 * S, u64::MAX, 0), Some(6));
+        assert_eq!(b.observe(1, 30 * S, u64::MAX, 0), Some(LITTLE_BOUND_MIN));
+    }
+
+    #[test]
+    fn little_bound_counts_throughput_when_it_refused() {
+        // A queue kept at a bound no larger than a batch is emptied by every batch, so it
+        // never looks backlogged; refusals show that demand exceeded it.
+        let mut b = LittleBound::new(20 * MS, 0.5, 10_000).unwrap();
+        b.observe(0, 0, 0, 0);
+        // 100 completions in 50 ms, never backlogged, no refusal: nothing learnt.
+        assert_eq!(b.observe(100, 50 * MS, 0, 0), None);
+        // The same with refusals: 2,000/s, bound 20.
+        assert_eq!(b.observe(100, 100 * MS, 0, 3), Some(20));
+        // The larger of the two estimates wins: backlogged 4,000/s vs throughput 1,000/s.
+        assert_eq!(b.observe(10, 140 * MS, 0, 1), None);
+        assert_eq!(b.observe(40, 150 * MS, u64::MAX, 0), Some(30));
+    }
+
+    #[test]
+    fn little_bound_never_exceeds_the_queue_limit() {
+        let mut b = LittleBound::new(S, 1.0, 50).unwrap();
+        b.observe(0, 0, u64::MAX, 0);
+        // 1e6/s × 1 s would be a million: capped at the queue's own limit.
+        assert_eq!(b.observe(50_000, 50 * MS, u64::MAX, 0), Some(50));
+        // A huge count saturates instead of overflowing.
+        assert_eq!(b.observe(u64::MAX, 100 * MS, u64::MAX, 0), Some(50));
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod all;
 mod attribution;
 mod breakdown;
 mod cfgweb;
+mod classes;
 mod connections;
 mod cpu;
 mod harness;
@@ -59,8 +60,10 @@ enum Which {
     Isolation(isolation::IsolationArgs),
     /// A tenant's net_cap at several rates, token and leaky bucket: achieved vs cap (TAP Fig. 3).
     Shaping(shaping::ShapingArgs),
-    /// Open-loop load stepping 0.5x -> 5x -> 0.5x capacity, with and without a p90 target (SEDA Fig. 55).
+    /// Open-loop load stepping 0.5x -> 10x -> 0.5x capacity, with and without a p90 target (SEDA Fig. 55).
     OverloadSpike(spike::SpikeArgs),
+    /// Two classes of 128 clients, the high class joining mid-run, with and without class priorities (SEDA Figs. 58-59).
+    Classes(classes::ClassesArgs),
     /// Requests/s and resident memory per connection at 100..10000 keep-alive connections (SEDA Fig. 7).
     Connections(connections::ConnectionsArgs),
     /// SPECweb99-like static load at 64..4096 clients, omnistage vs nginx (SEDA Fig. 39).
@@ -86,6 +89,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Isolation(a) => isolation::run(a),
         Which::Shaping(a) => shaping::run(a),
         Which::OverloadSpike(a) => spike::run(a),
+        Which::Classes(a) => classes::run(a),
         Which::Connections(a) => connections::run(a),
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),

@@ -49,10 +49,10 @@ use omnistage::account::ActivityId;
 use omnistage::account::StageId;
 use omnistage::activity::{ActivitySpec, INFRA};
 use omnistage::admit::P90Params;
-use omnistage::exec::Predicate;
 use omnistage::exec::{
     Affinity, Ctx, IoEvent, IoHandle, Runtime, SendError, SendOpts, StageConfig, StageRef,
 };
+use omnistage::exec::{ClassGroup, Predicate};
 use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
 use output::Output;
 use std::cell::RefCell;
@@ -108,6 +108,11 @@ const SEND_ORDER_AGING_FACTOR: u64 = 16;
 const SEND_QUEUE_SLACK: usize = 64;
 /// Highest admission rate of a tenant with a p90 target, requests/s (all cores).
 const P90_RATE_MAX_PER_S: f64 = 100_000.0;
+/// Little's-law queue bound of a p90-controlled tenant, as a fraction of its target: the queue
+/// holds at most this × target × its measured completion rate, so the mean queueing delay is
+/// about 0.4 × target; the margin is for the 90th percentile, which sits above the mean (on a
+/// busy machine we measured p90 of 15–20 ms at 0.5 × a 20 ms target).
+const P90_QUEUE_BOUND_FRACTION: f64 = 0.4;
 /// Requests a p90-controlled tenant may send back to back.
 const P90_BURST: u32 = 256;
 /// How long `drain` waits for the cores to write out their access-log buffers.
@@ -685,22 +690,100 @@ fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
     })
 }
 
-/// SEDA's p90 controller for a tenant's target, scaled for a server that answers up to
+/// SEDA's p90 controller parameters for a target, scaled for a server that answers up to
 /// ~100,000 requests/s: SEDA's rate range (0.05–5,000/s) and additive step (2/s) suit tens of
 /// requests per second and would cap a fast tenant or leave it cut for minutes, so the ceiling
-/// is 100,000/s and the step 100/s; the other parameters are SEDA's defaults.
-fn p90_predicate(target: Duration) -> Predicate {
-    let params = P90Params {
+/// is 100,000/s, the step 100/s and the floor 10/s (a cut class still sends the controller a
+/// sample every 100 ms, so it can recover); the other parameters are SEDA's defaults. The
+/// queue is also bounded by Little's law to [`P90_QUEUE_BOUND_FRACTION`] × target × the
+/// measured completion rate, so a backlog admitted before the controller reacts cannot hold
+/// the response time over the target (docs/design.md, "Overload").
+fn p90_params(target: Duration) -> P90Params {
+    P90Params {
         target_ns: (target.as_nanos() as u64).max(1),
         rate_max_per_s: P90_RATE_MAX_PER_S,
+        rate_min_per_s: P90_RATE_MAX_PER_S / 10_000.0,
         adj_i: P90_RATE_MAX_PER_S / 1000.0,
+        queue_bound_fraction: P90_QUEUE_BOUND_FRACTION,
         ..P90Params::default()
-    };
+    }
+}
+
+fn p90_predicate(target: Duration) -> Predicate {
     Predicate::P90 {
-        params,
+        params: p90_params(target),
         initial_rate_per_s: P90_RATE_MAX_PER_S,
         burst: P90_BURST,
     }
+}
+
+/// The admission predicate of each of a tenant's activities on the work stage: the tenant's
+/// own (requests in no class) first, then one per class in config order. With no class
+/// priority, each gets its own p90 controller (the class's target, else the tenant's, else
+/// none). When some class has a `priority`, they share one class-based controller
+/// ([`ClassGroup`]): one level per distinct priority (0 first), and a bottom level for classes
+/// without one and requests in no class (when the tenant has a target).
+fn tenant_predicates(t: &crate::config::TenantConfig) -> Result<Vec<Option<Predicate>>, String> {
+    let own = t.p90_target;
+    if t.classes.iter().all(|c| c.priority.is_none()) {
+        return Ok(std::iter::once(own.map(p90_predicate))
+            .chain(
+                t.classes
+                    .iter()
+                    .map(|c| c.p90_target.or(own).map(p90_predicate)),
+            )
+            .collect());
+    }
+    let mut priorities: Vec<u32> = t.classes.iter().filter_map(|c| c.priority).collect();
+    priorities.sort_unstable();
+    priorities.dedup();
+    let bottom = priorities.len();
+    let level_of = |c: &crate::config::ClassConfig| {
+        c.priority
+            .map(|p| priorities.iter().position(|&x| x == p).expect("listed"))
+    };
+    let mut targets: Vec<Option<Duration>> = vec![None; bottom + 1];
+    for c in &t.classes {
+        let (l, target) = match level_of(c) {
+            Some(l) => (l, c.p90_target.or(own)),
+            None => (bottom, own),
+        };
+        if let Some(x) = target {
+            targets[l] = Some(targets[l].map_or(x, |y| y.min(x)));
+        }
+    }
+    if own.is_some() {
+        targets[bottom] = own;
+    }
+    let levels = if targets[bottom].is_some() {
+        bottom + 1
+    } else {
+        bottom
+    };
+    let targets_ns: Vec<u64> = targets[..levels]
+        .iter()
+        .map(|x| {
+            (x.expect("config checks every prioritized class has a target")
+                .as_nanos() as u64)
+                .max(1)
+        })
+        .collect();
+    let params = p90_params(Duration::from_nanos(targets_ns[0]));
+    let group = ClassGroup::new(&targets_ns, params, P90_RATE_MAX_PER_S)?;
+    let pred = |level: usize| {
+        (level < levels).then(|| Predicate::ClassedP90 {
+            group: group.clone(),
+            level,
+            burst: P90_BURST,
+        })
+    };
+    Ok(std::iter::once(pred(bottom))
+        .chain(
+            t.classes
+                .iter()
+                .map(|c| pred(level_of(c).unwrap_or(bottom))),
+        )
+        .collect())
 }
 
 /// Creates or updates the activities of `config`'s tenants (and their classes), and their
@@ -763,9 +846,9 @@ fn apply_tenants(
                 }
             }
         }
-        let predicate = t.p90_target.map(p90_predicate);
-        for &id in std::iter::once(&activity).chain(&classes) {
-            rt.set_admission(work, id, predicate.clone())
+        let predicates = tenant_predicates(t)?;
+        for (&id, predicate) in std::iter::once(&activity).chain(&classes).zip(predicates) {
+            rt.set_admission(work, id, predicate)
                 .map_err(|e| e.to_string())?;
         }
         match prev {

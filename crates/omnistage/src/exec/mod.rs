@@ -35,7 +35,7 @@ mod gate;
 mod sys;
 mod worker;
 
-pub use gate::Predicate;
+pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
 pub use worker::{Ctx, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
 
 use crate::account::{
@@ -125,6 +125,19 @@ impl StageConfig {
             } => {
                 params.validate()?;
                 crate::admit::GcraBucket::validate(*initial_rate_per_s, *burst)?;
+            }
+            Predicate::ClassedP90 {
+                group,
+                level,
+                burst,
+            } => {
+                if *level >= group.levels() {
+                    return Err(format!(
+                        "class level {level} out of range ({} levels)",
+                        group.levels()
+                    ));
+                }
+                crate::admit::GcraBucket::validate(group.rate_per_s(*level), *burst)?;
             }
         }
         Ok(())
@@ -370,6 +383,7 @@ impl Shared {
             .cloned()
             .unwrap_or_else(|| cfg.predicate.clone());
         let g = Arc::new(Gate::new(cfg.queue_limit, weight, &predicate));
+        g.attach(&predicate);
         gates.insert((stage, activity), g.clone());
         Ok(g)
     }
@@ -803,6 +817,17 @@ impl Runtime {
             .unwrap_or(0)
     }
 
+    /// The Little's-law bound of the (stage, activity) queue when its p90 predicate sets one
+    /// (`P90Params::queue_bound_fraction`), else `None`.
+    pub fn queue_bound(&self, stage: StageId, activity: ActivityId) -> Option<usize> {
+        self.shared
+            .gates
+            .read()
+            .expect("gates lock")
+            .get(&(stage, activity))
+            .and_then(|g| g.queue_bound())
+    }
+
     /// Every (stage, activity) queue that has been used: its queued count, rejections and
     /// admission rate, in (stage, activity) order.
     pub fn queues(&self) -> Vec<QueueStat> {
@@ -903,6 +928,7 @@ impl Runtime {
         }
         if let Some(g) = gates.get(&(stage, activity)) {
             g.set_predicate(&effective);
+            g.attach(&effective);
         }
         Ok(())
     }
@@ -935,6 +961,7 @@ impl Runtime {
             Predicate::P90 {
                 initial_rate_per_s, ..
             } => Some(initial_rate_per_s),
+            Predicate::ClassedP90 { group, level, .. } => Some(group.rate_per_s(level)),
         }
     }
 
