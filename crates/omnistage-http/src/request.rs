@@ -103,7 +103,7 @@ pub struct Request {
     /// Whether the connection may carry another request after this one.
     pub keep_alive: bool,
     /// The raw head (`head_len` bytes), then the derived values.
-    buf: Vec<u8>,
+    buf: HeadBuf,
     head_len: u32,
     method_raw: Span,
     target: Span,
@@ -116,7 +116,7 @@ pub struct Request {
 
 impl Request {
     fn text(&self, s: Span) -> &str {
-        let bytes = &self.buf[s.start as usize..(s.start + s.len) as usize];
+        let bytes = &self.buf.bytes()[s.start as usize..(s.start + s.len) as usize];
         // Every span is checked (or made) UTF-8 when the request is built.
         std::str::from_utf8(bytes).unwrap_or_default()
     }
@@ -162,7 +162,7 @@ impl Request {
 
     /// The raw head as received (request line, header fields, blank line).
     pub fn head(&self) -> &[u8] {
-        &self.buf[..self.head_len as usize]
+        &self.buf.bytes()[..self.head_len as usize]
     }
 
     /// Every header field in order: `(name as received, value trimmed of whitespace)`.
@@ -189,9 +189,98 @@ impl Request {
             .map(|(_, v)| v)
     }
 
-    /// Gives back the request's buffer (to be supplied to [`parse_with`] again).
+    /// Gives back the request's buffer (to be supplied to [`parse_with`] again); a head kept
+    /// inline has none, and gives an empty `Vec` (which holds no allocation).
     pub fn into_buf(self) -> Vec<u8> {
-        self.buf
+        match self.buf {
+            HeadBuf::Inline { .. } => Vec::new(),
+            HeadBuf::Heap(v) => v,
+        }
+    }
+
+    /// Whether the head is kept inside the request (see [`HEAD_INLINE_BYTES`]).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.buf, HeadBuf::Inline { .. })
+    }
+}
+
+/// A head (with its derived values) of at most this many bytes is kept inside the [`Request`]
+/// itself: the request then travels through the stages' queues by value, in one piece, and
+/// holds no buffer while it waits (typical client and load-generator heads are 60-200 bytes).
+/// A larger one goes into a buffer from the caller (see [`parse_with`]).
+pub const HEAD_INLINE_BYTES: usize = 256;
+
+/// Where a request's bytes live.
+// Inline on purpose: a small head travels in one piece, without a heap allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HeadBuf {
+    Inline {
+        bytes: [u8; HEAD_INLINE_BYTES],
+        len: u16,
+    },
+    Heap(Vec<u8>),
+}
+
+impl HeadBuf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HeadBuf::Inline { bytes, len } => &bytes[..*len as usize],
+            HeadBuf::Heap(v) => v,
+        }
+    }
+}
+
+/// Writes a request's bytes inline until they no longer fit, then into the caller's buffer.
+struct HeadWriter<F: FnOnce() -> Vec<u8>> {
+    inline: [u8; HEAD_INLINE_BYTES],
+    len: usize,
+    heap: Option<Vec<u8>>,
+    take_buf: Option<F>,
+}
+
+impl<F: FnOnce() -> Vec<u8>> HeadWriter<F> {
+    fn new(take_buf: F) -> Self {
+        HeadWriter {
+            inline: [0; HEAD_INLINE_BYTES],
+            len: 0,
+            heap: None,
+            take_buf: Some(take_buf),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.heap {
+            Some(v) => v.len(),
+            None => self.len,
+        }
+    }
+
+    fn extend(&mut self, part: &[u8]) {
+        if self.heap.is_none() {
+            if self.len + part.len() <= HEAD_INLINE_BYTES {
+                self.inline[self.len..self.len + part.len()].copy_from_slice(part);
+                self.len += part.len();
+                return;
+            }
+            let mut v = self.take_buf.take().map(|f| f()).unwrap_or_default();
+            v.clear();
+            v.extend_from_slice(&self.inline[..self.len]);
+            self.heap = Some(v);
+        }
+        if let Some(v) = &mut self.heap {
+            v.extend_from_slice(part);
+        }
+    }
+
+    fn finish(self) -> HeadBuf {
+        match self.heap {
+            Some(v) => HeadBuf::Heap(v),
+            None => HeadBuf::Inline {
+                bytes: self.inline,
+                len: self.len as u16,
+            },
+        }
     }
 }
 
@@ -220,6 +309,8 @@ impl<'a> Iterator for HeaderFields<'a> {
 }
 
 /// What [`parse`] made of the buffered bytes.
+// The request is returned by value (no `Box` per request).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseOutcome {
     /// A whole head; `consumed` bytes of the buffer belong to it.
@@ -240,9 +331,10 @@ pub fn parse(buf: &[u8], limits: &Limits) -> ParseOutcome {
     parse_with(buf, limits, Vec::new)
 }
 
-/// Parses the request head at the start of `buf`; a complete request's bytes are copied into
-/// the buffer `take_buf` gives (called only for a complete, valid head; cleared first), so a
-/// caller that recycles buffers parses without allocating.
+/// Parses the request head at the start of `buf`. A complete request's bytes are copied into
+/// the request itself when they fit in [`HEAD_INLINE_BYTES`], else into the buffer `take_buf`
+/// gives (called only then, for a complete, valid head; cleared first), so a caller that
+/// recycles buffers parses without allocating.
 pub fn parse_with(buf: &[u8], limits: &Limits, take_buf: impl FnOnce() -> Vec<u8>) -> ParseOutcome {
     match parse_inner(buf, limits, take_buf) {
         Ok(Some((request, consumed))) => ParseOutcome::Complete { request, consumed },
@@ -410,9 +502,8 @@ fn parse_inner(
     };
 
     // Valid: copy the head into the request's buffer, then append the derived values.
-    let mut out = take_buf();
-    out.clear();
-    out.extend_from_slice(&buf[..consumed]);
+    let mut out = HeadWriter::new(take_buf);
+    out.extend(&buf[..consumed]);
     let raw = |part: &[u8]| Span {
         start: offset_in(buf, part) as u32,
         len: part.len() as u32,
@@ -420,7 +511,13 @@ fn parse_inner(
     let host = host.map(|h| {
         if h.bytes().any(|b| b.is_ascii_uppercase()) {
             let start = out.len();
-            out.extend(h.bytes().map(|b| b.to_ascii_lowercase()));
+            for chunk in h.as_bytes().chunks(32) {
+                let mut lower = [0u8; 32];
+                for (l, b) in lower.iter_mut().zip(chunk) {
+                    *l = b.to_ascii_lowercase();
+                }
+                out.extend(&lower[..chunk.len()]);
+            }
             Span {
                 start: start as u32,
                 len: h.len() as u32,
@@ -430,7 +527,7 @@ fn parse_inner(
         }
     });
     let fields = &*req.headers;
-    let list = |seen: Seen, single: bool, out: &mut Vec<u8>| -> Option<Span> {
+    let list = |seen: Seen, single: bool, out: &mut HeadWriter<_>| -> Option<Span> {
         if seen.count == 0 || (single && seen.count > 1) {
             return None;
         }
@@ -447,9 +544,9 @@ fn parse_inner(
             .enumerate()
         {
             if n > 0 {
-                out.extend_from_slice(b", ");
+                out.extend(b", ");
             }
-            out.extend_from_slice(String::from_utf8_lossy(h.value.trim_ascii()).as_bytes());
+            out.extend(String::from_utf8_lossy(h.value.trim_ascii()).as_bytes());
         }
         Some(Span {
             start: start as u32,
@@ -473,7 +570,7 @@ fn parse_inner(
         if_modified_since,
         if_range,
         range,
-        buf: out,
+        buf: out.finish(),
     };
     Ok(Some((request, consumed)))
 }
@@ -709,8 +806,31 @@ mod tests {
 
     #[test]
     fn parse_with_reuses_the_buffer_it_is_given() {
-        let bytes = b"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b";
-        let mut given = Vec::with_capacity(256);
+        // A small head stays inside the request: no buffer taken.
+        let small = b"GET /s HTTP/1.1\r\nHost: a\r\n\r\n";
+        let never = || -> Vec<u8> { panic!("took a buffer") };
+        let ParseOutcome::Complete { request, .. } = parse_with(small, &lim(), never) else {
+            panic!("not complete");
+        };
+        assert!(request.is_inline());
+        assert_eq!(request.head(), &small[..]);
+        assert_eq!(request.into_buf().capacity(), 0);
+        // A head one byte over the inline size goes into the given buffer, and so does one
+        // whose derived values (here a lowercased host) do not fit beside it.
+        let pad = |n: usize| format!("GET /a HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n", "p".repeat(n));
+        let base = pad(0).len();
+        let at = pad(HEAD_INLINE_BYTES - base);
+        assert!(complete(at.as_bytes()).0.is_inline());
+        let over = pad(HEAD_INLINE_BYTES - base + 1);
+        assert!(!complete(over.as_bytes()).0.is_inline());
+        let upper = at.replace("Host: a", "Host: A");
+        let (r, _) = complete(upper.as_bytes());
+        assert!(!r.is_inline());
+        assert_eq!(r.host(), Some("a"));
+        assert_eq!(r.head(), upper.as_bytes());
+        let big = format!("{over}GET /b");
+        let bytes = big.as_bytes();
+        let mut given = Vec::with_capacity(1024);
         given.extend_from_slice(b"stale bytes");
         let ptr = given.as_ptr();
         let ParseOutcome::Complete { request, consumed } = parse_with(bytes, &lim(), move || given)
@@ -718,11 +838,11 @@ mod tests {
             panic!("not complete");
         };
         assert_eq!(request.target(), "/a");
+        assert_eq!(consumed, over.len());
         assert_eq!(request.head(), &bytes[..consumed]);
         let buf = request.into_buf();
         assert_eq!(buf.as_ptr(), ptr, "the same allocation");
         // Partial or refused heads never take a buffer.
-        let never = || -> Vec<u8> { panic!("took a buffer") };
         assert_eq!(
             parse_with(b"GET /a HTT", &lim(), never),
             ParseOutcome::Partial

@@ -155,3 +155,13 @@ fn the_access_log_does_not_allocate_per_request() {
     let per = allocs_per_request(req, "access_log = '{dir}/access.log'\n");
     assert!(per < 0.1, "{per} allocations per request");
 }
+
+#[test]
+fn a_head_too_large_to_keep_inline_uses_a_pooled_buffer() {
+    // Over `HEAD_INLINE_BYTES`: the head goes into a buffer from the worker's pool, which
+    // comes back after the answer, so this is allocation-free too.
+    let cookie = "c".repeat(omnistage_http::request::HEAD_INLINE_BYTES);
+    let req = format!("GET /a.html HTTP/1.1\r\nHost: t.test\r\nCookie: {cookie}\r\n\r\n");
+    let per = allocs_per_request(req.as_bytes(), "");
+    assert!(per < 0.1, "{per} allocations per request");
+}

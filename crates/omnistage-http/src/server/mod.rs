@@ -503,6 +503,8 @@ enum Boot {
 }
 
 /// A request handed to the work stage in its tenant's activity.
+// The request rides in the message by value (its head inline, or a pooled buffer): no `Box`.
+#[allow(clippy::large_enum_variant)]
 enum Work {
     /// The request travels by value; its head buffer comes from, and goes back to, the
     /// worker's pool (no allocation per request).
