@@ -43,10 +43,10 @@ fn since_epoch(t: SystemTime) -> Duration {
 
 /// True when the request's preconditions say the client's copy is current: answer 304.
 pub fn not_modified(req: &Request, etag: &str, modified: SystemTime) -> bool {
-    if let Some(inm) = &req.if_none_match {
+    if let Some(inm) = req.if_none_match() {
         return if_none_match_matches(inm, etag);
     }
-    if let Some(ims) = &req.if_modified_since {
+    if let Some(ims) = req.if_modified_since() {
         let Ok(since) = httpdate::parse_http_date(ims) else {
             return false;
         };
@@ -208,15 +208,15 @@ fn parse_digits(s: &str) -> Option<u64> {
 /// [`range`] of the request's `Range`, honoured only if `If-Range` is absent or still matches
 /// (`etag` strongly, or `modified` to the second).
 pub fn range_for(req: &Request, etag: &str, modified: SystemTime, len: u64) -> RangeOutcome {
-    if req.range.is_none() {
+    if req.range().is_none() {
         return RangeOutcome::Full;
     }
-    if let Some(if_range) = &req.if_range {
+    if let Some(if_range) = req.if_range() {
         if !if_range_matches(if_range.trim(), etag, modified) {
             return RangeOutcome::Full;
         }
     }
-    range(req.range.as_deref(), len)
+    range(req.range(), len)
 }
 
 fn if_range_matches(if_range: &str, etag: &str, modified: SystemTime) -> bool {
@@ -245,22 +245,23 @@ pub fn content_range(outcome: &RangeOutcome, len: u64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{Method, Request};
+    use crate::request::{parse, Limits, ParseOutcome, Request};
+
+    /// A GET of `/` with the given header fields, as parsed from bytes.
+    fn req_with(fields: &[(&str, &str)]) -> Request {
+        let mut head = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+        for (name, value) in fields {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        match parse(head.as_bytes(), &Limits::default()) {
+            ParseOutcome::Complete { request, .. } => request,
+            other => panic!("{head:?} gave {other:?}"),
+        }
+    }
 
     fn req() -> Request {
-        Request {
-            method: Method::Get,
-            method_raw: "GET".into(),
-            target: "/".into(),
-            version_minor: 1,
-            host: None,
-            keep_alive: true,
-            if_none_match: None,
-            if_modified_since: None,
-            if_range: None,
-            range: None,
-            headers: Vec::new(),
-        }
+        req_with(&[])
     }
 
     fn t(secs: u64, nanos: u32) -> SystemTime {
@@ -284,8 +285,7 @@ mod tests {
         let m = t(1000, 5);
         let tag = etag(10, m);
         let check = |inm: &str| {
-            let mut r = req();
-            r.if_none_match = Some(inm.into());
+            let r = req_with(&[("If-None-Match", inm)]);
             not_modified(&r, &tag, m)
         };
         assert!(check(&tag));
@@ -301,9 +301,10 @@ mod tests {
         assert!(!check(&tag[1..]));
         assert!(!check(&format!("\"x\"junk, {tag}")));
         // If-None-Match wins over If-Modified-Since, even when the date alone would say 304.
-        let mut r = req();
-        r.if_none_match = Some("\"other\"".into());
-        r.if_modified_since = Some(last_modified(m));
+        let r = req_with(&[
+            ("If-None-Match", "\"other\""),
+            ("If-Modified-Since", &last_modified(m)),
+        ]);
         assert!(!not_modified(&r, &tag, m));
     }
 
@@ -312,8 +313,7 @@ mod tests {
         let m = t(784_111_777, 500_000_000);
         let tag = etag(10, m);
         let check = |ims: &str| {
-            let mut r = req();
-            r.if_modified_since = Some(ims.into());
+            let r = req_with(&[("If-Modified-Since", ims)]);
             not_modified(&r, &tag, m)
         };
         // Same second (sub-second part ignored), later: not modified.
@@ -430,9 +430,10 @@ mod tests {
         let m = t(784_111_777, 0);
         let tag = etag(10, m);
         let with = |if_range: Option<&str>| {
-            let mut r = req();
-            r.range = Some("bytes=0-1".into());
-            r.if_range = if_range.map(str::to_string);
+            let r = match if_range {
+                Some(v) => req_with(&[("Range", "bytes=0-1"), ("If-Range", v)]),
+                None => req_with(&[("Range", "bytes=0-1")]),
+            };
             range_for(&r, &tag, m, 10)
         };
         let partial = Partial {

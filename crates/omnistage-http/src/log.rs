@@ -11,6 +11,7 @@
 //! one line is always one record. A target longer than [`LOG_TARGET_BYTES_MAX`] is cut and ends
 //! with `...`. An empty method or target (a request that never parsed) is written as `-`.
 
+use std::io::Write;
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -38,7 +39,8 @@ pub fn clf_line(
     bytes: u64,
     activity: &str,
 ) {
-    out.extend_from_slice(peer.to_string().as_bytes());
+    // Formatted straight into the buffer: no `String` per line.
+    let _ = write!(out, "{peer}");
     out.extend_from_slice(b" - - [");
     push_clf_time(out, time);
     out.extend_from_slice(b"] \"");

@@ -59,6 +59,21 @@ pub struct Resolved {
 /// Decodes and normalizes a request target into `(path, query)`; see the module doc for rules.
 /// The path always starts with `/`.
 pub fn decode_target(target: &str) -> Result<(String, Option<String>), HttpError> {
+    let mut path = String::new();
+    let mut scratch = Vec::new();
+    let query = decode_target_into(target, &mut path, &mut scratch)?;
+    Ok((path, query.map(str::to_string)))
+}
+
+/// [`decode_target`] without allocating once the buffers have grown: the decoded path is
+/// written into `path` (cleared first), `scratch` holds the percent-decoded bytes, and the
+/// query is returned as a slice of `target` (still percent-encoded).
+pub fn decode_target_into<'t>(
+    target: &'t str,
+    path: &mut String,
+    scratch: &mut Vec<u8>,
+) -> Result<Option<&'t str>, HttpError> {
+    path.clear();
     if target.len() > TARGET_BYTES_MAX {
         return Err(HttpError::UriTooLong);
     }
@@ -80,46 +95,51 @@ pub fn decode_target(target: &str) -> Result<(String, Option<String>), HttpError
         return Err(HttpError::BadTarget("fragment in target"));
     }
     let (raw_path, query) = match rest.split_once('?') {
-        Some((p, q)) => (p, Some(q.to_string())),
+        Some((p, q)) => (p, Some(q)),
         None => (rest, None),
     };
 
-    let decoded = percent_decode(raw_path.as_bytes())?;
-    let decoded = String::from_utf8(decoded).map_err(|_| HttpError::BadTarget("invalid UTF-8"))?;
+    percent_decode(raw_path.as_bytes(), scratch)?;
+    let decoded =
+        std::str::from_utf8(scratch).map_err(|_| HttpError::BadTarget("invalid UTF-8"))?;
 
-    let mut segments: Vec<&str> = Vec::new();
+    // Segments are written to `path` as they come; `..` takes the last one off again.
+    let mut depth = 0usize;
     let mut trailing_slash = false;
     for seg in decoded.split('/') {
         trailing_slash = true;
         match seg {
             "" | "." => {}
             ".." => {
-                if segments.pop().is_none() {
+                if depth == 0 {
+                    path.clear();
                     return Err(HttpError::NotFound);
                 }
+                depth -= 1;
+                let last = path.rfind('/').unwrap_or(0);
+                path.truncate(last);
             }
             name => {
                 trailing_slash = false;
-                if segments.len() == PATH_SEGMENTS_MAX {
+                if depth == PATH_SEGMENTS_MAX {
+                    path.clear();
                     return Err(HttpError::BadTarget("too many path segments"));
                 }
-                segments.push(name);
+                depth += 1;
+                path.push('/');
+                path.push_str(name);
             }
         }
     }
-    let mut path = String::with_capacity(decoded.len() + 1);
-    for seg in &segments {
-        path.push('/');
-        path.push_str(seg);
-    }
-    if segments.is_empty() || trailing_slash {
+    if depth == 0 || trailing_slash {
         path.push('/');
     }
-    Ok((path, query))
+    Ok(query)
 }
 
-fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, HttpError> {
-    let mut out = Vec::with_capacity(raw.len());
+/// Percent-decodes `raw` into `out` (cleared first).
+fn percent_decode(raw: &[u8], out: &mut Vec<u8>) -> Result<(), HttpError> {
+    out.clear();
     let mut i = 0;
     while i < raw.len() {
         let b = raw[i];
@@ -148,7 +168,7 @@ fn percent_decode(raw: &[u8]) -> Result<Vec<u8>, HttpError> {
             b => out.push(b),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn hex_value(b: u8) -> Option<u8> {

@@ -1,8 +1,10 @@
 //! HTTP/1.x request heads: turning the bytes received on a connection into a [`Request`], or
 //! saying that more bytes are needed, or refusing them with an [`HttpError`].
 //!
-//! [`parse`] is pure and never blocks or allocates beyond the [`Request`] it returns; call it
-//! again with the whole buffered prefix each time more bytes arrive. On `Complete`, `consumed`
+//! [`parse`] is pure and never blocks; call it again with the whole buffered prefix each time
+//! more bytes arrive. A [`Request`] is one buffer holding the raw head (plus the few values that
+//! must be derived: the lowercased host, lists joined from several fields) and offsets into it,
+//! so [`parse_with`], given a recycled buffer, parses without allocating. On `Complete`, `consumed`
 //! bytes belong to this request (the head; GET and HEAD have no body here) and the rest of the
 //! buffer is the next pipelined request.
 //!
@@ -80,44 +82,235 @@ pub enum Method {
     Other,
 }
 
-/// A parsed request head.
+/// Where a piece of a [`Request`] lies in its head buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: u32,
+    len: u32,
+}
+
+/// A parsed request head: the head's bytes in one buffer, and where the pieces the server needs
+/// lie in it. No piece is a separate allocation: values that must be derived (the lowercased
+/// host, a list joined from several fields, a value with invalid UTF-8 made lossy) are appended
+/// after the raw head in the same buffer. The buffer can be handed back for reuse with
+/// [`Request::into_buf`] and supplied again to [`parse_with`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// The method, classified.
     pub method: Method,
-    /// The method token as received.
-    pub method_raw: String,
-    /// The request target as received (not decoded; see [`crate::path::decode_target`]).
-    pub target: String,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub version_minor: u8,
-    /// The host, lowercased, port and trailing dot stripped; `None` if absent or empty.
-    pub host: Option<String>,
     /// Whether the connection may carry another request after this one.
     pub keep_alive: bool,
-    /// `If-None-Match`, several fields joined with `", "`.
-    pub if_none_match: Option<String>,
-    /// `If-Modified-Since`; `None` when absent or sent more than once.
-    pub if_modified_since: Option<String>,
-    /// `If-Range`; `None` when absent or sent more than once.
-    pub if_range: Option<String>,
-    /// `Range`, several fields joined with `", "` (which makes it a multi-range, ignored).
-    pub range: Option<String>,
-    /// Every header field in order: name lowercased, value trimmed (invalid UTF-8 replaced).
-    pub headers: Vec<(String, String)>,
+    /// The raw head (`head_len` bytes), then the derived values.
+    buf: HeadBuf,
+    head_len: u32,
+    method_raw: Span,
+    target: Span,
+    host: Option<Span>,
+    if_none_match: Option<Span>,
+    if_modified_since: Option<Span>,
+    if_range: Option<Span>,
+    range: Option<Span>,
 }
 
 impl Request {
-    /// The value of the first header field named `name` (give it in lowercase).
+    fn text(&self, s: Span) -> &str {
+        let bytes = &self.buf.bytes()[s.start as usize..(s.start + s.len) as usize];
+        // Every span is checked (or made) UTF-8 when the request is built.
+        std::str::from_utf8(bytes).unwrap_or_default()
+    }
+
+    fn opt(&self, s: Option<Span>) -> Option<&str> {
+        s.map(|s| self.text(s))
+    }
+
+    /// The method token as received.
+    pub fn method_raw(&self) -> &str {
+        self.text(self.method_raw)
+    }
+
+    /// The request target as received (not decoded; see [`crate::path::decode_target`]).
+    pub fn target(&self) -> &str {
+        self.text(self.target)
+    }
+
+    /// The host, lowercased, port and trailing dot stripped; `None` if absent or empty.
+    pub fn host(&self) -> Option<&str> {
+        self.opt(self.host)
+    }
+
+    /// `If-None-Match`, several fields joined with `", "`.
+    pub fn if_none_match(&self) -> Option<&str> {
+        self.opt(self.if_none_match)
+    }
+
+    /// `If-Modified-Since`; `None` when absent or sent more than once.
+    pub fn if_modified_since(&self) -> Option<&str> {
+        self.opt(self.if_modified_since)
+    }
+
+    /// `If-Range`; `None` when absent or sent more than once.
+    pub fn if_range(&self) -> Option<&str> {
+        self.opt(self.if_range)
+    }
+
+    /// `Range`, several fields joined with `", "` (which makes it a multi-range, ignored).
+    pub fn range(&self) -> Option<&str> {
+        self.opt(self.range)
+    }
+
+    /// The raw head as received (request line, header fields, blank line).
+    pub fn head(&self) -> &[u8] {
+        &self.buf.bytes()[..self.head_len as usize]
+    }
+
+    /// Every header field in order: `(name as received, value trimmed of whitespace)`.
+    pub fn headers(&self) -> HeaderFields<'_> {
+        let head = skip_leading_newlines(self.head());
+        // Past the request line; the parser has proved the head well-formed.
+        let rest = match head.iter().position(|&b| b == b'\n') {
+            Some(i) => &head[i + 1..],
+            None => &[],
+        };
+        HeaderFields { rest }
+    }
+
+    /// The value of the first header field named `name` (any case), if it is valid UTF-8.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.header_bytes(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The value of the first header field named `name` (any case), as bytes.
+    pub fn header_bytes(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+
+    /// Gives back the request's buffer (to be supplied to [`parse_with`] again); a head kept
+    /// inline has none, and gives an empty `Vec` (which holds no allocation).
+    pub fn into_buf(self) -> Vec<u8> {
+        match self.buf {
+            HeadBuf::Inline { .. } => Vec::new(),
+            HeadBuf::Heap(v) => v,
+        }
+    }
+
+    /// Whether the head is kept inside the request (see [`HEAD_INLINE_BYTES`]).
+    pub fn is_inline(&self) -> bool {
+        matches!(self.buf, HeadBuf::Inline { .. })
+    }
+}
+
+/// A head (with its derived values) of at most this many bytes is kept inside the [`Request`]
+/// itself: the request then travels through the stages' queues by value, in one piece, and
+/// holds no buffer while it waits (typical client and load-generator heads are 60-200 bytes).
+/// A larger one goes into a buffer from the caller (see [`parse_with`]).
+pub const HEAD_INLINE_BYTES: usize = 256;
+
+/// Where a request's bytes live.
+// Inline on purpose: a small head travels in one piece, without a heap allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HeadBuf {
+    Inline {
+        bytes: [u8; HEAD_INLINE_BYTES],
+        len: u16,
+    },
+    Heap(Vec<u8>),
+}
+
+impl HeadBuf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            HeadBuf::Inline { bytes, len } => &bytes[..*len as usize],
+            HeadBuf::Heap(v) => v,
+        }
+    }
+}
+
+/// Writes a request's bytes inline until they no longer fit, then into the caller's buffer.
+struct HeadWriter<F: FnOnce() -> Vec<u8>> {
+    inline: [u8; HEAD_INLINE_BYTES],
+    len: usize,
+    heap: Option<Vec<u8>>,
+    take_buf: Option<F>,
+}
+
+impl<F: FnOnce() -> Vec<u8>> HeadWriter<F> {
+    fn new(take_buf: F) -> Self {
+        HeadWriter {
+            inline: [0; HEAD_INLINE_BYTES],
+            len: 0,
+            heap: None,
+            take_buf: Some(take_buf),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match &self.heap {
+            Some(v) => v.len(),
+            None => self.len,
+        }
+    }
+
+    fn extend(&mut self, part: &[u8]) {
+        if self.heap.is_none() {
+            if self.len + part.len() <= HEAD_INLINE_BYTES {
+                self.inline[self.len..self.len + part.len()].copy_from_slice(part);
+                self.len += part.len();
+                return;
+            }
+            let mut v = self.take_buf.take().map(|f| f()).unwrap_or_default();
+            v.clear();
+            v.extend_from_slice(&self.inline[..self.len]);
+            self.heap = Some(v);
+        }
+        if let Some(v) = &mut self.heap {
+            v.extend_from_slice(part);
+        }
+    }
+
+    fn finish(self) -> HeadBuf {
+        match self.heap {
+            Some(v) => HeadBuf::Heap(v),
+            None => HeadBuf::Inline {
+                bytes: self.inline,
+                len: self.len as u16,
+            },
+        }
+    }
+}
+
+/// The header fields of a [`Request`], in order, read from its raw head (see
+/// [`Request::headers`]); at most as many as the parser accepted.
+#[derive(Debug, Clone)]
+pub struct HeaderFields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for HeaderFields<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let end = self.rest.iter().position(|&b| b == b'\n')?;
+        let line = &self.rest[..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        self.rest = &self.rest[end + 1..];
+        if line.is_empty() {
+            self.rest = &[];
+            return None;
+        }
+        let colon = line.iter().position(|&b| b == b':')?;
+        Some((&line[..colon], line[colon + 1..].trim_ascii()))
     }
 }
 
 /// What [`parse`] made of the buffered bytes.
+// The request is returned by value (no `Box` per request).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ParseOutcome {
     /// A whole head; `consumed` bytes of the buffer belong to it.
@@ -133,16 +326,53 @@ pub enum ParseOutcome {
     Error(HttpError),
 }
 
-/// Parses the request head at the start of `buf`.
+/// Parses the request head at the start of `buf` (the request gets a new buffer).
 pub fn parse(buf: &[u8], limits: &Limits) -> ParseOutcome {
-    match parse_inner(buf, limits) {
+    parse_with(buf, limits, Vec::new)
+}
+
+/// Parses the request head at the start of `buf`. A complete request's bytes are copied into
+/// the request itself when they fit in [`HEAD_INLINE_BYTES`], else into the buffer `take_buf`
+/// gives (called only then, for a complete, valid head; cleared first), so a caller that
+/// recycles buffers parses without allocating.
+pub fn parse_with(buf: &[u8], limits: &Limits, take_buf: impl FnOnce() -> Vec<u8>) -> ParseOutcome {
+    match parse_inner(buf, limits, take_buf) {
         Ok(Some((request, consumed))) => ParseOutcome::Complete { request, consumed },
         Ok(None) => ParseOutcome::Partial,
         Err(e) => ParseOutcome::Error(e),
     }
 }
 
-fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, HttpError> {
+/// Where `part` (a slice of `buf`) starts in `buf`.
+fn offset_in(buf: &[u8], part: &[u8]) -> usize {
+    part.as_ptr() as usize - buf.as_ptr() as usize
+}
+
+/// A header field that may appear several times: the first one's index and how many.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    first: usize,
+    count: usize,
+}
+
+impl Seen {
+    fn see(&mut self, i: usize) {
+        if self.count == 0 {
+            self.first = i;
+        }
+        self.count += 1;
+    }
+}
+
+/// Longest head accepted whatever `Limits::header_bytes_max` says (spans are 32-bit, and the
+/// derived values may add up to about four times the head).
+pub const HEAD_BYTES_CAP: usize = 64 * 1024 * 1024;
+
+fn parse_inner(
+    buf: &[u8],
+    limits: &Limits,
+    take_buf: impl FnOnce() -> Vec<u8>,
+) -> Result<Option<(Request, usize)>, HttpError> {
     let headers_max = limits.headers_max.min(HEADERS_CAP);
     let mut slots = [httparse::EMPTY_HEADER; HEADERS_CAP];
     let mut req = httparse::Request::new(&mut slots[..headers_max]);
@@ -173,7 +403,7 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
     if target.len() > limits.uri_bytes_max {
         return Err(HttpError::UriTooLong);
     }
-    if consumed > limits.header_bytes_max {
+    if consumed > limits.header_bytes_max || consumed > HEAD_BYTES_CAP {
         return Err(HttpError::HeaderTooLarge);
     }
     let version_minor = match req.version {
@@ -187,49 +417,48 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         _ => Method::Other,
     };
 
-    let mut headers = Vec::with_capacity(req.headers.len());
-    let mut host_field: Option<String> = None;
+    let mut host_field: Option<&[u8]> = None;
     let mut host_count = 0usize;
     let mut content_length: Option<u64> = None;
     let mut transfer_encoding = false;
     let mut conn_close = false;
     let mut conn_keep_alive = false;
-    let mut if_none_match: Option<String> = None;
-    let mut if_modified_since = Single::Absent;
-    let mut if_range = Single::Absent;
-    let mut range: Option<String> = None;
+    let mut if_none_match = Seen::default();
+    let mut if_modified_since = Seen::default();
+    let mut if_range = Seen::default();
+    let mut range = Seen::default();
 
-    for h in req.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        let value = String::from_utf8_lossy(h.value).trim().to_string();
-        match name.as_str() {
-            "host" => {
-                host_count += 1;
-                host_field = Some(value.clone());
+    for (i, h) in req.headers.iter().enumerate() {
+        let name = h.name.as_bytes();
+        let value = h.value.trim_ascii();
+        let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+        if is("host") {
+            host_count += 1;
+            host_field = Some(value);
+        } else if is("content-length") {
+            if content_length.is_some() {
+                return Err(HttpError::BadFraming("more than one Content-Length"));
             }
-            "content-length" => {
-                if content_length.is_some() {
-                    return Err(HttpError::BadFraming("more than one Content-Length"));
-                }
-                content_length = Some(parse_content_length(&value)?);
-            }
-            "transfer-encoding" => transfer_encoding = true,
-            "connection" => {
-                for token in value.split(',').map(str::trim) {
-                    if token.eq_ignore_ascii_case("close") {
-                        conn_close = true;
-                    } else if token.eq_ignore_ascii_case("keep-alive") {
-                        conn_keep_alive = true;
-                    }
+            content_length = Some(parse_content_length(value)?);
+        } else if is("transfer-encoding") {
+            transfer_encoding = true;
+        } else if is("connection") {
+            for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    conn_close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") {
+                    conn_keep_alive = true;
                 }
             }
-            "if-none-match" => append_list(&mut if_none_match, &value),
-            "if-modified-since" => if_modified_since.see(&value),
-            "if-range" => if_range.see(&value),
-            "range" => append_list(&mut range, &value),
-            _ => {}
+        } else if is("if-none-match") {
+            if_none_match.see(i);
+        } else if is("if-modified-since") {
+            if_modified_since.see(i);
+        } else if is("if-range") {
+            if_range.see(i);
+        } else if is("range") {
+            range.see(i);
         }
-        headers.push((name, value));
     }
 
     if transfer_encoding && content_length.is_some() {
@@ -252,7 +481,11 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         return Err(HttpError::BadRequest("HTTP/1.1 request without Host"));
     }
     let mut host = match host_field {
-        Some(v) => normalize_host(&v)?,
+        Some(v) => {
+            let v = std::str::from_utf8(v)
+                .map_err(|_| HttpError::BadRequest("invalid character in host"))?;
+            normalize_host(v)?
+        }
         None => None,
     };
     if let Some(authority) = absolute_form_authority(target) {
@@ -268,68 +501,94 @@ fn parse_inner(buf: &[u8], limits: &Limits) -> Result<Option<(Request, usize)>, 
         version_minor == 1 || conn_keep_alive
     };
 
+    // Valid: copy the head into the request's buffer, then append the derived values.
+    let mut out = HeadWriter::new(take_buf);
+    out.extend(&buf[..consumed]);
+    let raw = |part: &[u8]| Span {
+        start: offset_in(buf, part) as u32,
+        len: part.len() as u32,
+    };
+    let host = host.map(|h| {
+        if h.bytes().any(|b| b.is_ascii_uppercase()) {
+            let start = out.len();
+            for chunk in h.as_bytes().chunks(32) {
+                let mut lower = [0u8; 32];
+                for (l, b) in lower.iter_mut().zip(chunk) {
+                    *l = b.to_ascii_lowercase();
+                }
+                out.extend(&lower[..chunk.len()]);
+            }
+            Span {
+                start: start as u32,
+                len: h.len() as u32,
+            }
+        } else {
+            raw(h.as_bytes())
+        }
+    });
+    let fields = &*req.headers;
+    let list = |seen: Seen, single: bool, out: &mut HeadWriter<_>| -> Option<Span> {
+        if seen.count == 0 || (single && seen.count > 1) {
+            return None;
+        }
+        let first = fields[seen.first].value.trim_ascii();
+        if seen.count == 1 && std::str::from_utf8(first).is_ok() {
+            return Some(raw(first));
+        }
+        // Several fields, or invalid UTF-8: the value is made after the raw head.
+        let start = out.len();
+        let names = fields[seen.first].name;
+        for (n, h) in fields[seen.first..]
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(names))
+            .enumerate()
+        {
+            if n > 0 {
+                out.extend(b", ");
+            }
+            out.extend(String::from_utf8_lossy(h.value.trim_ascii()).as_bytes());
+        }
+        Some(Span {
+            start: start as u32,
+            len: (out.len() - start) as u32,
+        })
+    };
+    let if_none_match = list(if_none_match, false, &mut out);
+    let if_modified_since = list(if_modified_since, true, &mut out);
+    let if_range = list(if_range, true, &mut out);
+    let range = list(range, false, &mut out);
+
     let request = Request {
         method,
-        method_raw: method_raw.to_string(),
-        target: target.to_string(),
         version_minor,
-        host,
         keep_alive,
+        head_len: consumed as u32,
+        method_raw: raw(method_raw.as_bytes()),
+        target: raw(target.as_bytes()),
+        host,
         if_none_match,
-        if_modified_since: if_modified_since.into_option(),
-        if_range: if_range.into_option(),
+        if_modified_since,
+        if_range,
         range,
-        headers,
+        buf: out.finish(),
     };
     Ok(Some((request, consumed)))
-}
-
-/// A header that must appear at most once: a repeat makes it unusable (ignored).
-enum Single {
-    Absent,
-    One(String),
-    Repeated,
-}
-
-impl Single {
-    fn see(&mut self, value: &str) {
-        *self = match self {
-            Single::Absent => Single::One(value.to_string()),
-            _ => Single::Repeated,
-        };
-    }
-
-    fn into_option(self) -> Option<String> {
-        match self {
-            Single::One(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-fn append_list(slot: &mut Option<String>, value: &str) {
-    match slot {
-        Some(existing) => {
-            existing.push_str(", ");
-            existing.push_str(value);
-        }
-        None => *slot = Some(value.to_string()),
-    }
 }
 
 /// Longest `Content-Length` value accepted, in digits (u64 holds 19 full digits).
 const CONTENT_LENGTH_DIGITS_MAX: usize = 19;
 
-fn parse_content_length(value: &str) -> Result<u64, HttpError> {
+fn parse_content_length(value: &[u8]) -> Result<u64, HttpError> {
     if value.is_empty()
         || value.len() > CONTENT_LENGTH_DIGITS_MAX
-        || !value.bytes().all(|b| b.is_ascii_digit())
+        || !value.iter().all(|b| b.is_ascii_digit())
     {
         return Err(HttpError::BadFraming("invalid Content-Length"));
     }
-    value
-        .parse::<u64>()
-        .map_err(|_| HttpError::BadFraming("invalid Content-Length"))
+    // At most 19 digits: always fits in a u64.
+    Ok(value
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
 /// The authority of an `http://` absolute-form target, if the target has that form.
@@ -343,8 +602,9 @@ fn absolute_form_authority(target: &str) -> Option<&str> {
     Some(&rest[..end])
 }
 
-/// Lowercases a `Host` value and strips its port and one trailing dot. Empty → `None`.
-fn normalize_host(raw: &str) -> Result<Option<String>, HttpError> {
+/// Checks a `Host` value and strips its port and one trailing dot (the caller lowercases it).
+/// Empty → `None`.
+fn normalize_host(raw: &str) -> Result<Option<&str>, HttpError> {
     let raw = raw.trim();
     if raw.is_empty() {
         return Ok(None);
@@ -383,7 +643,7 @@ fn normalize_host(raw: &str) -> Result<Option<String>, HttpError> {
     if !name.starts_with('[') && !name.bytes().all(is_reg_name_byte) {
         return Err(HttpError::BadRequest("invalid character in host"));
     }
-    Ok(Some(name.to_ascii_lowercase()))
+    Ok(Some(name))
 }
 
 /// RFC 3986 reg-name: unreserved, pct-encoded and sub-delims.
@@ -524,21 +784,102 @@ mod tests {
         let (r, n) = complete(bytes);
         assert_eq!(n, bytes.len());
         assert_eq!(r.method, Method::Get);
-        assert_eq!(r.method_raw, "GET");
-        assert_eq!(r.target, "/index.html?x=1");
+        assert_eq!(r.method_raw(), "GET");
+        assert_eq!(r.target(), "/index.html?x=1");
         assert_eq!(r.version_minor, 1);
-        assert_eq!(r.host.as_deref(), Some("a.example"));
+        assert_eq!(r.host(), Some("a.example"));
         assert!(r.keep_alive);
-        assert_eq!(r.if_none_match, None);
-        assert_eq!(r.range, None);
+        assert_eq!(r.if_none_match(), None);
+        assert_eq!(r.range(), None);
         assert_eq!(
-            r.headers,
+            r.headers().collect::<Vec<_>>(),
             vec![
-                ("host".to_string(), "A.Example:8080".to_string()),
-                ("user-agent".to_string(), "t".to_string())
+                (&b"Host"[..], &b"A.Example:8080"[..]),
+                (&b"User-Agent"[..], &b"t"[..])
             ]
         );
         assert_eq!(r.header("user-agent"), Some("t"));
+        assert_eq!(r.header("USER-AGENT"), Some("t"));
+        assert_eq!(r.header("accept"), None);
+        assert_eq!(r.head(), &bytes[..]);
+    }
+
+    #[test]
+    fn parse_with_reuses_the_buffer_it_is_given() {
+        // A small head stays inside the request: no buffer taken.
+        let small = b"GET /s HTTP/1.1\r\nHost: a\r\n\r\n";
+        let never = || -> Vec<u8> { panic!("took a buffer") };
+        let ParseOutcome::Complete { request, .. } = parse_with(small, &lim(), never) else {
+            panic!("not complete");
+        };
+        assert!(request.is_inline());
+        assert_eq!(request.head(), &small[..]);
+        assert_eq!(request.into_buf().capacity(), 0);
+        // A head one byte over the inline size goes into the given buffer, and so does one
+        // whose derived values (here a lowercased host) do not fit beside it.
+        let pad = |n: usize| format!("GET /a HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n", "p".repeat(n));
+        let base = pad(0).len();
+        let at = pad(HEAD_INLINE_BYTES - base);
+        assert!(complete(at.as_bytes()).0.is_inline());
+        let over = pad(HEAD_INLINE_BYTES - base + 1);
+        assert!(!complete(over.as_bytes()).0.is_inline());
+        let upper = at.replace("Host: a", "Host: A");
+        let (r, _) = complete(upper.as_bytes());
+        assert!(!r.is_inline());
+        assert_eq!(r.host(), Some("a"));
+        assert_eq!(r.head(), upper.as_bytes());
+        let big = format!("{over}GET /b");
+        let bytes = big.as_bytes();
+        let mut given = Vec::with_capacity(1024);
+        given.extend_from_slice(b"stale bytes");
+        let ptr = given.as_ptr();
+        let ParseOutcome::Complete { request, consumed } = parse_with(bytes, &lim(), move || given)
+        else {
+            panic!("not complete");
+        };
+        assert_eq!(request.target(), "/a");
+        assert_eq!(consumed, over.len());
+        assert_eq!(request.head(), &bytes[..consumed]);
+        let buf = request.into_buf();
+        assert_eq!(buf.as_ptr(), ptr, "the same allocation");
+        // Partial or refused heads never take a buffer.
+        assert_eq!(
+            parse_with(b"GET /a HTT", &lim(), never),
+            ParseOutcome::Partial
+        );
+        assert!(matches!(
+            parse_with(b"GET / HTTP/1.1\r\n\r\n", &lim(), never),
+            ParseOutcome::Error(_)
+        ));
+    }
+
+    #[test]
+    fn derived_values_live_in_the_request_buffer() {
+        // Uppercase host: lowercased copy; absolute form: taken from the target.
+        let (r, _) = complete(b"GET / HTTP/1.1\r\nHost: WWW.A.Test.:80\r\n\r\n");
+        assert_eq!(r.host(), Some("www.a.test"));
+        let (r, _) = complete(b"GET http://X.Test/p HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.host(), Some("x.test"));
+        assert_eq!(r.target(), "http://X.Test/p");
+        // Invalid UTF-8 in a value: made lossy, as before (never a match for our validators).
+        let (r, _) = complete(
+            b"GET / HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"\xff\"\r\nIf-Range: \xfe\r\n\r\n",
+        );
+        assert_eq!(r.if_none_match(), Some("\"\u{fffd}\""));
+        assert_eq!(r.if_range(), Some("\u{fffd}"));
+        assert_eq!(r.header("if-none-match"), None);
+        assert_eq!(r.header_bytes("if-none-match"), Some(&b"\"\xff\""[..]));
+        // Values are trimmed; bare LF line endings and leading empty lines are read too.
+        let (r, _) = complete(b"\r\n\nGET / HTTP/1.1\nHost: a\nRange:  bytes=0-1 \t\nX-A: 1\n\n");
+        assert_eq!(r.range(), Some("bytes=0-1"));
+        assert_eq!(
+            r.headers().collect::<Vec<_>>(),
+            vec![
+                (&b"Host"[..], &b"a"[..]),
+                (&b"Range"[..], &b"bytes=0-1"[..]),
+                (&b"X-A"[..], &b"1"[..])
+            ]
+        );
     }
 
     #[test]
@@ -547,7 +888,7 @@ mod tests {
         assert_eq!(r.method, Method::Head);
         let (r, _) = complete(b"DELETE /x HTTP/1.1\r\nHost: a\r\n\r\n");
         assert_eq!(r.method, Method::Other);
-        assert_eq!(r.method_raw, "DELETE");
+        assert_eq!(r.method_raw(), "DELETE");
         assert!(r.keep_alive);
         // Methods are case-sensitive.
         let (r, _) = complete(b"get / HTTP/1.1\r\nHost: a\r\n\r\n");
@@ -596,9 +937,9 @@ mod tests {
     fn pipelined_requests_consume_one_at_a_time() {
         let bytes = b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\nGET /3";
         let (r1, n1) = complete(bytes);
-        assert_eq!(r1.target, "/1");
+        assert_eq!(r1.target(), "/1");
         let (r2, n2) = complete(&bytes[n1..]);
-        assert_eq!(r2.target, "/2");
+        assert_eq!(r2.target(), "/2");
         assert_eq!(parse(&bytes[n1 + n2..], &lim()), ParseOutcome::Partial);
     }
 
@@ -606,7 +947,7 @@ mod tests {
     fn leading_empty_lines_are_skipped() {
         let bytes = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n";
         let (r, n) = complete(bytes);
-        assert_eq!(r.target, "/");
+        assert_eq!(r.target(), "/");
         assert_eq!(n, bytes.len());
     }
 
@@ -645,7 +986,7 @@ mod tests {
 
     #[test]
     fn host_rules() {
-        let host = |bytes: &[u8]| complete(bytes).0.host;
+        let host = |bytes: &[u8]| complete(bytes).0.host().map(str::to_string);
         assert_eq!(host(b"GET / HTTP/1.0\r\n\r\n"), None);
         assert_eq!(host(b"GET / HTTP/1.1\r\nHost: \r\n\r\n"), None);
         assert_eq!(
@@ -697,19 +1038,16 @@ mod tests {
             b"GET / HTTP/1.1\r\nHost: a\r\nIf-None-Match: \"x\"\r\nif-none-match: \"y\"\r\n\
               If-Modified-Since: Sun, 06 Nov 1994 08:49:37 GMT\r\nRange: bytes=0-1\r\nIf-Range: \"x\"\r\n\r\n",
         );
-        assert_eq!(r.if_none_match.as_deref(), Some("\"x\", \"y\""));
-        assert_eq!(
-            r.if_modified_since.as_deref(),
-            Some("Sun, 06 Nov 1994 08:49:37 GMT")
-        );
-        assert_eq!(r.range.as_deref(), Some("bytes=0-1"));
-        assert_eq!(r.if_range.as_deref(), Some("\"x\""));
+        assert_eq!(r.if_none_match(), Some("\"x\", \"y\""));
+        assert_eq!(r.if_modified_since(), Some("Sun, 06 Nov 1994 08:49:37 GMT"));
+        assert_eq!(r.range(), Some("bytes=0-1"));
+        assert_eq!(r.if_range(), Some("\"x\""));
         let (r, _) = complete(
             b"GET / HTTP/1.1\r\nHost: a\r\nIf-Modified-Since: a\r\nIf-Modified-Since: b\r\n\
               Range: bytes=0-1\r\nRange: bytes=3-4\r\n\r\n",
         );
-        assert_eq!(r.if_modified_since, None);
-        assert_eq!(r.range.as_deref(), Some("bytes=0-1, bytes=3-4"));
+        assert_eq!(r.if_modified_since(), None);
+        assert_eq!(r.range(), Some("bytes=0-1, bytes=3-4"));
     }
 
     #[test]

@@ -57,10 +57,10 @@ fn get_index_then_conditional_then_range() {
     };
     assert_eq!(consumed, bytes.len());
     assert_eq!(request.method, Method::Get);
-    let tenant = cfg.tenant_for(request.host.as_deref(), listener()).unwrap();
+    let tenant = cfg.tenant_for(request.host(), listener()).unwrap();
     assert_eq!(cfg.tenants[tenant].name, "b");
     let t = &cfg.tenants[tenant];
-    let (decoded, query) = path::decode_target(&request.target).unwrap();
+    let (decoded, query) = path::decode_target(request.target()).unwrap();
     assert_eq!(query, None);
     assert_eq!(parse_synthetic(&decoded, query.as_deref()), None);
     let file = path::resolve(&t.docroot, &decoded, &t.index).unwrap();
@@ -129,8 +129,8 @@ fn get_index_then_conditional_then_range() {
         &mut line,
         IpAddr::V4(Ipv4Addr::LOCALHOST),
         now,
-        &request.method_raw,
-        &request.target,
+        request.method_raw(),
+        request.target(),
         request.version_minor,
         206,
         5,
@@ -150,9 +150,9 @@ fn synthetic_and_errors() {
     else {
         panic!("expected a complete request");
     };
-    let t = &cfg.tenants[cfg.tenant_for(request.host.as_deref(), listener()).unwrap()];
+    let t = &cfg.tenants[cfg.tenant_for(request.host(), listener()).unwrap()];
     assert!(t.synthetic);
-    let (decoded, query) = path::decode_target(&request.target).unwrap();
+    let (decoded, query) = path::decode_target(request.target()).unwrap();
     assert_eq!(
         parse_synthetic(&decoded, query.as_deref()),
         Some(Ok(Synthetic::Bytes { n: 65536 }))
@@ -164,7 +164,7 @@ fn synthetic_and_errors() {
     else {
         panic!("expected a complete request");
     };
-    let e = path::decode_target(&request.target).unwrap_err();
+    let e = path::decode_target(request.target()).unwrap_err();
     assert_eq!(e, HttpError::NotFound);
     assert!(!e.closes_connection());
     let mut out = Vec::new();

@@ -508,16 +508,15 @@ enum Boot {
 }
 
 /// A request handed to the work stage in its tenant's activity.
+// The request rides in the message by value (its head inline, or a pooled buffer): no `Box`.
+#[allow(clippy::large_enum_variant)]
 enum Work {
-    Request {
-        key: u64,
-        request: Box<Request>,
-    },
+    /// The request travels by value; its head buffer comes from, and goes back to, the
+    /// worker's pool (no allocation per request).
+    Request { key: u64, request: Request },
     /// Continue a connection: stream more of a body, or answer more pipelined requests (after
     /// yielding to the scheduler).
-    Continue {
-        key: u64,
-    },
+    Continue { key: u64 },
 }
 
 enum Tick {
@@ -525,13 +524,55 @@ enum Tick {
     LogFlush,
 }
 
+/// The buffers a request is served with, kept by the core and reused (no allocation per
+/// request): the file-cache key (tenant activity, decoded path) and the percent-decoded bytes.
+#[derive(Default)]
+struct ServeScratch {
+    key: (ActivityId, String),
+    decoded: Vec<u8>,
+}
+
+/// Longest `Date` value kept by [`DateText`] (an IMF-fixdate is 29 bytes).
+const DATE_TEXT_BYTES_MAX: usize = 32;
+
+/// A copy of the current `Date` value on the stack, so that a response can be written while
+/// the core is borrowed (no `String` per response).
+#[derive(Clone, Copy)]
+struct DateText {
+    bytes: [u8; DATE_TEXT_BYTES_MAX],
+    len: usize,
+}
+
+impl DateText {
+    /// Copies `s`, cut at [`DATE_TEXT_BYTES_MAX`] bytes (on a char boundary).
+    fn new(s: &str) -> Self {
+        let mut len = s.len().min(DATE_TEXT_BYTES_MAX);
+        while !s.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0u8; DATE_TEXT_BYTES_MAX];
+        bytes[..len].copy_from_slice(&s.as_bytes()[..len]);
+        DateText { bytes, len }
+    }
+}
+
+impl std::ops::Deref for DateText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // A prefix of a `str` cut on a char boundary.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
 /// A resolved, opened file with its response headers precomputed.
 struct CachedFile {
     file: Arc<File>,
     len: u64,
     modified: SystemTime,
-    etag: String,
-    last_modified: String,
+    /// Shared so a response can hold them while the core is borrowed (a count, not a copy).
+    etag: Arc<str>,
+    last_modified: Arc<str>,
     content_type: &'static str,
     expires_ns: u64,
     /// The file's bytes, when the cache holds them (sent as shared slices, without copying).
@@ -605,6 +646,8 @@ struct CoreServer {
     /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`,
     /// emptied when the configuration changes (a docroot may have moved).
     files: HashMap<(ActivityId, String), CachedFile>,
+    /// Reused by every request served here: its file-cache key and decoding buffer.
+    serve_scratch: ServeScratch,
     /// The send scheduler, when caps are configured; otherwise connections write directly.
     send: Option<SendSched>,
     /// Bytes of file content cached on this core, and per activity.
@@ -1335,8 +1378,8 @@ impl CoreServer {
         self.free.push(slot);
     }
 
-    fn date(&mut self) -> String {
-        self.date.get(SystemTime::now()).to_string()
+    fn date(&mut self) -> DateText {
+        DateText::new(self.date.get(SystemTime::now()))
     }
 
     fn flush_log(&mut self) {
@@ -1392,6 +1435,7 @@ fn on_boot(
                     log: Vec::with_capacity(LOG_BUFFER_BYTES),
                     limits: Limits::default(),
                     files: HashMap::new(),
+                    serve_scratch: ServeScratch::default(),
                     send: SendSched::for_config(&shared.live.read().expect("live lock")),
                     cache_used: 0,
                     cache_by_activity: HashMap::new(),
@@ -1719,7 +1763,7 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     {
         return Step::Idle;
     }
-    let (request, consumed) = match request::parse(&c.inbuf, &limits) {
+    let (request, consumed) = match request::parse_with(&c.inbuf, &limits, pool::take_buf) {
         ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {
             pool::give_buf(std::mem::take(&mut c.inbuf));
@@ -1750,9 +1794,11 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     }
     let keep = request.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
     let live = cs.live.clone();
-    let Some(t) = live.config.tenant_for(request.host.as_deref(), local) else {
+    let Some(t) = live.config.tenant_for(request.host(), local) else {
         // No tenant serves this Host here.
-        return answer_status(ctx, cs, key, &request, 421, keep);
+        let step = answer_status(ctx, cs, key, &request, 421, keep);
+        recycle(request);
+        return step;
     };
     let tr = live.tenants[t].clone();
     let limit = live.config.tenants[t].connections_max;
@@ -1769,7 +1815,9 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         let c = cs.conn(key).expect("live");
         c.tenant = Some(tr.clone());
         if limit.is_some_and(|l| open >= l) {
-            return answer_status(ctx, cs, key, &request, 503, false);
+            let step = answer_status(ctx, cs, key, &request, 503, false);
+            recycle(request);
+            return step;
         }
         c.activity = tr.activity;
         // From now on this connection's readiness is the tenant's work.
@@ -1781,8 +1829,10 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         .classes
         .iter()
         .position(|c| match &c.selector {
-            ClassSelector::Header { name, value } => request.header(name) == Some(value.as_str()),
-            ClassSelector::Prefix(p) => request.target.starts_with(p.as_str()),
+            ClassSelector::Header { name, value } => {
+                request.header_bytes(name) == Some(value.as_bytes())
+            }
+            ClassSelector::Prefix(p) => request.target().starts_with(p.as_str()),
         });
     let activity = class
         .and_then(|i| live.classes[t].get(i).copied())
@@ -1791,7 +1841,6 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         activity: Some(activity),
         ..Default::default()
     };
-    let request = Box::new(request);
     match ctx.send_with(&cs.stages.work, opts, Work::Request { key, request }) {
         Ok(()) => {
             cs.conn(key).expect("live").busy = true;
@@ -1824,6 +1873,11 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             Step::Closed
         }
     }
+}
+
+/// Gives a served request's head buffer back to the worker's pool.
+fn recycle(request: Request) {
+    pool::give_buf(request.into_buf());
 }
 
 fn count_status(stats: &ServerStats, status: u16) {
@@ -1907,20 +1961,18 @@ fn finish(
     if cs.shared.log.is_some() {
         if let Some(c) = cs.conn(key) {
             let peer = c.peer.ip();
-            let path = match &c.tenant {
-                Some(t) => t.path.clone(),
-                None => "/infra".into(),
-            };
+            let tenant = c.tenant.clone();
+            let path = tenant.as_ref().map_or("/infra", |t| t.path.as_str());
             crate::log::clf_line(
                 &mut cs.log,
                 peer,
                 SystemTime::now(),
-                &req.method_raw,
-                &req.target,
+                req.method_raw(),
+                req.target(),
                 req.version_minor,
                 status,
                 bytes,
-                &path,
+                path,
             );
             if cs.log.len() >= LOG_BUFFER_BYTES {
                 cs.flush_log();
@@ -1995,6 +2047,7 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
                         }
                     }
                 };
+                recycle(request);
                 if let Step::Answered = step {
                     drive(ctx, cs, key);
                 }
@@ -2003,15 +2056,32 @@ fn on_work(ctx: &mut Ctx<'_>, w: Work) {
     });
 }
 
-/// Answers one request in its tenant's activity.
+/// Answers one request in its tenant's activity, with the core's reused buffers.
 fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Step {
+    let mut scratch = std::mem::take(&mut cs.serve_scratch);
+    let step = serve_with(ctx, cs, key, req, &mut scratch);
+    cs.serve_scratch = scratch;
+    step
+}
+
+fn serve_with(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    req: &Request,
+    scratch: &mut ServeScratch,
+) -> Step {
     let keep = req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
     if req.method == Method::Other {
         // A body-less unknown method: the stream is still in step, so the connection may stay.
         return answer_status(ctx, cs, key, req, 501, keep);
     }
-    let (path, query) = match path::decode_target(&req.target) {
-        Ok(x) => x,
+    let ServeScratch {
+        key: cache_key,
+        decoded,
+    } = scratch;
+    let query = match path::decode_target_into(req.target(), &mut cache_key.1, decoded) {
+        Ok(q) => q,
         Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
     };
     let Some(tr) = cs.conn(key).and_then(|c| c.tenant.clone()) else {
@@ -2023,11 +2093,11 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         return answer_status(ctx, cs, key, req, 421, false);
     };
     if tenant.synthetic {
-        if path == "/_panic" {
+        if cache_key.1 == "/_panic" {
             // A synthetic fault, to exercise (and test) the panic-to-500 path.
             panic!("synthetic panic requested by /_panic");
         }
-        if let Some(s) = synthetic::parse_synthetic(&path, query.as_deref()) {
+        if let Some(s) = synthetic::parse_synthetic(&cache_key.1, query) {
             let date = cs.date();
             let (body_len, source) = match s {
                 Err(e) => return answer_error(ctx, cs, key, req, &e, keep),
@@ -2074,17 +2144,17 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         }
     }
     let now_ns = ctx.now_ns();
-    let cache_key = (tr.activity, path);
+    cache_key.0 = tr.activity;
     let fresh = cs
         .files
-        .get(&cache_key)
+        .get(cache_key)
         .is_some_and(|f| f.expires_ns > now_ns);
     if !fresh {
         let resolved = match path::resolve(&tenant.docroot, &cache_key.1, &tenant.index) {
             Ok(r) => r,
             Err(e) => {
-                cs.cache_drop(&cache_key);
-                cs.files.remove(&cache_key);
+                cs.cache_drop(cache_key);
+                cs.files.remove(cache_key);
                 return answer_error(ctx, cs, key, req, &e, keep);
             }
         };
@@ -2109,12 +2179,12 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             }
         }
         // The cached bytes stay valid while the file's length and mtime do.
-        let content = match cs.files.get(&cache_key) {
+        let content = match cs.files.get(cache_key) {
             Some(old) if old.len == resolved.len && old.modified == resolved.modified => {
                 old.content.clone()
             }
             _ => {
-                cs.cache_drop(&cache_key);
+                cs.cache_drop(cache_key);
                 None
             }
         };
@@ -2122,8 +2192,8 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             file: Arc::new(file),
             len: resolved.len,
             modified: resolved.modified,
-            etag: cond::etag(resolved.len, resolved.modified),
-            last_modified: cond::last_modified(resolved.modified),
+            etag: cond::etag(resolved.len, resolved.modified).into(),
+            last_modified: cond::last_modified(resolved.modified).into(),
             content_type: crate::mime::content_type(&resolved.path),
             expires_ns: now_ns + FILE_CACHE_TTL_NS,
             content,
@@ -2131,17 +2201,14 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         };
         cs.files.insert(cache_key.clone(), entry);
     }
-    let f = &cs.files[&cache_key];
+    let f = &cs.files[cache_key];
     let (file, flen, modified, direct) = (f.file.clone(), f.len, f.modified, f.direct);
     let mut content = f.content.clone();
     let (etag, last_modified, ctype) = (f.etag.clone(), f.last_modified.clone(), f.content_type);
     let date = cs.date();
     if cond::not_modified(req, &etag, modified) {
         let c = cs.conn(key).expect("live");
-        let headers = [
-            ("ETag", etag.as_str()),
-            ("Last-Modified", last_modified.as_str()),
-        ];
+        let headers = [("ETag", &*etag), ("Last-Modified", &*last_modified)];
         c.out.with_head(|b| {
             response::write_head(b, 304, "Not Modified", &headers, None, keep, &date)
         });
@@ -2171,22 +2238,26 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
         }
     };
     let content_range = cond::content_range(&range, flen);
-    let mut headers: Vec<(&str, &str)> = vec![
+    let mut headers: [(&str, &str); 5] = [
         ("Content-Type", ctype),
         ("ETag", &etag),
         ("Last-Modified", &last_modified),
         ("Accept-Ranges", "bytes"),
+        ("", ""),
     ];
+    let mut headers_len = 4;
     if let Some(cr) = &content_range {
-        headers.push(("Content-Range", cr));
+        headers[4] = ("Content-Range", cr);
+        headers_len = 5;
     }
+    let headers = &headers[..headers_len];
     let c = cs.conn(key).expect("live");
     c.out.with_head(|b| {
         response::write_head(
             b,
             status,
             response::status_reason(status),
-            &headers,
+            headers,
             Some(len),
             keep,
             &date,
@@ -2208,7 +2279,7 @@ fn serve(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, req: &Request) -> Ste
             }
             let bytes = Bytes::from(all);
             if cs.cache_make_room(bytes.len(), cache_key.0) {
-                if let Some(f) = cs.files.get_mut(&cache_key) {
+                if let Some(f) = cs.files.get_mut(cache_key) {
                     f.content = Some(bytes.clone());
                     cs.cache_account(cache_key.0, bytes.len() as isize);
                 }
