@@ -17,9 +17,10 @@
 //!                                   # read inline by the worker (no disk scheduling)
 //! disk_direct = false               # read files with O_DIRECT (bypass the page cache)
 //! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share
-//! sendfile = true                   # send file bodies of sendfile_min_bytes or more with
-//!                                   # sendfile(2) (page cache → socket, no copy); false = every
-//!                                   # body goes through memory (the cache or a read)
+//! sendfile = false                  # true: file bodies of sendfile_min_bytes or more go out
+//!                                   # with sendfile(2) (page cache → socket, no copy) and are
+//!                                   # not cached; off by default: over loopback it measured
+//!                                   # no cheaper than the cache (docs/design.md)
 //! sendfile_min_bytes = 16384        # 1..=1 GiB; smaller files stay in the cache and go out
 //!                                   # with their head in one writev
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
@@ -180,7 +181,7 @@ impl Default for ServerConfig {
             disk_threads: 2,
             disk_direct: false,
             disk_cap_bytes_per_s: None,
-            sendfile: true,
+            sendfile: false,
             sendfile_min_bytes: 16 * 1024,
         }
     }
@@ -1146,7 +1147,7 @@ cpu_cap = 2
         assert_eq!(s.pipeline_depth_max, 16);
         assert_eq!(s.access_log, AccessLog::Stdout);
         assert_eq!(s.cache_bytes_max, 268_435_456);
-        assert!(s.sendfile, "sendfile is on by default");
+        assert!(!s.sendfile, "sendfile is off by default");
         assert_eq!(s.sendfile_min_bytes, 16 * 1024);
         let a = &cfg.tenants[0];
         assert_eq!(a.name, "a");

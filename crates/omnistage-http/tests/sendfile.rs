@@ -56,8 +56,14 @@ fn write_files(dir: &Path) {
 }
 
 fn start(dir: &Path, server_extra: &str, tenant_extra: &str) -> Server {
+    // On unless the test turns it off.
+    let on = if server_extra.contains("sendfile =") {
+        ""
+    } else {
+        "sendfile = true"
+    };
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nsendfile_min_bytes = {MIN}\n{server_extra}\n\n\
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nsendfile_min_bytes = {MIN}\n{on}\n{server_extra}\n\n\
          [[tenant]]\nname = \"t\"\ndocroot = '{}'\n{tenant_extra}\n",
         dir.display()
     );
@@ -219,7 +225,11 @@ fn ranges_and_head_of_sendfiled_files() {
             (format!("bytes=0-{}", len / 2), 0, len / 2 + 1),
             (format!("bytes={}-", len - 7), len - 7, 7),
             ("bytes=-1000".to_string(), len - 1000, 1000),
-            (format!("bytes={}-{}", MIN - 3, MIN + 3), MIN - 3, 7.min(len - (MIN - 3))),
+            (
+                format!("bytes={}-{}", MIN - 3, MIN + 3),
+                MIN - 3,
+                7.min(len - (MIN - 3)),
+            ),
         ];
         for (range, start, n) in cases {
             write!(
@@ -323,7 +333,11 @@ fn under_a_net_cap_the_tenant_is_charged_what_was_sent() {
         while charged() != wire as u64 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        assert_eq!(charged(), wire as u64, "{order}: bytes charged = bytes sent");
+        assert_eq!(
+            charged(),
+            wire as u64,
+            "{order}: bytes charged = bytes sent"
+        );
         server.drain(Duration::from_millis(100));
     }
 }
@@ -398,7 +412,10 @@ fn a_file_that_shrinks_mid_response_closes_the_connection() {
             Err(e) => panic!("expected a close, got {e} after {got} bytes"),
         }
     }
-    assert!(got < len, "the connection closed short of the promised length");
+    assert!(
+        got < len,
+        "the connection closed short of the promised length"
+    );
     // The server goes on serving.
     std::fs::write(dir.path().join("small"), b"small").unwrap();
     let mut s = connect(server.local_addrs()[0]);

@@ -21,8 +21,9 @@
 //! http.disk ──── a disk read coming back from the disk stage (`disk.rs`)       (tenant)
 //! ```
 //!
-//! Output is a queue of segments written with `writev` (`output.rs`); the disk stage is a pool
-//! of reader threads behind a byte-fair scheduler (`disk.rs`).
+//! Output is a queue of segments written with `writev`, and with `sendfile` for large file
+//! bodies when the `sendfile` key is on (`output.rs`); the disk stage is a pool of reader
+//! threads behind a byte-fair scheduler (`disk.rs`).
 //!
 //! Receive is lazy (QLinux's LRP): the first request of a connection is read and parsed in
 //! `/infra` (nobody knows the tenant before the Host header); from then on the connection's

@@ -57,6 +57,12 @@ pub(super) trait Sink: Write {
     /// Sends up to `len` bytes of `file` from `offset`; returns how many were sent (0 when
     /// the file ends at `offset`).
     fn send_file(&mut self, file: &File, offset: u64, len: usize) -> std::io::Result<usize>;
+
+    /// Writes `bufs` saying that more follows at once (a response head before its file
+    /// body), so that the head does not leave as a packet of its own.
+    fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.write_vectored(bufs)
+    }
 }
 
 impl Sink for mio::net::TcpStream {
@@ -65,6 +71,17 @@ impl Sink for mio::net::TcpStream {
         // Linux sends at most this much per call anyway.
         let len = len.min(0x7fff_f000);
         rustix::fs::sendfile(&*self, file, Some(&mut off), len).map_err(std::io::Error::from)
+    }
+
+    fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        use rustix::net::{SendAncillaryBuffer, SendFlags};
+        rustix::net::sendmsg(
+            &*self,
+            bufs,
+            &mut SendAncillaryBuffer::default(),
+            SendFlags::MORE | SendFlags::NOSIGNAL,
+        )
+        .map_err(std::io::Error::from)
     }
 }
 
@@ -235,8 +252,14 @@ impl Output {
         let mut slices: [IoSlice<'_>; IOVECS_MAX] = [IoSlice::new(&[]); IOVECS_MAX];
         let mut n = 0;
         let mut total = 0;
+        // A file segment right after these bytes, to be sent next.
+        let mut file_follows = false;
         for (i, s) in self.segs.iter().enumerate() {
-            if n == IOVECS_MAX || total >= max || matches!(s, Seg::File { .. }) {
+            if n == IOVECS_MAX || total >= max {
+                break;
+            }
+            if matches!(s, Seg::File { .. }) {
+                file_follows = true;
                 break;
             }
             let b = if i == 0 {
@@ -252,7 +275,11 @@ impl Output {
         if total == 0 {
             return Ok(0);
         }
-        let written = w.write_vectored(&slices[..n])?;
+        let written = if file_follows {
+            w.write_vectored_more(&slices[..n])?
+        } else {
+            w.write_vectored(&slices[..n])?
+        };
         self.consume(written);
         Ok(written)
     }
@@ -340,6 +367,54 @@ mod tests {
         }
         assert_eq!(w.got, b"H1 23456789ab H2 small H3 0123");
         assert!(!o.holds_memory());
+    }
+
+    /// Records whether each write said that more follows.
+    struct MoreRecorder {
+        inner: Trickle,
+        more: Vec<bool>,
+    }
+    impl Write for MoreRecorder {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.more.push(false);
+            self.inner.write(b)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Sink for MoreRecorder {
+        fn send_file(&mut self, file: &File, offset: u64, len: usize) -> std::io::Result<usize> {
+            self.inner.send_file(file, offset, len)
+        }
+        fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+            let n = self.inner.write_vectored(bufs)?;
+            self.more.push(true);
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn a_head_before_a_file_body_says_more_follows() {
+        let f = temp_file("more", b"body");
+        let mut o = Output::default();
+        o.with_head(|v| v.extend_from_slice(b"H1 "));
+        o.push_file(f, 0, 4);
+        o.with_head(|v| v.extend_from_slice(b" H2"));
+        let mut w = MoreRecorder {
+            inner: Trickle {
+                cap: 100,
+                got: Vec::new(),
+            },
+            more: Vec::new(),
+        };
+        for _ in 0..3 {
+            o.write_to(&mut w, usize::MAX).unwrap();
+        }
+        assert!(o.is_empty());
+        assert_eq!(w.inner.got, b"H1 body H2");
+        // The head before the file: more follows; the last head: nothing follows.
+        assert_eq!(w.more, [true, false]);
     }
 
     #[test]
