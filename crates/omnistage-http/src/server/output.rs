@@ -275,7 +275,9 @@ impl Output {
         if total == 0 {
             return Ok(0);
         }
-        let written = if file_follows {
+        // Only when the caller's budget leaves room for the file: otherwise the head would
+        // wait in the kernel until this connection's next turn.
+        let written = if file_follows && total < max {
             w.write_vectored_more(&slices[..n])?
         } else {
             w.write_vectored(&slices[..n])?
@@ -415,6 +417,13 @@ mod tests {
         assert_eq!(w.inner.got, b"H1 body H2");
         // The head before the file: more follows; the last head: nothing follows.
         assert_eq!(w.more, [true, false]);
+        // A budget that ends with the head: the file is not sent now, so nothing is held back.
+        let mut o = Output::default();
+        o.with_head(|v| v.extend_from_slice(b"H1 "));
+        o.push_file(temp_file("more2", b"body"), 0, 4);
+        w.more.clear();
+        assert_eq!(o.write_to(&mut w, 3).unwrap(), 3);
+        assert_eq!(w.more, [false]);
     }
 
     #[test]
