@@ -17,6 +17,12 @@
 //!                                   # read inline by the worker (no disk scheduling)
 //! disk_direct = false               # read files with O_DIRECT (bypass the page cache)
 //! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share
+//! sendfile = false                  # true: file bodies of sendfile_min_bytes or more go out
+//!                                   # with sendfile(2) (page cache → socket, no copy) and are
+//!                                   # not cached; off by default: over loopback it measured
+//!                                   # no cheaper than the cache (docs/design.md)
+//! sendfile_min_bytes = 16384        # 1..=1 GiB; smaller files stay in the cache and go out
+//!                                   # with their head in one writev
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
 //!                                   # with it, or any tenant's net_cap, sends go through the
 //!                                   # byte-fair send scheduler
@@ -94,6 +100,8 @@ pub const PIPELINE_DEPTH_MAX: i64 = 1024;
 pub const TIMEOUT_MS_MAX: i64 = 3_600_000;
 /// Largest cache: 1 TiB.
 pub const CACHE_BYTES_MAX: i64 = 1 << 40;
+/// Largest `sendfile_min_bytes`: 1 GiB.
+pub const SENDFILE_MIN_BYTES_MAX: i64 = 1 << 30;
 /// Most tenants.
 pub const TENANTS_MAX: usize = 10_000;
 /// Most hosts per tenant.
@@ -158,6 +166,10 @@ pub struct ServerConfig {
     pub disk_direct: bool,
     /// The disk read rate all tenants share, bytes/s.
     pub disk_cap_bytes_per_s: Option<u64>,
+    /// Send file bodies of `sendfile_min_bytes` or more with `sendfile(2)`.
+    pub sendfile: bool,
+    /// Files at least this long go out with `sendfile` (and are not kept in the cache).
+    pub sendfile_min_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -175,6 +187,8 @@ impl Default for ServerConfig {
             disk_threads: 2,
             disk_direct: false,
             disk_cap_bytes_per_s: None,
+            sendfile: false,
+            sendfile_min_bytes: 16 * 1024,
         }
     }
 }
@@ -460,6 +474,8 @@ struct RawServer {
     disk_threads: Option<Spanned<i64>>,
     disk_direct: Option<bool>,
     disk_cap: Option<Spanned<String>>,
+    sendfile: Option<bool>,
+    sendfile_min_bytes: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -828,6 +844,15 @@ fn server_config(
             .map_or(d.disk_threads, |n| n as usize),
         disk_direct: s.disk_direct.unwrap_or(d.disk_direct),
         disk_cap_bytes_per_s: c.rate(&s.disk_cap, "disk_cap")?,
+        sendfile: s.sendfile.unwrap_or(d.sendfile),
+        sendfile_min_bytes: c
+            .opt_int_in(
+                &s.sendfile_min_bytes,
+                "sendfile_min_bytes",
+                1,
+                SENDFILE_MIN_BYTES_MAX,
+            )?
+            .map_or(d.sendfile_min_bytes, |n| n as u64),
     })
 }
 
@@ -1159,6 +1184,8 @@ cpu_cap = 2
         assert_eq!(s.pipeline_depth_max, 16);
         assert_eq!(s.access_log, AccessLog::Stdout);
         assert_eq!(s.cache_bytes_max, 268_435_456);
+        assert!(!s.sendfile, "sendfile is off by default");
+        assert_eq!(s.sendfile_min_bytes, 16 * 1024);
         let a = &cfg.tenants[0];
         assert_eq!(a.name, "a");
         assert_eq!(a.activity(), "/tenants/a");
@@ -1350,6 +1377,9 @@ cpu_cap = 2
             (format!("[server]\nkeepalive_timeout_ms = 3600001\n{}", tenant("")), 2, "outside"),
             (format!("[server]\nworkers = 0\n{}", tenant("")), 2, "outside"),
             (format!("[server]\ncache_bytes_max = -1\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\nsendfile_min_bytes = 0\n{}", tenant("")), 2, "outside 1..=1073741824"),
+            (format!("[server]\nsendfile_min_bytes = 1073741825\n{}", tenant("")), 2, "outside"),
+            (format!("[server]\nsendfile = \"yes\"\n{}", tenant("")), 2, "expected a boolean"),
             (format!("[server]\naccess_log = \"\"\n{}", tenant("")), 2, "empty"),
             (format!("{}{}", tenant(""), "[[tenant]]\nname = \"b\"\ndocroot = \".\"\n"), 5, "catch-all"),
             (tenant("[[tenant.class]]\nname = \"g\"\nweight = 5"), 4, "exactly one"),

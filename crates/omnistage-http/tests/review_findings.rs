@@ -101,7 +101,7 @@ fn a_deleted_cached_file_gives_back_its_cache_bytes() {
     std::fs::write(dir.path().join("a.bin"), vec![b'a'; 20 * 1024]).unwrap();
     std::fs::write(dir.path().join("b.bin"), vec![b'b'; 10 * 1024]).unwrap();
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 81920\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 81920\nsendfile_min_bytes = 1048576\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
         dir.path().display()
     );
     let server = start(&toml);

@@ -21,8 +21,9 @@
 //! http.disk ──── a disk read coming back from the disk stage (`disk.rs`)       (tenant)
 //! ```
 //!
-//! Output is a queue of segments written with `writev` (`output.rs`); the disk stage is a pool
-//! of reader threads behind a byte-fair scheduler (`disk.rs`).
+//! Output is a queue of segments written with `writev`, and with `sendfile` for large file
+//! bodies when the `sendfile` key is on (`output.rs`); the disk stage is a pool of reader
+//! threads behind a byte-fair scheduler (`disk.rs`).
 //!
 //! Receive is lazy (QLinux's LRP): the first request of a connection is read and parsed in
 //! `/infra` (nobody knows the tenant before the Host header); from then on the connection's
@@ -76,6 +77,10 @@ const FLOW_CHUNK_BYTES: usize = 64 * 1024;
 /// Most flow chunks sent per dispatch before yielding to the scheduler (fairness between
 /// tenants streaming large files).
 const FLOW_CHUNKS_PER_DISPATCH: usize = 4;
+/// Most bytes of file segments (`sendfile`) one unscheduled flush writes before it yields to
+/// the scheduler: a cached body of up to `CACHE_FILE_BYTES_MAX` goes out in one `writev`, so
+/// a sendfile'd one may go out in one dispatch too; larger files yield between such steps.
+const SENDFILE_BYTES_PER_DISPATCH_MAX: usize = CACHE_FILE_BYTES_MAX as usize;
 /// Most connections accepted per listener event before yielding.
 const ACCEPTS_PER_EVENT_MAX: usize = 128;
 /// Pending output above which a connection stops parsing pipelined requests (backpressure).
@@ -1630,15 +1635,31 @@ fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     }
     let Some(c) = cs.conn(key) else { return false };
     let mut chunks = 0;
+    let mut file_bytes_left = SENDFILE_BYTES_PER_DISPATCH_MAX;
     loop {
         while !c.out.is_empty() {
-            match c.out.write_to(&mut c.stream, usize::MAX) {
+            let max = if c.out.front_is_file() {
+                if file_bytes_left == 0 {
+                    // Yield: the rest of the file goes out in a later dispatch.
+                    let activity = c.activity;
+                    yield_conn(ctx, cs, key, activity);
+                    return true;
+                }
+                file_bytes_left
+            } else {
+                usize::MAX
+            };
+            let front_is_file = max != usize::MAX;
+            match c.out.write_to(&mut c.stream, max) {
                 Ok(0) => {
                     close(ctx, cs, key);
                     return false;
                 }
                 Ok(n) => {
                     c.last_progress_ns = ctx.now_ns();
+                    if front_is_file {
+                        file_bytes_left -= n;
+                    }
                     if let Some(t) = &c.tenant {
                         let a = t.activity;
                         ctx.record_bytes_out(a, n as u64);
@@ -2264,9 +2285,19 @@ fn serve_with(
         )
     });
     c.closing |= !keep;
+    let disk_stage = cs.shared.disk.get().is_some();
+    let server = &cs.live.config.server;
+    // Large files go from the page cache to the socket with sendfile, and are not kept in
+    // memory: the files the worker would read itself (no disk stage, or a file the cache
+    // would take). The disk stage keeps the ones it schedules (larger than the cache takes,
+    // cache off, or O_DIRECT): their reads are charged to their tenant's disk share there.
+    let by_sendfile = server.sendfile
+        && !direct
+        && flen >= server.sendfile_min_bytes
+        && (!disk_stage || (server.cache_bytes_max > 0 && flen <= CACHE_FILE_BYTES_MAX));
     if req.method != Method::Head && len > 0 {
-        let server = &cs.live.config.server;
         let cacheable = content.is_none()
+            && !by_sendfile
             && server.cache_bytes_max > 0
             && !server.disk_direct
             && flen <= CACHE_FILE_BYTES_MAX;
@@ -2287,13 +2318,16 @@ fn serve_with(
             content = Some(bytes);
         }
     }
-    let disk_stage = cs.shared.disk.get().is_some();
     let c = cs.conn(key).expect("live");
     if req.method != Method::Head && len > 0 {
         if let Some(content) = content {
             // A hit: the body is a slice of the cached bytes, queued without a copy.
             c.out
                 .push_shared(content.slice(start as usize..(start + len) as usize));
+        } else if by_sendfile {
+            // The open file goes with the segment (an `Arc`), so the descriptor outlives any
+            // change to the file cache; a file that shrank closes the connection when sent.
+            c.out.push_file(file, start, len as usize);
         } else if len <= INLINE_FILE_BYTES_MAX && !disk_stage {
             let mut body = vec![0; len as usize];
             if file.read_exact_at(&mut body, start).is_err() {
