@@ -78,6 +78,10 @@ pub struct AdversaryArgs {
     /// Victim rate as a fraction of the victim's closed-loop capacity measured alone first.
     #[arg(long, default_value_t = 0.5)]
     victim_fraction: f64,
+    /// The victim tenant's weight on omnistage (the adversary's is 100). With equal weights a
+    /// victim at half the server's capacity asks for exactly its share, with no slack.
+    #[arg(long, default_value_t = 100)]
+    victim_weight: u32,
     /// Victim rate, requests/s (overrides --victim-fraction; no capacity run).
     #[arg(long)]
     victim_rate: Option<f64>,
@@ -174,6 +178,7 @@ struct Report {
     attacks: Vec<String>,
     victim_conns: usize,
     victim_fraction: f64,
+    victim_weight: u32,
     victim_spin_us: u64,
     small_file_bytes: usize,
     large_file_bytes: usize,
@@ -660,15 +665,15 @@ fn run_server(
     Ok(out)
 }
 
-fn omnistage_toml(root: &Path) -> (String, String) {
+fn omnistage_toml(root: &Path, victim_weight: u32) -> (String, String) {
     let server = format!(
         "connections_max = {SERVER_CONNECTIONS_MAX}\nheader_timeout_ms = {HEADER_TIMEOUT_MS}\nkeepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}\n"
     );
-    let tenants = ["victim", "adversary"]
+    let tenants = [("victim", victim_weight), ("adversary", 100)]
         .iter()
-        .map(|n| {
+        .map(|(n, w)| {
             format!(
-                "[[tenant]]\nname = \"{n}\"\nhosts = [\"{n}.test\"]\nweight = 100\nconnections_max = {TENANT_CONNECTIONS_MAX}\ndocroot = \"{}\"\n",
+                "[[tenant]]\nname = \"{n}\"\nhosts = [\"{n}.test\"]\nweight = {w}\nconnections_max = {TENANT_CONNECTIONS_MAX}\ndocroot = \"{}\"\n",
                 root.display()
             )
         })
@@ -695,6 +700,7 @@ fn nginx_servers(port: u16, root: &Path) -> String {
 pub fn run(a: AdversaryArgs) -> Result<(), String> {
     if !(0.3..=600.0).contains(&a.seconds)
         || !(0.01..=2.0).contains(&a.victim_fraction)
+        || !(1..=10_000).contains(&a.victim_weight)
         || a.victim_rate.is_some_and(|r| !(1.0..=1e6).contains(&r))
         || a.victim_spin_us > omnistage_load::args::MAX_SPIN_US
         || !(1..=20_000).contains(&a.flood_conns)
@@ -702,7 +708,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         || !(1..=5000).contains(&a.slowloris_conns)
         || !(1024..=(256 << 20)).contains(&a.large_bytes)
     {
-        return Err("--seconds 0.3..=600, --victim-fraction 0.01..=2, --victim-rate 1..=1e6, --victim-spin-us 0..=1000, --flood-conns 1..=20000, --slow-readers 1..=1000, --slowloris-conns 1..=5000, --large-bytes 1024..=268435456".into());
+        return Err("--seconds 0.3..=600, --victim-fraction 0.01..=2, --victim-weight 1..=10000, --victim-rate 1..=1e6, --victim-spin-us 0..=1000, --flood-conns 1..=20000, --slow-readers 1..=1000, --slowloris-conns 1..=5000, --large-bytes 1024..=268435456".into());
     }
     let mut kinds: Vec<&str> = Vec::new();
     for k in &a.attacks {
@@ -749,7 +755,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         std::fs::write(root.join(SMALL), vec![b'v'; SMALL_BYTES]).map_err(|e| e.to_string())?;
         let big: Vec<u8> = (0..a.large_bytes).map(|i| b'a' + (i % 26) as u8).collect();
         std::fs::write(root.join(LARGE), big).map_err(|e| e.to_string())?;
-        let (server_toml, tenants_toml) = omnistage_toml(&root);
+        let (server_toml, tenants_toml) = omnistage_toml(&root, a.victim_weight);
         let (server, addr) = cfgweb::start(&server_toml, &tenants_toml)?;
         let rt = server.runtime();
         let ids = (
@@ -854,6 +860,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         attacks: kinds.iter().map(|s| s.to_string()).collect(),
         victim_conns: VICTIM_CONNS,
         victim_fraction: a.victim_fraction,
+        victim_weight: a.victim_weight,
         victim_spin_us: a.victim_spin_us,
         small_file_bytes: SMALL_BYTES,
         large_file_bytes: a.large_bytes,
@@ -1000,11 +1007,12 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         intro: vec![
             format!(
                 "Two virtual hosts on one server, victim.test and adversary.test. omnistage: one worker pinned to CPU 0, \
-                 tenants of equal weight (100), each with `connections_max = {TENANT_CONNECTIONS_MAX}`, the server's \
+                 tenants of weight {} (victim) and 100 (adversary), each with `connections_max = {TENANT_CONNECTIONS_MAX}`, the server's \
                  `connections_max = {SERVER_CONNECTIONS_MAX}`, `header_timeout_ms = {HEADER_TIMEOUT_MS}`, \
                  `keepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}` (the defaults). nginx: one worker on CPU 0, two \
                  `server_name` blocks with `client_header_timeout 10s; keepalive_timeout 5s; send_timeout 10s;`, \
-                 sendfile, open_file_cache, no access log, {SERVER_CONNECTIONS_MAX} worker connections."
+                 sendfile, open_file_cache, no access log, {SERVER_CONNECTIONS_MAX} worker connections.",
+                r.victim_weight
             ),
             format!(
                 "Victim: {VICTIM_CONNS} keep-alive connections, open loop (latency from each request's scheduled \
