@@ -1286,17 +1286,22 @@ pub(crate) fn run(
             // poll (entering it, the wake-up, leaving it) and the run-queue wait between the
             // wake-up and running again are the runtime's cost of sleeping, not idle time.
             // Two syscalls and a schedstat read per sleep: only an idle worker pays them.
+            // The window is stamped by our clock outside the OS reads, so the reads' own CPU
+            // lands inside it and is counted once (by the OS's clock, as wake time), not also
+            // as the loop's time on either side.
+            let window_start = clock.raw();
             let cpu_before = sys::thread_cpu_ns();
             let rq_before = sleep_schedstat.read().map(|(_, w)| w);
-            let sleep_raw = clock.raw();
             if let Err(e) = poll.poll(&mut events, Some(Duration::from_nanos(wait))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
                 }
             }
-            let after = clock.raw();
-            let cpu_after = sys::thread_cpu_ns();
+            // The CPU clock is read first before and last after, so its interval covers the
+            // schedstat reads too.
             let rq_after = sleep_schedstat.read().map(|(_, w)| w);
+            let cpu_after = sys::thread_cpu_ns();
+            let after = clock.raw();
             if precise_armed {
                 if let Some(t) = &precise {
                     t.arm(0);
@@ -1304,19 +1309,18 @@ pub(crate) fn run(
                 }
             }
             mailbox.sleeping.store(false, Ordering::SeqCst);
-            let slept = clock.delta_as_nanos(sleep_raw, after);
+            let window = clock.delta_as_nanos(window_start, after);
             let rq_in_sleep = match (rq_before, rq_after) {
                 (Some(b), Some(a)) => a.saturating_sub(b),
                 _ => 0,
             };
-            // Both OS readings straddle [sleep_raw, after], so they can exceed it by the
-            // reads themselves; never move more than the sleep's own length.
-            let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(slept);
+            // The OS's readings lie inside the window; never move more than its length.
+            let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
             time.wake_ns += wake;
-            time.idle_ns += slept - wake;
-            // Arming the sleep and the first OS reads are the loop's work; so is the wake.
-            // The reads after the sleep fall in the next segment, which starts at `after`.
-            time.infra_ns += clock.delta_as_nanos(now_raw, sleep_raw) + wake;
+            time.idle_ns += window - wake;
+            // Arming the sleep is the loop's work; so is the wake. What follows the window
+            // falls in the next segment, which starts at `after`.
+            time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
             seg_start = after;
             st.now_ns = shared.ns_of_raw(after);
             last_poll_ns = st.now_ns;
