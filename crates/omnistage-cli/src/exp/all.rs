@@ -482,6 +482,9 @@ pub fn run(a: AllArgs) -> Result<(), String> {
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut rows = String::new();
+    // Rows whose goal was not met (or that failed), and rows without a verdict, for the
+    // section under the table that says plainly where we fall short.
+    let (mut short, mut unjudged) = (Vec::new(), Vec::new());
     let t_all = Instant::now();
     for e in &exps {
         let mut cmd = Command::new(&exe);
@@ -504,6 +507,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 e.seed_number,
                 err.replace('|', "/")
             ));
+            short.push(format!("`{}` (the run failed)", e.file));
             continue;
         }
         let j: Value =
@@ -533,12 +537,30 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 None => "(no goal, or inconclusive: see its page)",
             }
         ));
+        match met {
+            Some(false) => short.push(format!("[{0}]({0}.md): {ours}", e.file)),
+            None => unjudged.push(format!("[{0}]({0}.md)", e.file)),
+            Some(true) => {}
+        }
         eprintln!("   {ours} ({secs:.0} s)");
     }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none.".to_string()
+        } else {
+            v.iter().map(|x| format!("\n- {x}")).collect::<String>()
+        }
+    };
+    let shortfalls = format!(
+        "\n## Where we fall short\n\nGoals not met in this run: {}\n\nNo goal of their own, or \
+         inconclusive on this machine (see each page): {}\n",
+        list(&short),
+        unjudged.join(", ")
+    );
     let md = format!(
         "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**. One row per experiment; numbers are read from each \
          experiment's JSON beside this file; each experiment's page (`.md`) has its tables and chart (`.svg`).\n\n\
-         | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}",
+         | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}{shortfalls}",
         a.out.display(), t_all.elapsed().as_secs_f64(), machine()
     );
     let p = a.out.join("README.md");
