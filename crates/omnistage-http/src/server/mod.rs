@@ -2856,55 +2856,40 @@ mod tests {
         assert_eq!(drain(&mut ss, leaf), vec![1, 2]);
     }
 
-    #[test]
-    fn shortest_first_ages_a_large_response() {
-        let (mut ss, leaf) = sched(SendOrder::ShortestFirst);
-        ss.enqueue(leaf, 1, 1000);
+    /// Queues one response of `waiting_bytes`, then newcomers of `newcomer_bytes` one at a time,
+    /// each served whole, until the waiting one is picked; returns how many overtook it.
+    fn overtaken_before_aged(order: SendOrder, waiting_bytes: u64, newcomer_bytes: u64) -> u64 {
+        let (mut ss, leaf) = sched(order);
+        ss.enqueue(leaf, 1, waiting_bytes);
+        let bound =
+            SEND_ORDER_AGING_FACTOR * waiting_bytes.abs_diff(newcomer_bytes) / newcomer_bytes + 1;
         let mut key = 2;
-        // Newcomers of 10 bytes overtake it until the tenant sent the aging factor times its
-        // size after it arrived.
         let mut overtaken = 0;
         loop {
-            ss.enqueue(leaf, key, 10);
+            ss.enqueue(leaf, key, newcomer_bytes);
             let next = ss.pop_queued(leaf).unwrap();
-            ss.queues.get_mut(&leaf).unwrap().sent_bytes += 10;
+            ss.queues.get_mut(&leaf).unwrap().sent_bytes += newcomer_bytes;
             if next == 1 {
-                break;
+                return overtaken;
             }
             ss.arrivals.remove(&next);
             overtaken += 1;
             key += 1;
-            assert!(
-                overtaken <= SEND_ORDER_AGING_FACTOR * 1000 / 10 + 1,
-                "starved"
-            );
+            assert!(overtaken <= bound, "starved: {overtaken} > {bound}");
         }
+    }
+
+    #[test]
+    fn shortest_first_ages_a_large_response() {
+        // Newcomers of 10 bytes overtake a 1000-byte response until the tenant has sent the
+        // aging factor times the size difference after it arrived (the bound is asserted inside).
+        let overtaken = overtaken_before_aged(SendOrder::ShortestFirst, 1000, 10);
         assert!(overtaken > 10, "aging too fast: {overtaken}");
     }
 
     #[test]
     fn longest_first_ages_a_small_response() {
-        let (mut ss, leaf) = sched(SendOrder::LongestFirst);
-        ss.enqueue(leaf, 1, 10);
-        let mut key = 2;
-        let mut overtaken = 0;
-        // Newcomers of 1000 bytes, each served whole, overtake it until the tenant sent the
-        // aging factor times the size difference after it arrived.
-        loop {
-            ss.enqueue(leaf, key, 1000);
-            let next = ss.pop_queued(leaf).unwrap();
-            ss.queues.get_mut(&leaf).unwrap().sent_bytes += 1000;
-            if next == 1 {
-                break;
-            }
-            ss.arrivals.remove(&next);
-            overtaken += 1;
-            key += 1;
-            assert!(
-                overtaken <= SEND_ORDER_AGING_FACTOR * 990 / 1000 + 1,
-                "starved"
-            );
-        }
+        let overtaken = overtaken_before_aged(SendOrder::LongestFirst, 10, 1000);
         assert!(overtaken > 1, "aging too fast: {overtaken}");
     }
 
