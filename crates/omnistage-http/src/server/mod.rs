@@ -301,24 +301,15 @@ fn cap_kind(k: CapKind) -> ShaperKind {
 }
 
 impl SendSched {
-    /// A send scheduler if the configuration caps the link or any tenant's network rate.
-    fn for_config(live: &Live) -> Option<SendSched> {
-        let config = &live.config;
-        let any_cap = config.server.net_link_cap_bytes_per_s.is_some()
-            || config
-                .tenants
-                .iter()
-                .any(|t| t.net_cap_bytes_per_s.is_some());
-        if !any_cap {
-            return None;
-        }
+    /// A scheduler with only the link node (bytes as costs) and no tenants yet.
+    fn empty() -> SendSched {
         let mut tree = Tree::new(PolicyKind::Sfq);
         // Costs are bytes: no minimum beyond one byte.
         tree.set_min_cost(1);
         let link = tree
             .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
             .expect("a new tree has room");
-        let mut s = SendSched {
+        SendSched {
             tree,
             link,
             tenants: HashMap::new(),
@@ -331,7 +322,21 @@ impl SendSched {
             queued: HashMap::new(),
             arrivals: HashMap::new(),
             order_of: HashMap::new(),
-        };
+        }
+    }
+
+    /// A send scheduler if the configuration caps the link or any tenant's network rate.
+    fn for_config(live: &Live) -> Option<SendSched> {
+        let config = &live.config;
+        let any_cap = config.server.net_link_cap_bytes_per_s.is_some()
+            || config
+                .tenants
+                .iter()
+                .any(|t| t.net_cap_bytes_per_s.is_some());
+        if !any_cap {
+            return None;
+        }
+        let mut s = SendSched::empty();
         s.configure(live, 0);
         Some(s)
     }
@@ -2791,28 +2796,11 @@ mod tests {
 
     /// A send scheduler with one tenant (activity 7) and its ordered queue's leaf.
     fn sched(order: SendOrder) -> (SendSched, NodeId) {
-        let mut tree = Tree::new(PolicyKind::Sfq);
-        tree.set_min_cost(1);
-        let link = tree
-            .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
+        let mut ss = SendSched::empty();
+        let node = ss
+            .tree
+            .add_interior(ss.link, ClientParams::default(), PolicyKind::Sfq)
             .unwrap();
-        let node = tree
-            .add_interior(link, ClientParams::default(), PolicyKind::Sfq)
-            .unwrap();
-        let mut ss = SendSched {
-            tree,
-            link,
-            tenants: HashMap::new(),
-            leaves: HashMap::new(),
-            conn_of: HashMap::new(),
-            pump_queued: false,
-            pump_timer: false,
-            queue_leaf: HashMap::new(),
-            queues: HashMap::new(),
-            queued: HashMap::new(),
-            arrivals: HashMap::new(),
-            order_of: HashMap::new(),
-        };
         let leaf = ss.queue_leaf(7, node, order).unwrap();
         (ss, leaf)
     }

@@ -173,13 +173,12 @@ struct Controller {
     control: Control,
     /// The Little's-law bound, when the predicate asks for one.
     little: Option<LittleBound>,
-    /// `bound_rejected` as last seen, to tell a class group whether this gate shed since.
+    /// `bound_rejected` as last seen: the refusals since feed the Little bound and tell a
+    /// class group whether this gate shed.
     bound_rejected_seen: u64,
     /// `completed` as last seen, so completions fed while another worker held the lock still
     /// count towards the bound's rate.
     completed_seen: u64,
-    /// `bound_rejected` as last seen by the Little bound.
-    little_refused_seen: u64,
 }
 
 /// Stage-wide occupancy, shared by the gates of every activity of one stage.
@@ -302,7 +301,6 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
-                    little_refused_seen: self.bound_rejected.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -332,7 +330,6 @@ impl Gate {
                     little,
                     bound_rejected_seen: self.bound_rejected.load(Ordering::Relaxed),
                     completed_seen: self.completed.load(Ordering::Relaxed),
-                    little_refused_seen: self.bound_rejected.load(Ordering::Relaxed),
                 });
                 self.controller_on.store(true, Ordering::Release);
                 self.bucket_on.store(true, Ordering::Release);
@@ -465,13 +462,13 @@ impl Gate {
         let Some(c) = c.as_mut() else {
             return;
         };
+        let refused_total = self.bound_rejected.load(Ordering::Relaxed);
+        let refused = refused_total.saturating_sub(c.bound_rejected_seen);
+        c.bound_rejected_seen = refused_total;
         if let Some(l) = c.little.as_mut() {
             let delta = completed.saturating_sub(c.completed_seen);
             c.completed_seen = c.completed_seen.max(completed);
             let oldest = responses_ns.iter().copied().max().unwrap_or(0);
-            let refused_total = self.bound_rejected.load(Ordering::Relaxed);
-            let refused = refused_total.saturating_sub(c.little_refused_seen);
-            c.little_refused_seen = refused_total;
             if let Some(b) = l.observe(delta, now_ns, oldest, refused) {
                 self.queue_bound.store(b, Ordering::Relaxed);
             }
@@ -485,10 +482,7 @@ impl Gate {
                 }
             }
             Control::Class { group, level } => {
-                let seen = self.bound_rejected.load(Ordering::Relaxed);
-                let shed = seen != c.bound_rejected_seen;
-                c.bound_rejected_seen = seen;
-                group.observe(*level, responses_ns, shed, now_ns);
+                group.observe(*level, responses_ns, refused > 0, now_ns);
             }
         }
     }
