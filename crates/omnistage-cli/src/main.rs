@@ -2,11 +2,11 @@
 //! commands (`top`, `tree`, `set`, `graph`) that watch and steer a running server.
 
 mod admin_cli;
-mod exp;
 mod serve;
 mod top;
 
 use clap::{Parser, Subcommand};
+use omnistage_exp as exp;
 
 #[derive(Parser)]
 #[command(

@@ -1,5 +1,8 @@
-//! `omnistage exp NAME`: experiments. Each prints a table by default, or one JSON object with
-//! `--json`. They measure on real clocks and are benchmarks, never tests.
+//! omnistage's experiments, behind `omnistage exp NAME` (the binary in `omnistage-cli` calls
+//! [`run`]). Each prints a table by default, or one JSON object with `--json`, and with `--out DIR`
+//! writes NAME.json, a page NAME.md and an SVG chart. They measure on real clocks and are
+//! benchmarks, never tests. This crate owns the peers' launchers (nginx, started pinned), the
+//! pages and charts (`report`), and `exp all`, which writes the index of results.
 
 mod adversary;
 mod all;
