@@ -305,6 +305,37 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             },
         },
         Exp {
+            file: "tasks",
+            args: [
+                v(&["tasks", "--repeats", "3", "--seconds"]),
+                vec![sec(3.0)],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "async tasks as scheduled clients (Vortex CA threads, TAP)",
+            seed_number: "shares ±1 pt; ≥ 0.95× Tokio",
+            ours: |j| {
+                (
+                    format!(
+                        "shares max error {:.2} pts (50/33/17); /hello {} req/s; {:.0} ns per poll ({:.0} ns of it scheduling and accounting)",
+                        f(j, "/shares/0/max_err_pts"),
+                        spread(j, "/omnistage_req_per_s", 0),
+                        f(j, "/per_poll/omnistage_ns"),
+                        f(j, "/per_poll/scheduling_and_accounting_ns")
+                    ),
+                    Some(format!(
+                        "Tokio current-thread {} req/s (ratio {:.2}, {}); shares as they come: max distance {:.2} pts; {:.0} ns per poll",
+                        spread(j, "/tokio_req_per_s", 0),
+                        f(j, "/ratio"),
+                        j["verdict"].as_str().unwrap_or("-"),
+                        f(j, "/shares/1/max_err_pts"),
+                        f(j, "/per_poll/tokio_ns")
+                    )),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
             file: "overhead",
             args: [
                 v(&["overhead", "--repeats", "3", "--seconds"]),

@@ -25,6 +25,7 @@ mod sched_cost;
 mod shaping;
 mod specweb;
 mod spike;
+mod tasks;
 pub(crate) mod util;
 mod web;
 
@@ -72,6 +73,8 @@ enum Which {
     Priority(priority::PriorityArgs),
     /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
     Adversary(adversary::AdversaryArgs),
+    /// hyper on omnistage's async tasks vs on Tokio's current-thread runtime: shares, req/s, ns per poll.
+    Tasks(tasks::TasksArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -94,6 +97,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
+        Which::Tasks(a) => tasks::run(a),
         Which::All(a) => all::run(a),
     }
 }
