@@ -50,8 +50,9 @@ const BURN_US_MAX: u64 = 100_000;
 #[derive(Args, Clone)]
 #[command(mut_arg("seconds", |a| a.default_value("5.0").help("Measured seconds of each run.")))]
 pub struct TasksArgs {
-    /// Connections per tenant in the shares runs.
-    #[arg(long, default_value_t = 16)]
+    /// Connections per tenant in the shares runs (enough that every tenant stays backlogged:
+    /// with too few, a closed loop's clients, not the server, set the shares).
+    #[arg(long, default_value_t = 64)]
     conns: usize,
     /// CPU µs each /burn request burns.
     #[arg(long, default_value_t = 200)]
