@@ -18,3 +18,11 @@ fn target_with_a_multibyte_char_across_the_scheme() {
     omnistage_fuzz::path("http:/\u{e9}x".as_bytes());
     omnistage_fuzz::request("\0GET http:/\u{e9}x HTTP/1.1\r\nHost: a\r\n\r\n".as_bytes());
 }
+
+/// Found by AFL++ (target `chunked`, 2026-11-23, within 15 s): the load generator's response
+/// reader took `HTTP/1.1 000 OK` as a response with status 0.
+#[test]
+fn response_status_below_100_is_refused() {
+    omnistage_fuzz::chunked(b"\xffHTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n");
+    omnistage_fuzz::chunked(b"\xffHTTP/1.1 053 Service Unavailable\r\nContent-Length: 2\r\n\r\nno");
+}
