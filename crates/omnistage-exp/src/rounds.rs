@@ -116,6 +116,37 @@ pub fn compare(ours: &[f64], base: &[f64], higher_is_better: bool) -> Verdict {
     }
 }
 
+/// Judges a measured relative cost `fraction` (e.g. +0.02 = 2 % more than the baseline) against
+/// a goal of at most `goal`, given the baseline's own run-to-run spread relative to its median
+/// (`spread`, e.g. 0.05). A difference inside the spread (|fraction| ≤ spread) is `None`
+/// (inconclusive) whatever its sign; otherwise met when even `fraction + spread` is inside the
+/// goal, missed when even `fraction − spread` is outside it, inconclusive in between.
+pub fn within_goal(fraction: f64, spread: f64, goal: f64) -> Option<bool> {
+    if !fraction.is_finite() || !spread.is_finite() {
+        return None;
+    }
+    let spread = spread.abs();
+    if fraction.abs() <= spread {
+        None
+    } else if fraction + spread <= goal {
+        Some(true)
+    } else if fraction - spread > goal {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// (max − min) / median of `v`: a run-to-run spread relative to the median (infinite for one
+/// run: one run says nothing about its own noise).
+pub fn relative_spread(v: &[f64]) -> f64 {
+    let s = Spread::of(v);
+    if s.n < 2 || s.median == 0.0 {
+        return f64::INFINITY;
+    }
+    (s.max - s.min) / s.median.abs()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +160,20 @@ mod tests {
         assert_eq!(Spread::of(&[f64::NAN, 1.0]).n, 1);
         assert_eq!(Spread::of(&[1.0, 3.0, 2.0]).show(1), "2.0 (1.0–3.0)");
         assert_eq!(Spread::of(&[1.0]).show(0), "1");
+    }
+
+    #[test]
+    fn bounded_goals_are_judged_by_the_interval() {
+        // 0.69 % with a 10 % spread: inconclusive, as is −8.4 % with the same spread.
+        assert_eq!(within_goal(0.0069, 0.10, 0.03), None);
+        assert_eq!(within_goal(-0.084, 0.10, 0.03), None);
+        assert_eq!(within_goal(-0.084, 0.05, 0.03), Some(true));
+        assert_eq!(within_goal(0.015, 0.01, 0.03), Some(true));
+        assert_eq!(within_goal(0.025, 0.01, 0.03), None);
+        assert_eq!(within_goal(0.10, 0.05, 0.03), Some(false));
+        assert_eq!(within_goal(0.0, f64::INFINITY, 0.03), None);
+        assert_eq!(relative_spread(&[9.0, 10.0, 11.0]), 0.2);
+        assert!(relative_spread(&[1.0]).is_infinite());
     }
 
     #[test]
