@@ -87,8 +87,8 @@ fn specweb_row(j: &Value) -> Summary {
     };
     let line = |l: &Value| {
         format!(
-            "{:.0} req/s ({:.0} Mbit/s), mean {:.0} ms, max {:.0} ms, client Jain {:.3}",
-            f(l, "/req_per_s"),
+            "{} req/s ({:.0} Mbit/s), mean {:.0} ms, max {:.0} ms, client Jain {:.3}",
+            spread(l, "/req_per_s_spread", 0),
             f(l, "/mbit_per_s"),
             f(l, "/mean_ms"),
             f(l, "/max_ms"),
@@ -100,7 +100,7 @@ fn specweb_row(j: &Value) -> Summary {
             "{top} clients: {}",
             at("omnistage").map(line).unwrap_or_else(|| "-".into())
         ),
-        at("nginx").map(|l| format!("nginx {}", line(l))),
+        at("nginx").map(|l| format!("nginx {} (worker on CPUs {})", line(l), peer_cpus(j))),
         j["goal_met"].as_bool(),
     )
 }

@@ -74,6 +74,31 @@ pub fn alternate<T>(
     Ok(out)
 }
 
+/// Groups `runs` by `key` (groups in the order first seen) and returns, per group, the run
+/// whose `value` is the median (the lower middle for an even count) with the spread of `value`
+/// over the group.
+pub fn median_runs<T: Clone, K: PartialEq>(
+    runs: &[T],
+    key: impl Fn(&T) -> K,
+    value: impl Fn(&T) -> f64,
+) -> Vec<(T, Spread)> {
+    let mut keys: Vec<K> = Vec::new();
+    for r in runs {
+        let k = key(r);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|k| {
+            let mut mine: Vec<&T> = runs.iter().filter(|r| key(r) == k).collect();
+            mine.sort_by(|a, b| value(a).total_cmp(&value(b)));
+            let spread = Spread::of(&mine.iter().map(|r| value(r)).collect::<Vec<_>>());
+            (mine[(mine.len() - 1) / 2].clone(), spread)
+        })
+        .collect()
+}
+
 /// How a comparison of ours against a baseline came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -174,6 +199,15 @@ mod tests {
         assert_eq!(within_goal(0.0, f64::INFINITY, 0.03), None);
         assert_eq!(relative_spread(&[9.0, 10.0, 11.0]), 0.2);
         assert!(relative_spread(&[1.0]).is_infinite());
+    }
+
+    #[test]
+    fn the_median_run_of_each_group() {
+        let runs = [("a", 3.0), ("b", 1.0), ("a", 1.0), ("a", 2.0), ("b", 5.0)];
+        let m = median_runs(&runs, |r| r.0, |r| r.1);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].0, m[0].1.min, m[0].1.max), (("a", 2.0), 1.0, 3.0));
+        assert_eq!(m[1].0, ("b", 1.0)); // lower middle of two
     }
 
     #[test]
