@@ -35,8 +35,11 @@
 //! borrow is never held across another.
 
 mod disk;
+mod fleet;
 mod output;
 mod pool;
+
+pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 
 use crate::cond::{self, RangeOutcome};
 use crate::config::{AccessLog, CapKind, ClassSelector, Config, SendOrder};
@@ -164,6 +167,22 @@ struct TenantRuntime {
     cache_bytes: AtomicU64,
     /// Bytes the disk stage read for this tenant.
     disk_bytes: AtomicU64,
+    /// The fleet layer's hooks (lease pools, link backlog, link weight).
+    fleet: Arc<FleetHooks>,
+}
+
+/// A tenant as the fleet layer sees it ([`Server::fleet_tenants`]).
+#[derive(Clone, Debug)]
+pub struct FleetTenant {
+    pub name: String,
+    /// `/tenants/<name>`.
+    pub path: String,
+    pub activity: ActivityId,
+    /// The weight in the running configuration.
+    pub weight: u32,
+    /// Its fleet caps.
+    pub caps: crate::config::TenantFleet,
+    pub hooks: Arc<FleetHooks>,
 }
 
 /// The configuration and its tenants, swapped as one by a reload (so an index into one always
@@ -183,6 +202,11 @@ struct ServerShared {
     disk: std::sync::OnceLock<Arc<disk::DiskPool>>,
     live: RwLock<Arc<Live>>,
     live_version: AtomicU64,
+    /// Bumped when a tenant's send weight override changes (the send schedulers re-weight
+    /// their tenant nodes, nothing else).
+    send_version: AtomicU64,
+    /// What the fleet layer last computed, for the admin API.
+    fleet_status: RwLock<Option<Arc<FleetStatus>>>,
     stats: ServerStats,
     /// Listening sockets, per core, taken by that core's boot message.
     listeners: Mutex<Vec<Vec<TcpListener>>>,
@@ -293,6 +317,11 @@ fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
     }
 }
 
+/// A tenant's weight in the send scheduler: the fleet layer's, else the configured one.
+fn send_weight(t: &crate::config::TenantConfig, tr: &TenantRuntime) -> u32 {
+    tr.fleet.send_weight().unwrap_or(t.weight)
+}
+
 fn cap_kind(k: CapKind) -> ShaperKind {
     match k {
         CapKind::Token => ShaperKind::Token,
@@ -357,7 +386,9 @@ impl SendSched {
                 let cap = t
                     .net_cap_bytes_per_s
                     .map(|r| bucket(cap_kind(t.cap_kind), r));
-                let _ = self.tree.set_params(n, ClientParams::weight(t.weight));
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
                 let _ = self.tree.set_shaper(n, cap, now_ns);
             }
             // A changed order ranks the entries pushed from now on; a tenant that went back to
@@ -371,6 +402,18 @@ impl SendSched {
                 {
                     q.order = t.send_order;
                 }
+            }
+        }
+    }
+
+    /// Re-weights the tenants' nodes after a change of the fleet layer's send weights (caps,
+    /// orders and the link's bucket are left as they are).
+    fn reweight(&mut self, live: &Live) {
+        for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            if let Some(&n) = self.tenants.get(&tr.activity) {
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
             }
         }
     }
@@ -469,11 +512,12 @@ impl SendSched {
     /// The tenant's node, created with its weight and cap on its first send.
     fn tenant_node(
         &mut self,
-        activity: ActivityId,
+        tr: &TenantRuntime,
         t: &crate::config::TenantConfig,
         now_ns: u64,
     ) -> Option<NodeId> {
-        let params = ClientParams::weight(t.weight);
+        let activity = tr.activity;
+        let params = ClientParams::weight(send_weight(t, tr));
         let cap = t
             .net_cap_bytes_per_s
             .map(|r| bucket(cap_kind(t.cap_kind), r));
@@ -646,6 +690,8 @@ struct CoreServer {
     stages: Stages,
     live: Arc<Live>,
     live_version: u64,
+    /// The `ServerShared::send_version` the send scheduler's weights follow.
+    send_version: u64,
     conns: Vec<Option<Conn>>,
     free: Vec<u32>,
     generations: Vec<u32>,
@@ -913,6 +959,7 @@ fn apply_tenants(
                 open: AtomicUsize::new(0),
                 cache_bytes: AtomicU64::new(0),
                 disk_bytes: AtomicU64::new(0),
+                fleet: Arc::new(FleetHooks::default()),
             })),
         }
         all_classes.push(classes);
@@ -969,6 +1016,8 @@ impl Server {
                 classes: Vec::new(),
             })),
             live_version: AtomicU64::new(0),
+            send_version: AtomicU64::new(0),
+            fleet_status: RwLock::new(None),
             stats: ServerStats::default(),
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),
@@ -1103,6 +1152,59 @@ impl Server {
             .iter()
             .map(|t| (t.name.clone(), t.cache_bytes.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// The running configuration (as last loaded or changed through [`Server::update_tenant`]).
+    pub fn config(&self) -> Config {
+        self.shared.live.read().expect("live lock").config.clone()
+    }
+
+    /// Every tenant of the running configuration with its fleet hooks, in config order.
+    pub fn fleet_tenants(&self) -> Vec<FleetTenant> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.config
+            .tenants
+            .iter()
+            .zip(&live.tenants)
+            .map(|(t, tr)| FleetTenant {
+                name: tr.name.clone(),
+                path: tr.path.clone(),
+                activity: tr.activity,
+                weight: t.weight,
+                caps: t.fleet,
+                hooks: tr.fleet.clone(),
+            })
+            .collect()
+    }
+
+    /// Sets the weights of tenants' nodes in the send scheduler (`None`: back to the
+    /// configured weight), by tenant name; unknown names are skipped. The cores re-weight at
+    /// their next dispatch; nothing else changes (no reload, the cache stays).
+    pub fn set_send_weights(&self, weights: &[(&str, Option<u32>)]) {
+        let live = self.shared.live.read().expect("live lock").clone();
+        let mut changed = false;
+        for &(name, w) in weights {
+            if let Some(tr) = live.tenants.iter().find(|t| t.name == name) {
+                changed |= tr.fleet.set_send_weight(w.map(|w| w.clamp(1, 10_000)));
+            }
+        }
+        if changed {
+            self.shared.send_version.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Records what the fleet layer computed (`None`: not in a fleet).
+    pub fn set_fleet_status(&self, status: Option<Arc<FleetStatus>>) {
+        *self.shared.fleet_status.write().expect("fleet status lock") = status;
+    }
+
+    /// What the fleet layer last computed, if this server is a node of a fleet.
+    pub fn fleet_status(&self) -> Option<Arc<FleetStatus>> {
+        self.shared
+            .fleet_status
+            .read()
+            .expect("fleet status lock")
+            .clone()
     }
 
     /// The stage that answers requests (its gates hold the tenants' admission control).
@@ -1245,6 +1347,13 @@ impl CoreServer {
             match &mut self.send {
                 Some(ss) => ss.configure(&self.live, 0),
                 None => self.send = SendSched::for_config(&self.live),
+            }
+        }
+        let sv = self.shared.send_version.load(Ordering::Acquire);
+        if sv != self.send_version {
+            self.send_version = sv;
+            if let Some(ss) = &mut self.send {
+                ss.reweight(&self.live);
             }
         }
     }
@@ -1437,6 +1546,7 @@ fn on_boot(
                     stages,
                     live,
                     live_version,
+                    send_version: 0,
                     conns: Vec::new(),
                     free: Vec::new(),
                     generations: Vec::new(),
@@ -1863,6 +1973,11 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let activity = class
         .and_then(|i| live.classes[t].get(i).copied())
         .unwrap_or(tr.activity);
+    // The tenant's fleet caps: a local lease pool, never a round trip to Redis.
+    if !tr.fleet.admit() {
+        recycle(request);
+        return answer_overload(ctx, cs, key, keep);
+    }
     let opts = SendOpts {
         activity: Some(activity),
         ..Default::default()
@@ -1873,20 +1988,7 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             Step::Idle
         }
         Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
-            // Overload: answer at once, cheaply, in the sender's context.
-            let date = cs.date();
-            let c = cs.conn(key).expect("live");
-            c.out.with_head(|b| {
-                response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
-            });
-            c.closing |= !keep;
-            cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
-            count_status(&cs.shared.stats, 503);
-            if flush(ctx, cs, key) {
-                Step::Answered
-            } else {
-                Step::Closed
-            }
+            answer_overload(ctx, cs, key, keep)
         }
         Err(_) => {
             let date = cs.date();
@@ -1898,6 +2000,24 @@ fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             flush(ctx, cs, key);
             Step::Closed
         }
+    }
+}
+
+/// Overload (an admission gate or a fleet cap said no): 503 + Retry-After at once, cheaply,
+/// in the sender's context.
+fn answer_overload(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, keep: bool) -> Step {
+    let date = cs.date();
+    let c = cs.conn(key).expect("live");
+    c.out.with_head(|b| {
+        response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
+    });
+    c.closing |= !keep;
+    cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
+    count_status(&cs.shared.stats, 503);
+    if flush(ctx, cs, key) {
+        Step::Answered
+    } else {
+        Step::Closed
     }
 }
 
@@ -2430,7 +2550,7 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
                     else {
                         return false;
                     };
-                    let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+                    let Some(node) = ss.tenant_node(tr, tenant, now) else {
                         return false;
                     };
                     let Some(l) = ss.queue_leaf(tr.activity, node, order) else {
@@ -2451,7 +2571,7 @@ fn schedule_send(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, tr: &TenantRu
             let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
                 return false;
             };
-            let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+            let Some(node) = ss.tenant_node(tr, tenant, now) else {
                 return false;
             };
             let Ok(l) = ss.tree.add_leaf(node, ClientParams::default()) else {
@@ -2643,6 +2763,12 @@ fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
             if !sent.more {
                 // The response is done: the next one arrives afresh.
                 ss.arrivals.remove(&key);
+            }
+            // The tenant's backlog on the link, for the fleet layer: whether its node (the
+            // leaf's parent) still has output waiting on this core after the pick.
+            let tenant_waits = ss.tree.parent(leaf).is_some_and(|n| ss.tree.has_work(n));
+            if let Some(t) = cs.conn(key).and_then(|c| c.tenant.as_ref()) {
+                t.fleet.note_pick(tenant_waits);
             }
             if sent.failed {
                 close(ctx, cs, key);
