@@ -27,4 +27,8 @@
 
 pub mod entry;
 pub mod lease;
+pub mod node;
+pub mod store;
 pub mod water;
+
+pub use node::{FleetNode, NodeConfig};
