@@ -85,6 +85,37 @@ fn weight(server: &Server, path: &str) -> u32 {
     })
 }
 
+/// Another node's entry: one core, tenant b backlogged on CPU using `used` ns/s.
+fn b_backlogged_on(name: &str, used: u64) -> NodeEntry {
+    NodeEntry {
+        node: name.into(),
+        cpu_capacity: 1_000_000_000,
+        link_capacity: 0,
+        tenants: vec![TenantEntry {
+            name: "b".into(),
+            weight: 1,
+            cpu: Demand {
+                backlogged: true,
+                want: 1_000_000_000,
+                used,
+            },
+            link: Demand::default(),
+        }],
+    }
+}
+
+/// Publishes `e` as a node would (refreshed while it lives, a TTL of 2 intervals).
+fn publish(con: &mut redis::Connection, prefix: &str, e: &NodeEntry) {
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}node:{}", e.node))
+        .arg(entry::encode(e))
+        .arg("PX")
+        .arg(2 * SYNC.as_millis() as u64)
+        .query(con)
+        .unwrap();
+    let _: () = con.sadd(format!("{prefix}nodes"), &e.node).unwrap();
+}
+
 fn stop(mut node: FleetNode, server: Arc<Server>) {
     node.stop();
     if let Ok(s) = Arc::try_unwrap(server) {
@@ -211,37 +242,13 @@ fn other_nodes_entries_move_the_local_weights_and_a_dead_nodes_share_comes_back(
     wait_for("configured shares", || {
         weight(&server, "/tenants/a") == 6667 && weight(&server, "/tenants/b") == 1667
     });
-    let other = |name: &str| NodeEntry {
-        node: name.into(),
-        cpu_capacity: 1_000_000_000,
-        link_capacity: 0,
-        tenants: vec![TenantEntry {
-            name: "b".into(),
-            weight: 1,
-            cpu: Demand {
-                backlogged: true,
-                want: 1_000_000_000,
-                used: 900_000_000,
-            },
-            link: Demand::default(),
-        }],
-    };
-    // Published as a node would: refreshed while it lives, with a TTL of 2 intervals.
-    let publish = |con: &mut redis::Connection, name: &str| {
-        let _: () = redis::cmd("SET")
-            .arg(format!("p4:node:{name}"))
-            .arg(entry::encode(&other(name)))
-            .arg("PX")
-            .arg(2 * SYNC.as_millis() as u64)
-            .query(con)
-            .unwrap();
-        let _: () = con.sadd("p4:nodes", name).unwrap();
-    };
-    publish(&mut con, "n2");
-    publish(&mut con, "n3");
+    let (n2, n3) = (
+        b_backlogged_on("n2", 900_000_000),
+        b_backlogged_on("n3", 900_000_000),
+    );
     wait_for("three nodes seen", || {
-        publish(&mut con, "n2");
-        publish(&mut con, "n3");
+        publish(&mut con, "p4:", &n2);
+        publish(&mut con, "p4:", &n3);
         server.fleet_status().is_some_and(|s| s.nodes_seen == 3)
     });
     let s = server.fleet_status().unwrap();
@@ -251,7 +258,7 @@ fn other_nodes_entries_move_the_local_weights_and_a_dead_nodes_share_comes_back(
     assert_eq!(b.cpu_fleet_used_ns_per_s, 1_800_000_000);
     // Node n3 dies: its entry expires and its part of b's target goes with it.
     wait_for("n3 reclaimed", || {
-        publish(&mut con, "n2");
+        publish(&mut con, "p4:", &n2);
         server.fleet_status().is_some_and(|s| {
             s.nodes_seen == 2
                 && s.tenants
@@ -294,31 +301,13 @@ fn skewed_cpu_demand_gives_the_confined_tenant_this_node() {
             }
         }));
     }
-    let other = |name: &str| NodeEntry {
-        node: name.into(),
-        cpu_capacity: 1_000_000_000,
-        link_capacity: 0,
-        tenants: vec![TenantEntry {
-            name: "b".into(),
-            weight: 1,
-            cpu: Demand {
-                backlogged: true,
-                want: 1_000_000_000,
-                used: 1_000_000_000,
-            },
-            link: Demand::default(),
-        }],
-    };
+    let others = [
+        b_backlogged_on("n2", 1_000_000_000),
+        b_backlogged_on("n3", 1_000_000_000),
+    ];
     wait_for("a gets this node, b the floor", || {
-        for n in ["n2", "n3"] {
-            let _: () = redis::cmd("SET")
-                .arg(format!("p5:node:{n}"))
-                .arg(entry::encode(&other(n)))
-                .arg("PX")
-                .arg(2 * SYNC.as_millis() as u64)
-                .query(&mut con)
-                .unwrap();
-            let _: () = con.sadd("p5:nodes", n).unwrap();
+        for e in &others {
+            publish(&mut con, "p5:", e);
         }
         weight(&server, "/tenants/a") == WEIGHT_SCALE
             && weight(&server, "/tenants/b") == WEIGHT_FLOOR
