@@ -823,7 +823,7 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
     let mut listeners_taken: HashSet<SocketAddr> = HashSet::new();
     let mut catch_all_seen = false;
     for raw_tenant in raw_tenants.get_ref() {
-        let t = tenant_config(&c, raw_tenant.get_ref(), &server, &upstreams, base)?;
+        let t = tenant_config(&c, raw_tenant, &server, &upstreams, base)?;
         let rt = raw_tenant.get_ref();
         if !names.insert(t.name.clone()) {
             return Err(c.err(
@@ -1023,11 +1023,12 @@ fn rebase(base: Option<&Path>, p: &Path) -> PathBuf {
 
 fn tenant_config(
     c: &Checker<'_>,
-    t: &RawTenant,
+    table: &Spanned<RawTenant>,
     server: &ServerConfig,
     upstreams: &[UpstreamConfig],
     base: Option<&Path>,
 ) -> Result<TenantConfig, ConfigError> {
+    let t = table.get_ref();
     let name = c.name(&t.name, "tenant")?;
 
     let mut hosts = Vec::new();
@@ -1089,7 +1090,7 @@ fn tenant_config(
         None if upstream.is_some() && upstream_prefix.is_none() => PathBuf::new(),
         None => {
             return Err(c.err(
-                t.name.span(),
+                table.span(),
                 format!("tenant {name:?} has no docroot (only a tenant proxied whole may omit it)"),
             ))
         }
