@@ -342,8 +342,7 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         return Step::Idle;
     }
     // Bodies are framed here and refused below where the route is not proxied.
-    let (request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf)
-    {
+    let (request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf) {
         ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {
             pool::give_buf(std::mem::take(&mut c.inbuf));

@@ -78,11 +78,11 @@ use conn::on_conn;
 use cont::{on_cont, Cont};
 use disk::{on_disk, DiskDone};
 use proxy::{on_proxy, ProxyGo};
-use upstream::on_upstream;
 use send::{on_send, Pump};
 use shared::ServerShared;
 use tenants::{apply_tenants, Live};
 use timer::{on_tick, Tick};
+use upstream::on_upstream;
 use work::{calibrate_burn, on_work, Work};
 
 use crate::config::{AccessLog, Config};

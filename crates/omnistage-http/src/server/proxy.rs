@@ -21,8 +21,8 @@
 use super::conn::{
     answer_error, answer_status, drive, finish_logged, flush, read_more, Conn, Step,
 };
-use super::output::Output;
 use super::core_server::{with_core, CoreServer};
+use super::output::Output;
 use super::timer::Tick;
 use super::upstream_pool::{UpConn, UpState, UpstreamCounters};
 use crate::proxy::{
@@ -140,7 +140,8 @@ pub(super) fn start(
     };
     let mut head = Vec::with_capacity(256 + req.head().len());
     write_upstream_head(&mut head, req, peer, "http");
-    let counters = cs.proxy.upstreams[up_i].counters(&cs.shared.upstream_counters, tr.activity, &tr.name);
+    let counters =
+        cs.proxy.upstreams[up_i].counters(&cs.shared.upstream_counters, tr.activity, &tr.name);
     let body_left = match req.body {
         BodyFraming::Length(n) => n,
         _ => 0,
@@ -288,10 +289,11 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         return;
     };
     let addr = upc.servers[server].addr;
-    let idle_pos = upc
-        .idle
-        .iter()
-        .rposition(|&k| cs.proxy.conns[(k & 0xFFFF_FFFF) as usize].as_ref().is_some_and(|u| u.addr == addr));
+    let idle_pos = upc.idle.iter().rposition(|&k| {
+        cs.proxy.conns[(k & 0xFFFF_FFFF) as usize]
+            .as_ref()
+            .is_some_and(|u| u.addr == addr)
+    });
     let upstream_stage = cs.stages.upstream;
     let ukey = match idle_pos {
         Some(pos) => {
@@ -347,7 +349,10 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         }
     };
     cs.proxy.upstreams[up_i].servers[server].in_flight += 1;
-    let connecting = cs.proxy.conn(ukey).is_some_and(|u| u.state == UpState::Connecting);
+    let connecting = cs
+        .proxy
+        .conn(ukey)
+        .is_some_and(|u| u.state == UpState::Connecting);
     let cfg = cs.proxy.upstreams[up_i].config.clone();
     let Some(c) = cs.conn(key) else { return };
     let Some(p) = c.proxy.as_mut() else { return };
@@ -398,9 +403,14 @@ pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, seq:
     if p.deadline_seq != seq || p.resp.is_some() {
         return;
     }
-    let Phase::Active { up } = p.phase else { return };
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
     let (up_i, server) = (p.upstream, p.server);
-    let connecting = cs.proxy.conn(up).is_some_and(|u| u.state == UpState::Connecting);
+    let connecting = cs
+        .proxy
+        .conn(up)
+        .is_some_and(|u| u.state == UpState::Connecting);
     drop_upstream(ctx, cs, key, false);
     if connecting {
         cs.proxy.upstreams[up_i].failed(server, now);
@@ -413,7 +423,11 @@ pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, seq:
 /// The request's upstream connection is connected: the response deadline starts, the request
 /// goes out.
 pub(super) fn on_connected(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
-    let Some(up_i) = cs.conn(key).and_then(|c| c.proxy.as_ref()).map(|p| p.upstream) else {
+    let Some(up_i) = cs
+        .conn(key)
+        .and_then(|c| c.proxy.as_ref())
+        .map(|p| p.upstream)
+    else {
         return;
     };
     let timeout = cs.proxy.upstreams[up_i].config.response_timeout;
@@ -440,7 +454,9 @@ fn drop_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, reuse: bool) 
     let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) else {
         return;
     };
-    let Phase::Active { up } = p.phase else { return };
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
     p.phase = Phase::Granted;
     let (up_i, server) = (p.upstream, p.server);
     let draining = cs.shared.draining.load(Ordering::Relaxed);
@@ -483,7 +499,13 @@ fn retry_or_fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) 
     let Some((up_i, again)) = cs
         .conn(key)
         .and_then(|c| c.proxy.as_ref())
-        .map(|p| (p.upstream, p.body_forwarded == 0 && p.resp.is_none(), p.attempts))
+        .map(|p| {
+            (
+                p.upstream,
+                p.body_forwarded == 0 && p.resp.is_none(),
+                p.attempts,
+            )
+        })
         .map(|(u, ok, attempts)| (u, (ok, attempts)))
     else {
         return;
@@ -530,10 +552,11 @@ pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16
         }
     });
     c.closing |= !keep;
-    let (method, target) = p.log.as_ref().map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
-    if let Step::Answered =
-        finish_logged(ctx, cs, key, method, target, p.client_minor, status, 0)
-    {
+    let (method, target) = p
+        .log
+        .as_ref()
+        .map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
+    if let Step::Answered = finish_logged(ctx, cs, key, method, target, p.client_minor, status, 0) {
         drive(ctx, cs, key);
     }
 }
@@ -542,7 +565,10 @@ pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16
 pub(super) fn client_gone(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, p: Box<Proxied>) {
     match p.phase {
         Phase::Waiting => {
-            if cs.proxy.upstreams[p.upstream].slots.withdraw(p.activity, &key) {
+            if cs.proxy.upstreams[p.upstream]
+                .slots
+                .withdraw(p.activity, &key)
+            {
                 p.counters.queued.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -563,7 +589,9 @@ fn complete(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_ref()) else {
         return;
     };
-    let Phase::Active { up } = p.phase else { return };
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
     let resp = p.resp.as_ref().expect("complete after the head");
     let reusable = resp.upstream_keep_alive
         && p.body_done
@@ -584,7 +612,10 @@ fn complete(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         };
     c.closing |= !keep;
     release_slot(ctx, cs, &p);
-    let (method, target) = p.log.as_ref().map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
+    let (method, target) = p
+        .log
+        .as_ref()
+        .map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
     if let Step::Answered = finish_logged(
         ctx,
         cs,
@@ -706,7 +737,9 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                 }
                 Ok(n) => {
                     u.out_pos += n;
-                    p.counters.bytes_to_backend.fetch_add(n as u64, Ordering::Relaxed);
+                    p.counters
+                        .bytes_to_backend
+                        .fetch_add(n as u64, Ordering::Relaxed);
                     ctx.record_bytes_out(p.activity, n as u64);
                     m.progress = true;
                 }
@@ -877,8 +910,7 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                     });
                     p.head = Vec::new();
                     f.head_seen = true;
-                    if h.framing == ResponseFraming::None
-                        || h.framing == ResponseFraming::Length(0)
+                    if h.framing == ResponseFraming::None || h.framing == ResponseFraming::Length(0)
                     {
                         f.done = true;
                         return f;

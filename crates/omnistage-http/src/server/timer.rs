@@ -9,9 +9,14 @@ use omnistage::exec::Ctx;
 use std::sync::atomic::Ordering;
 
 pub(super) enum Tick {
-    Deadline { key: u64 },
+    Deadline {
+        key: u64,
+    },
     /// A proxied request's connect or response deadline (`seq` names the latest one armed).
-    Proxy { key: u64, seq: u64 },
+    Proxy {
+        key: u64,
+        seq: u64,
+    },
     LogFlush,
 }
 

@@ -7,7 +7,7 @@
 //! tenant whose request the connection carries (`/infra` while idle).
 
 use super::core_server::with_core;
-use super::proxy::{close_upstream, on_connected, on_connect_failed, pump};
+use super::proxy::{close_upstream, on_connect_failed, on_connected, pump};
 use super::upstream_pool::UpState;
 use omnistage::exec::{Ctx, IoEvent};
 
