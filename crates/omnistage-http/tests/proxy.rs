@@ -52,8 +52,8 @@ struct Backend {
     seen: Arc<Mutex<Vec<Seen>>>,
 }
 
-/// Reads one request (head, then a Content-Length or chunked body); `None` at EOF.
-fn read_request(r: &mut BufReader<TcpStream>) -> Option<Seen> {
+/// Reads a message head up to its blank line; `None` at EOF.
+fn read_head(r: &mut impl BufRead) -> Option<String> {
     let mut head = String::new();
     loop {
         let mut line = String::new();
@@ -62,9 +62,38 @@ fn read_request(r: &mut BufReader<TcpStream>) -> Option<Seen> {
         }
         head.push_str(&line);
         if line == "\r\n" {
-            break;
+            return Some(head);
         }
     }
+}
+
+/// Reads a chunked body (without trailers); with `framed`, the bytes as they came, else the
+/// data only.
+fn read_chunked(r: &mut impl BufRead, framed: bool) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
+        let mut chunk = vec![0; size + 2];
+        r.read_exact(&mut chunk).ok()?;
+        if framed {
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(&chunk);
+        } else {
+            out.extend_from_slice(&chunk[..size]);
+        }
+        if size == 0 {
+            return Some(out);
+        }
+    }
+}
+
+/// Reads one request (head, then a Content-Length or chunked body); `None` at EOF.
+fn read_request(r: &mut BufReader<TcpStream>) -> Option<Seen> {
+    let head = read_head(r)?;
     let mut seen = Seen {
         head,
         body: Vec::new(),
@@ -77,19 +106,7 @@ fn read_request(r: &mut BufReader<TcpStream>) -> Option<Seen> {
         .header("transfer-encoding")
         .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
     {
-        loop {
-            let mut line = String::new();
-            r.read_line(&mut line).ok()?;
-            let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; size + 2];
-            if size == 0 {
-                // The empty trailer section.
-                r.read_line(&mut line).ok()?;
-                break;
-            }
-            r.read_exact(&mut chunk).ok()?;
-            seen.body.extend_from_slice(&chunk[..size]);
-        }
+        seen.body = read_chunked(r, false)?;
     }
     Some(seen)
 }
@@ -234,17 +251,7 @@ impl Response {
 /// Reads one response (Content-Length, chunked, or until close); `None` if the connection
 /// closed before a whole one. A chunked body is returned as it came (framing included).
 fn read_response(r: &mut BufReader<&TcpStream>, head_request: bool) -> Option<Response> {
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
+    let head = read_head(r)?;
     let status = head.get(9..12)?.parse().ok()?;
     let mut resp = Response {
         status,
@@ -259,20 +266,7 @@ fn read_response(r: &mut BufReader<&TcpStream>, head_request: bool) -> Option<Re
         r.read_exact(&mut body).ok()?;
         resp.body = body;
     } else if resp.header("transfer-encoding").is_some() {
-        loop {
-            let mut line = String::new();
-            if r.read_line(&mut line).ok()? == 0 {
-                return None;
-            }
-            resp.body.extend_from_slice(line.as_bytes());
-            let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; size + 2];
-            r.read_exact(&mut chunk).ok()?;
-            resp.body.extend_from_slice(&chunk);
-            if size == 0 {
-                break;
-            }
-        }
+        resp.body = read_chunked(r, true)?;
     } else {
         r.read_to_end(&mut resp.body).ok()?;
     }
