@@ -222,6 +222,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             | "/api/v1/graph"
             | "/api/v1/graph.dot"
             | "/api/v1/history"
+            | "/api/v1/upstreams"
     ) || path == ACTIVITIES
         || path.starts_with("/api/v1/activities/");
     if !known {
@@ -239,7 +240,12 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let body = metrics::render(rt, &Sample::take(rt));
+            let upstreams = shared
+                .source
+                .tenants()
+                .map(|t| t.upstreams())
+                .unwrap_or_default();
+            let body = metrics::render(rt, &Sample::take(rt), &upstreams);
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {
@@ -277,6 +283,17 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 ),
                 other => Response::error(400, &format!("format {other:?}: want json or dot")),
             }
+        }),
+        "/api/v1/upstreams" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            let rows = shared
+                .source
+                .tenants()
+                .map(|t| t.upstreams())
+                .unwrap_or_default();
+            Response::json(200, &rows)
         }),
         "/api/v1/history" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {

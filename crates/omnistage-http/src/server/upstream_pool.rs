@@ -36,7 +36,7 @@ pub(super) struct UpstreamCounters {
 }
 
 /// A snapshot of [`UpstreamCounters`] (see `Server::upstream_stats`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UpstreamTenantStats {
     pub upstream: String,
     pub tenant: String,
