@@ -235,17 +235,20 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
     }
     let rt = shared.source.runtime();
     let window = || shared.state.lock().expect("sampler lock").window();
+    // The proxy's counters, when the owner is an HTTP server.
+    let upstreams = || {
+        shared
+            .source
+            .tenants()
+            .map(|t| t.upstreams())
+            .unwrap_or_default()
+    };
     match path {
         "/metrics" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let upstreams = shared
-                .source
-                .tenants()
-                .map(|t| t.upstreams())
-                .unwrap_or_default();
-            let body = metrics::render(rt, &Sample::take(rt), &upstreams);
+            let body = metrics::render(rt, &Sample::take(rt), &upstreams());
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {
@@ -288,12 +291,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let rows = shared
-                .source
-                .tenants()
-                .map(|t| t.upstreams())
-                .unwrap_or_default();
-            Response::json(200, &rows)
+            Response::json(200, &upstreams())
         }),
         "/api/v1/history" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
