@@ -204,11 +204,11 @@ pub fn poll_plan(asks: &[PollAsk], held: &mut [(bool, bool)]) -> Option<u64> {
     earliest
 }
 
-/// The timeout to give the real poll: the caller's (`None` = forever) cut to `until_ns`.
-pub fn poll_timeout_ms(deadline_ns: Option<u64>, until_ns: u64, now_ns: u64) -> i32 {
+/// The timeout to give the real poll, in ns: the caller's deadline (`None` = forever) cut to
+/// `until_ns`, when the buckets allow a held descriptor again.
+pub fn poll_timeout_ns(deadline_ns: Option<u64>, until_ns: u64, now_ns: u64) -> u64 {
     let end = deadline_ns.map_or(until_ns, |d| d.min(until_ns));
-    let ms = end.saturating_sub(now_ns).div_ceil(1_000_000);
-    ms.min(i32::MAX as u64) as i32
+    end.saturating_sub(now_ns)
 }
 
 #[cfg(test)]
@@ -216,10 +216,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn poll_timeout_is_cut_to_the_earlier_and_rounded_up() {
-        assert_eq!(poll_timeout_ms(None, 5_500_000, 0), 6);
-        assert_eq!(poll_timeout_ms(Some(2_000_000), 5_500_000, 0), 2);
-        assert_eq!(poll_timeout_ms(Some(2_000_000), 5_500_000, 3_000_000), 0);
+    fn poll_timeout_is_cut_to_the_earlier() {
+        assert_eq!(poll_timeout_ns(None, 5_500_000, 0), 5_500_000);
+        assert_eq!(poll_timeout_ns(Some(2_000_000), 5_500_000, 0), 2_000_000);
+        assert_eq!(poll_timeout_ns(Some(2_000_000), 5_500_000, 3_000_000), 0);
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub fn group_cfg(a: &ShapeArgs) -> Result<Option<GroupCfg>, String> {
         .map(parse_size)
         .transpose()
         .map_err(|e| format!("--burst: {e}"))?;
+    if burst.is_some() && a.bucket == BucketKind::Leaky {
+        return Err("--burst is for token buckets: a leaky bucket's depth is one quantum (10 ms at its rate)".into());
+    }
     if burst == Some(0) && a.bucket == BucketKind::Token {
         return Err("--burst: a token bucket needs at least 1 byte".into());
     }
@@ -428,6 +431,11 @@ mod tests {
         let e = group_cfg(&parse(&["--rate", "2TiB/s", "--", "true"]).unwrap()).unwrap_err();
         assert!(e.contains("rate must be"), "{e}");
         assert!(group_cfg(&parse(&["--burst", "1KiB", "--", "true"]).unwrap()).is_err());
+        assert!(group_cfg(
+            &parse(&["--rate", "1MB/s", "--bucket", "leaky", "--burst", "1KiB", "--", "true"])
+                .unwrap()
+        )
+        .is_err());
         assert!(
             group_cfg(&parse(&["--rate", "1MB/s", "--burst", "0", "--", "true"]).unwrap()).is_err()
         );

@@ -9,9 +9,10 @@
 //! Rules:
 //! - A stream transfer (a file, a TCP socket) reserves its bytes before the call and gives back
 //!   what the call did not move. A token bucket lets it start once the bucket holds
-//!   `min(want, burst)` bytes and grants what the bucket holds, so over any window `T` a bucket
-//!   passes at most `rate·T + burst`. A leaky bucket grants one quantum (10 ms at the rate) at a
-//!   time, spaced at the rate, so a window passes at most `rate·T + quantum`.
+//!   `min(want, depth / 2)` bytes and grants what the bucket holds, so over any window `T` a
+//!   bucket passes at most `rate·T + depth`. A token bucket's depth is its burst; a leaky
+//!   bucket's is one quantum (10 ms at the rate), as TAP builds its leaky bucket: a token bucket
+//!   limited to one token (see [`BucketCfg::depth`]).
 //! - A message transfer (UDP, SEQPACKET) cannot be cut: it waits until the bucket is out of debt
 //!   and is charged afterwards, for what it moved.
 //! - Members share each bucket by weight (start-time fair queueing): a member waiting for a
@@ -107,12 +108,21 @@ pub struct BucketCfg {
 }
 
 impl BucketCfg {
-    pub fn spec(&self) -> ShaperSpec {
+    /// The bucket's depth: the burst of a token bucket; one quantum (10 ms at the rate) for a
+    /// leaky bucket, TAP's "token bucket limited to one token". A zero-tolerance meter would
+    /// lose whatever accrues while the program wakes up late (about a tenth of the rate measured
+    /// through curl), a quantum's tolerance keeps the rate and still bounds any window `T` to
+    /// `rate·T + quantum`.
+    pub fn depth(&self) -> u64 {
         if self.kind == 1 {
-            ShaperSpec::leaky(self.rate_per_s)
+            (self.rate_per_s / QUANTUM_DIV).max(1)
         } else {
-            ShaperSpec::token(self.rate_per_s, self.burst)
+            self.burst
         }
+    }
+    /// The omnistage shaper that runs this bucket (see [`BucketCfg::depth`]).
+    pub fn spec(&self) -> ShaperSpec {
+        ShaperSpec::token(self.rate_per_s, self.depth().max(1))
     }
     pub fn from_spec(spec: ShaperSpec) -> BucketCfg {
         BucketCfg {
@@ -415,19 +425,14 @@ impl GroupState {
             m.last_seen_ns[b] = now_ns;
             let cfg = self.cfg.buckets[b];
             let mut s = self.shaper(b);
-            let (g, ready_at) = match (mode, cfg.kind) {
-                (Mode::Whole, _) | (Mode::Stream, 1) => {
-                    let at = s.eligible_at(now_ns);
-                    let quantum = if mode == Mode::Whole {
-                        want
-                    } else {
-                        (cfg.rate_per_s / QUANTUM_DIV).max(1) / mult
-                    };
-                    (quantum.max(1), at)
-                }
-                _ => {
+            let (g, ready_at) = match mode {
+                Mode::Whole => (want, s.eligible_at(now_ns)),
+                Mode::Stream => {
                     let avail = s.available(now_ns) / mult;
-                    let threshold = want.min((cfg.burst / mult).max(1));
+                    // Half the depth is enough to start: a member woken a little late still
+                    // finds room in the bucket for what accrued meanwhile (waiting for a full
+                    // bucket would lose every token earned past the full mark).
+                    let threshold = want.min((cfg.depth() / 2 / mult).max(1));
                     if avail >= threshold {
                         (avail, now_ns)
                     } else {
@@ -528,18 +533,12 @@ impl GroupState {
             }
             let cfg = self.cfg.buckets[b];
             let mut s = self.shaper(b);
-            let at = if cfg.kind == 0 {
-                // A token bucket is ready when it holds a burst's worth or at least one byte
-                // beyond a debt (whichever comes first is what request() grants on).
-                // What request() needs before it grants a transfer of a burst or more.
-                let threshold = cfg.burst.max(1);
-                if s.available(now_ns) >= threshold {
-                    now_ns
-                } else {
-                    holds_at(&s, threshold, now_ns)
-                }
+            // What request() needs before it grants a transfer of half the depth or more.
+            let threshold = (cfg.depth() / 2).max(1);
+            let at = if s.available(now_ns) >= threshold {
+                now_ns
             } else {
-                s.eligible_at(now_ns)
+                holds_at(&s, threshold, now_ns)
             };
             self.run[b].store(&s);
             let at = if self.someone_before(me, b, now_ns) {
@@ -636,19 +635,20 @@ mod tests {
             Verdict::Go(10_000)
         );
         g.settle(s, &need, Mode::Stream, 10_000, 10_000, 0);
-        // Empty: the next 10 000 bytes (min(want, burst)) take 10 ms at 1 MB/s.
+        // Empty: a transfer starts once half a burst (5 000 bytes) is in: 5 ms at 1 MB/s...
         assert_eq!(
             g.request(s, &need, 65_536, Mode::Stream, 0),
-            Verdict::Wait(10 * MS)
+            Verdict::Wait(5 * MS)
         );
+        // ...and takes what the bucket holds when it comes (late here: 7 ms, 7 000 bytes).
         assert_eq!(
-            g.request(s, &need, 65_536, Mode::Stream, 10 * MS),
-            Verdict::Go(10_000)
+            g.request(s, &need, 65_536, Mode::Stream, 7 * MS),
+            Verdict::Go(7_000)
         );
         // A short transfer gives back what it did not use.
-        g.settle(s, &need, Mode::Stream, 10_000, 4_000, 10 * MS);
+        g.settle(s, &need, Mode::Stream, 7_000, 4_000, 7 * MS);
         assert_eq!(
-            g.request(s, &need, 100, Mode::Stream, 10 * MS),
+            g.request(s, &need, 100, Mode::Stream, 7 * MS),
             Verdict::Go(100)
         );
     }

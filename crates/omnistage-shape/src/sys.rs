@@ -1054,14 +1054,27 @@ pub unsafe fn hook_splice(
 const POLL_HELD_MAX: usize = 256;
 
 /// # Safety
-/// poll(2)'s contract (`fds` points to `n` pollfds); `call(timeout_ms)` makes the real call.
+/// poll(2)'s contract (`fds` points to `n` pollfds); `call(timeout_ns)` makes the real call with
+/// `sigmask` (`None`: no timeout), at ns precision so that a program waking for tokens wakes when
+/// they are there (a millisecond late each time would cost a leaky bucket a tenth of its rate).
 unsafe fn poll_common(
     fds: *mut pollfd,
     n: libc::nfds_t,
     deadline_ns: Option<u64>,
-    call: impl Fn(c_int) -> c_int,
+    sigmask: *const libc::sigset_t,
 ) -> c_int {
-    let user_timeout = || deadline_ns.map_or(-1, |d| hooks::poll_timeout_ms(None, d, now_ns()));
+    let call = |timeout_ns: Option<u64>| {
+        let ts = timeout_ns.map(|t| libc::timespec {
+            tv_sec: (t / 1_000_000_000) as libc::time_t,
+            tv_nsec: (t % 1_000_000_000) as libc::c_long,
+        });
+        let tp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: the caller's pollfds and mask; `ts` lives across the call.
+        unsafe { real::ppoll(fds, n, tp, sigmask) }
+    };
+    let user_timeout = || deadline_ns.map(|d| d.saturating_sub(now_ns()));
     if fds.is_null() || n == 0 {
         return call(user_timeout());
     }
@@ -1095,8 +1108,7 @@ unsafe fn poll_common(
                 p.events &= !(libc::POLLOUT | libc::POLLWRNORM);
             }
         }
-        let now = now_ns();
-        let r = call(hooks::poll_timeout_ms(deadline_ns, until, now));
+        let r = call(Some(hooks::poll_timeout_ns(deadline_ns, until, now_ns())));
         let e = errno();
         for (p, s) in pfds.iter_mut().zip(&saved) {
             p.events = *s;
@@ -1113,7 +1125,7 @@ unsafe fn poll_common(
 pub unsafe fn hook_poll(fds: *mut pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
     let deadline = (timeout >= 0).then(|| now_ns() + timeout as u64 * 1_000_000);
     // SAFETY: the caller's contract.
-    unsafe { poll_common(fds, n, deadline, |t| real::poll(fds, n, t)) }
+    unsafe { poll_common(fds, n, deadline, std::ptr::null()) }
 }
 
 /// # Safety
@@ -1127,19 +1139,8 @@ pub unsafe fn hook_ppoll(
     // SAFETY: a non-null `ts` is the caller's valid timespec.
     let deadline = (!ts.is_null())
         .then(|| unsafe { now_ns() + (*ts).tv_sec as u64 * 1_000_000_000 + (*ts).tv_nsec as u64 });
-    // SAFETY: the caller's contract; our timespec lives across the call.
-    unsafe {
-        poll_common(fds, n, deadline, |t| {
-            if t < 0 {
-                return real::ppoll(fds, n, std::ptr::null(), mask);
-            }
-            let mine = libc::timespec {
-                tv_sec: (t / 1000) as libc::time_t,
-                tv_nsec: ((t % 1000) * 1_000_000) as libc::c_long,
-            };
-            real::ppoll(fds, n, &mine, mask)
-        })
-    }
+    // SAFETY: the caller's contract.
+    unsafe { poll_common(fds, n, deadline, mask) }
 }
 
 /// Defines the interposed libc symbols. Expanded once, in the preload crate (`cdylib`): the
