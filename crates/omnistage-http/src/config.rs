@@ -26,6 +26,21 @@
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
 //!                                   # with it, or any tenant's net_cap, sends go through the
 //!                                   # byte-fair send scheduler
+//! body_bytes_max = 10485760         # 0..=1 TiB; a request body larger than this (on a proxied
+//!                                   # route) is answered 413 before it reaches a backend
+//!
+//! [[upstream]]                      # optional, ≤ 256: backends that tenants are proxied to
+//! name = "app"                      # [a-z0-9_-]{1,64}, unique; named by a tenant's `upstream`
+//! servers = ["127.0.0.1:9101"]      # 1..=64 addresses, each once; least-in-flight choice, a
+//!                                   # server that refuses or fails is skipped for a back-off
+//! concurrency_max = 256             # 1..=100,000 requests in flight to this upstream, all
+//!                                   # tenants together (split evenly between the workers);
+//!                                   # beyond it requests wait in per-tenant queues
+//! connect_timeout_ms = 1000         # 1 ms..=1 h; then the next server, or 502
+//! response_timeout_ms = 30000       # 1 ms..=1 h until the response head arrives: then 504
+//! idle_connections_max = 64         # 0..=10,000 keep-alive connections kept per worker
+//! fair = true                       # true: a freed slot goes to the waiting tenants by weight
+//!                                   # (SFQ); false: one FIFO queue for all (a baseline)
 //!
 //! [[tenant]]                        # at least one, at most 10,000
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
@@ -50,6 +65,15 @@
 //! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
 //! connections_max = 2000            # optional, ≤ server.connections_max
 //! synthetic = true                  # enables /_burn?us=N and /_bytes?n=N (default false)
+//! fleet_rate_per_s = 1000           # optional, needs [cluster]: requests/s for this tenant
+//!                                   # across the fleet, 1..=10^9; leased from Redis in
+//!                                   # batches, refused with 503 + Retry-After past it
+//! fleet_net_cap = "50MB/s"          # optional, needs [cluster]: response bytes/s across the
+//!                                   # fleet, units as net_cap; leased likewise
+//! upstream = "app"                  # optional: requests are proxied to this [[upstream]]: all
+//!                                   # of them (docroot then optional), or with
+//! upstream_prefix = "/api/"         # only those whose target starts with this (the rest are
+//!                                   # files from docroot); requires upstream
 //!
 //! [[tenant.class]]                  # optional classes within a tenant, ≤ 64
 //! name = "gold"                     # [a-z0-9_-]{1,64}, unique within the tenant
@@ -58,6 +82,14 @@
 //! priority = 0                      # optional, 0..=14 (0 highest): SEDA's class-based admission;
 //!                                   #   under overload lower priorities are cut first
 //! p90_target_ms = 20                # optional, this class's target (default: the tenant's)
+//!
+//! [cluster]                         # optional; without it a node is alone (crate
+//!                                   # omnistage-fleet, docs/fleet.md)
+//! redis = "redis://127.0.0.1:6379"  # the fleet's Redis (redis://[user:pass@]host:port[/db])
+//! node = "n1"                       # unique per node, [A-Za-z0-9_.-]{1,64}; default the host
+//!                                   # name
+//! sync_ms = 100                     # 10..=60000: how often the node publishes its demand and
+//!                                   # reads the fleet's (entries live 2 × sync_ms)
 //! ```
 //!
 //! Unknown keys are errors. Every error names the line and column of the offending value (or
@@ -127,6 +159,16 @@ pub const WEIGHT_DEFAULT: u32 = 100;
 pub const CPU_CAP_MAX: f64 = 1024.0;
 /// Largest rate cap: 1 TB/s.
 pub const RATE_BYTES_PER_S_MAX: u64 = 1_000_000_000_000;
+/// Most `[[upstream]]` tables.
+pub const UPSTREAMS_MAX: usize = 256;
+/// Most servers of one upstream.
+pub const UPSTREAM_SERVERS_MAX: usize = 64;
+/// Largest `concurrency_max` of an upstream.
+pub const UPSTREAM_CONCURRENCY_MAX: i64 = 100_000;
+/// Largest `idle_connections_max` of an upstream.
+pub const UPSTREAM_IDLE_CONNECTIONS_MAX: i64 = 10_000;
+/// Largest `body_bytes_max`: 1 TiB.
+pub const BODY_BYTES_MAX: i64 = 1 << 40;
 /// Largest config file [`load_config`] reads: 4 MiB.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
@@ -137,6 +179,62 @@ pub struct Config {
     pub server: ServerConfig,
     /// The tenants, in file order; [`Config::tenant_for`] returns indexes into this.
     pub tenants: Vec<TenantConfig>,
+    /// The fleet this node belongs to (`[cluster]`); `None`: a single node.
+    pub cluster: Option<ClusterConfig>,
+    /// The upstreams (`[[upstream]]`), in file order; a tenant's `upstream` indexes this.
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// A group of backend servers that tenants are proxied to (`[[upstream]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Unique name.
+    pub name: String,
+    /// The backends, each once.
+    pub servers: Vec<SocketAddr>,
+    /// Requests in flight to this upstream, all tenants together.
+    pub concurrency_max: usize,
+    /// Time allowed to connect to a server.
+    pub connect_timeout: Duration,
+    /// Time allowed from sending a request until its response head arrives (then 504).
+    pub response_timeout: Duration,
+    /// Idle keep-alive connections kept per worker.
+    pub idle_connections_max: usize,
+    /// Per-tenant queues served by weight (true), or one FIFO queue (false).
+    pub fair: bool,
+}
+
+/// Shortest `sync_ms`.
+pub const SYNC_MS_MIN: i64 = 10;
+/// Longest `sync_ms`.
+pub const SYNC_MS_MAX: i64 = 60_000;
+/// Default `sync_ms`.
+pub const SYNC_MS_DEFAULT: u64 = 100;
+/// Longest `redis` URL.
+pub const REDIS_URL_BYTES_MAX: usize = 1024;
+/// Longest node name.
+pub const NODE_NAME_BYTES_MAX: usize = 64;
+/// Largest `fleet_rate_per_s`.
+pub const FLEET_RATE_PER_S_MAX: i64 = 1_000_000_000;
+
+/// The fleet this node belongs to (`[cluster]`; crate `omnistage-fleet`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The Redis URL (`redis://...`).
+    pub redis: String,
+    /// This node's name, unique in the fleet; `None`: the host name (the fleet layer reads it).
+    pub node: Option<String>,
+    /// How often the node publishes and reads the fleet's state.
+    pub sync: Duration,
+}
+
+/// A tenant's caps across the fleet (enforced by the fleet layer with leases from Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantFleet {
+    /// Requests/s across the fleet.
+    pub rate_per_s: Option<u64>,
+    /// Response bytes/s across the fleet.
+    pub net_cap_bytes_per_s: Option<u64>,
 }
 
 /// Server-wide settings (`[server]`).
@@ -170,6 +268,8 @@ pub struct ServerConfig {
     pub sendfile: bool,
     /// Files at least this long go out with `sendfile` (and are not kept in the cache).
     pub sendfile_min_bytes: u64,
+    /// Largest request body accepted on a proxied route (413 beyond).
+    pub body_bytes_max: u64,
 }
 
 impl Default for ServerConfig {
@@ -189,6 +289,7 @@ impl Default for ServerConfig {
             disk_cap_bytes_per_s: None,
             sendfile: false,
             sendfile_min_bytes: 16 * 1024,
+            body_bytes_max: 10 << 20,
         }
     }
 }
@@ -294,9 +395,24 @@ pub struct TenantConfig {
     pub synthetic: bool,
     /// Request classes within the tenant.
     pub classes: Vec<ClassConfig>,
+    /// Caps across the fleet (`fleet_rate_per_s`, `fleet_net_cap`).
+    pub fleet: TenantFleet,
+    /// The upstream (index into [`Config::upstreams`]) this tenant's requests are proxied to.
+    pub upstream: Option<usize>,
+    /// Only targets starting with this are proxied (`None`: all of them).
+    pub upstream_prefix: Option<String>,
 }
 
 impl TenantConfig {
+    /// The upstream a request for `target` is proxied to, if any.
+    pub fn upstream_for(&self, target: &str) -> Option<usize> {
+        let u = self.upstream?;
+        match &self.upstream_prefix {
+            Some(p) if !target.starts_with(p.as_str()) => None,
+            _ => Some(u),
+        }
+    }
+
     /// The tenant's activity path, `/tenants/<name>`.
     pub fn activity(&self) -> String {
         format!("/tenants/{}", self.name)
@@ -416,7 +532,12 @@ pub fn default_config(cwd: &Path) -> Config {
             connections_max: None,
             synthetic: false,
             classes: Vec::new(),
+            fleet: TenantFleet::default(),
+            upstream: None,
+            upstream_prefix: None,
         }],
+        cluster: None,
+        upstreams: Vec::new(),
     }
 }
 
@@ -457,6 +578,28 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
 struct RawConfig {
     server: Option<Spanned<RawServer>>,
     tenant: Option<Spanned<Vec<Spanned<RawTenant>>>>,
+    cluster: Option<Spanned<RawCluster>>,
+    upstream: Option<Spanned<Vec<Spanned<RawUpstream>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    redis: Spanned<String>,
+    node: Option<Spanned<String>>,
+    sync_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: Spanned<String>,
+    servers: Spanned<Vec<Spanned<String>>>,
+    concurrency_max: Option<Spanned<i64>>,
+    connect_timeout_ms: Option<Spanned<i64>>,
+    response_timeout_ms: Option<Spanned<i64>>,
+    idle_connections_max: Option<Spanned<i64>>,
+    fair: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -476,6 +619,7 @@ struct RawServer {
     disk_cap: Option<Spanned<String>>,
     sendfile: Option<bool>,
     sendfile_min_bytes: Option<Spanned<i64>>,
+    body_bytes_max: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -485,7 +629,7 @@ struct RawTenant {
     hosts: Option<Spanned<Vec<Spanned<String>>>>,
     listen: Option<Spanned<Vec<Spanned<String>>>>,
     weight: Option<Spanned<i64>>,
-    docroot: Spanned<String>,
+    docroot: Option<Spanned<String>>,
     index: Option<Spanned<Vec<Spanned<String>>>>,
     cpu_cap: Option<Spanned<NumberOrString>>,
     net_cap: Option<Spanned<String>>,
@@ -497,6 +641,10 @@ struct RawTenant {
     connections_max: Option<Spanned<i64>>,
     synthetic: Option<bool>,
     class: Option<Vec<Spanned<RawClass>>>,
+    fleet_rate_per_s: Option<Spanned<i64>>,
+    fleet_net_cap: Option<Spanned<String>>,
+    upstream: Option<Spanned<String>>,
+    upstream_prefix: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -715,14 +863,52 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
         ));
     }
 
+    let cluster = raw
+        .cluster
+        .as_ref()
+        .map(|r| cluster_config(&c, r.get_ref()))
+        .transpose()?;
+    let mut upstreams: Vec<UpstreamConfig> = Vec::new();
+    if let Some(list) = &raw.upstream {
+        if list.get_ref().len() > UPSTREAMS_MAX {
+            return Err(c.err(list.span(), format!("more than {UPSTREAMS_MAX} upstreams")));
+        }
+        for ru in list.get_ref() {
+            let u = upstream_config(&c, ru.get_ref())?;
+            if upstreams.iter().any(|x| x.name == u.name) {
+                return Err(c.err(
+                    ru.get_ref().name.span(),
+                    format!("upstream name {:?} is used twice", u.name),
+                ));
+            }
+            upstreams.push(u);
+        }
+    }
+
     let mut tenants = Vec::with_capacity(raw_tenants.get_ref().len());
     let mut names = HashSet::new();
     let mut hosts_seen: HashSet<String> = HashSet::new();
     let mut listeners_taken: HashSet<SocketAddr> = HashSet::new();
     let mut catch_all_seen = false;
     for raw_tenant in raw_tenants.get_ref() {
-        let t = tenant_config(&c, raw_tenant.get_ref(), &server, base)?;
+        let t = tenant_config(&c, raw_tenant, &server, &upstreams, base)?;
         let rt = raw_tenant.get_ref();
+        if cluster.is_none() {
+            let key = (rt
+                .fleet_rate_per_s
+                .as_ref()
+                .map(|v| (v.span(), "fleet_rate_per_s")))
+            .or(rt
+                .fleet_net_cap
+                .as_ref()
+                .map(|v| (v.span(), "fleet_net_cap")));
+            if let Some((span, key)) = key {
+                return Err(c.err(
+                    span,
+                    format!("{key} needs a [cluster] section (a fleet to share it)"),
+                ));
+            }
+        }
         if !names.insert(t.name.clone()) {
             return Err(c.err(
                 rt.name.span(),
@@ -767,7 +953,58 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
         }
         tenants.push(t);
     }
-    Ok(Config { server, tenants })
+    Ok(Config {
+        server,
+        tenants,
+        cluster,
+        upstreams,
+    })
+}
+
+fn cluster_config(c: &Checker<'_>, r: &RawCluster) -> Result<ClusterConfig, ConfigError> {
+    let redis = r.redis.get_ref().trim();
+    if !redis.starts_with("redis://")
+        || redis.len() <= "redis://".len()
+        || redis.len() > REDIS_URL_BYTES_MAX
+        || redis
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(c.err(
+            r.redis.span(),
+            format!(
+                "redis {:?} must be a URL like \"redis://127.0.0.1:6379\" of at most {REDIS_URL_BYTES_MAX} bytes",
+                r.redis.get_ref()
+            ),
+        ));
+    }
+    let node = match &r.node {
+        None => None,
+        Some(v) => {
+            let s = v.get_ref();
+            let ok = !s.is_empty()
+                && s.len() <= NODE_NAME_BYTES_MAX
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+            if !ok {
+                return Err(c.err(
+                    v.span(),
+                    format!(
+                        "node {s:?} must be 1..={NODE_NAME_BYTES_MAX} characters of [A-Za-z0-9_.-]"
+                    ),
+                ));
+            }
+            Some(s.clone())
+        }
+    };
+    let sync_ms = c
+        .opt_int_in(&r.sync_ms, "sync_ms", SYNC_MS_MIN, SYNC_MS_MAX)?
+        .map_or(SYNC_MS_DEFAULT, |n| n as u64);
+    Ok(ClusterConfig {
+        redis: redis.to_string(),
+        node,
+        sync: Duration::from_millis(sync_ms),
+    })
 }
 
 fn server_config(
@@ -853,6 +1090,58 @@ fn server_config(
                 SENDFILE_MIN_BYTES_MAX,
             )?
             .map_or(d.sendfile_min_bytes, |n| n as u64),
+        body_bytes_max: c
+            .opt_int_in(&s.body_bytes_max, "body_bytes_max", 0, BODY_BYTES_MAX)?
+            .map_or(d.body_bytes_max, |n| n as u64),
+    })
+}
+
+fn upstream_config(c: &Checker<'_>, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    let name = c.name(&u.name, "upstream")?;
+    let list = &u.servers;
+    if list.get_ref().is_empty() || list.get_ref().len() > UPSTREAM_SERVERS_MAX {
+        return Err(c.err(
+            list.span(),
+            format!("servers must have 1..={UPSTREAM_SERVERS_MAX} addresses"),
+        ));
+    }
+    let mut servers = Vec::new();
+    for a in list.get_ref() {
+        let addr = c.addr(a)?;
+        if servers.contains(&addr) {
+            return Err(c.err(a.span(), format!("server {addr} is given twice")));
+        }
+        servers.push(addr);
+    }
+    let ms =
+        |v: &Option<Spanned<i64>>, key: &str, default_ms: u64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(
+                c.opt_int_in(v, key, 1, TIMEOUT_MS_MAX)?
+                    .map_or(default_ms, |n| n as u64),
+            ))
+        };
+    Ok(UpstreamConfig {
+        servers,
+        concurrency_max: c
+            .opt_int_in(
+                &u.concurrency_max,
+                "concurrency_max",
+                1,
+                UPSTREAM_CONCURRENCY_MAX,
+            )?
+            .map_or(256, |n| n as usize),
+        connect_timeout: ms(&u.connect_timeout_ms, "connect_timeout_ms", 1000)?,
+        response_timeout: ms(&u.response_timeout_ms, "response_timeout_ms", 30_000)?,
+        idle_connections_max: c
+            .opt_int_in(
+                &u.idle_connections_max,
+                "idle_connections_max",
+                0,
+                UPSTREAM_IDLE_CONNECTIONS_MAX,
+            )?
+            .map_or(64, |n| n as usize),
+        fair: u.fair.unwrap_or(true),
+        name,
     })
 }
 
@@ -865,10 +1154,12 @@ fn rebase(base: Option<&Path>, p: &Path) -> PathBuf {
 
 fn tenant_config(
     c: &Checker<'_>,
-    t: &RawTenant,
+    table: &Spanned<RawTenant>,
     server: &ServerConfig,
+    upstreams: &[UpstreamConfig],
     base: Option<&Path>,
 ) -> Result<TenantConfig, ConfigError> {
+    let t = table.get_ref();
     let name = c.name(&t.name, "tenant")?;
 
     let mut hosts = Vec::new();
@@ -904,24 +1195,58 @@ fn tenant_config(
         .opt_int_in(&t.weight, "weight", WEIGHT_MIN, WEIGHT_MAX)?
         .map_or(WEIGHT_DEFAULT, |n| n as u32);
 
-    let docroot_raw = t.docroot.get_ref();
-    if docroot_raw.trim().is_empty() {
-        return Err(c.err(t.docroot.span(), "docroot is empty"));
-    }
-    let mut docroot = rebase(base, Path::new(docroot_raw));
-    if base.is_some() {
-        let canonical = docroot
-            .canonicalize()
-            .ok()
-            .filter(|p| p.is_dir())
-            .ok_or_else(|| {
-                c.err(
-                    t.docroot.span(),
-                    format!("docroot {} is not a directory", docroot.display()),
-                )
-            })?;
-        docroot = canonical;
-    }
+    let upstream = match &t.upstream {
+        None => None,
+        Some(v) => Some(
+            upstreams
+                .iter()
+                .position(|u| &u.name == v.get_ref())
+                .ok_or_else(|| {
+                    c.err(v.span(), format!("no [[upstream]] named {:?}", v.get_ref()))
+                })?,
+        ),
+    };
+    let upstream_prefix = match &t.upstream_prefix {
+        None => None,
+        Some(v) if upstream.is_none() => {
+            return Err(c.err(v.span(), "upstream_prefix needs an upstream"));
+        }
+        Some(v) if !v.get_ref().starts_with('/') => {
+            return Err(c.err(v.span(), "upstream_prefix must start with \"/\""));
+        }
+        Some(v) => Some(v.get_ref().clone()),
+    };
+    // A tenant proxied whole needs no docroot; any other does.
+    let docroot = match &t.docroot {
+        None if upstream.is_some() && upstream_prefix.is_none() => PathBuf::new(),
+        None => {
+            return Err(c.err(
+                table.span(),
+                format!("tenant {name:?} has no docroot (only a tenant proxied whole may omit it)"),
+            ))
+        }
+        Some(d) => {
+            let docroot_raw = d.get_ref();
+            if docroot_raw.trim().is_empty() {
+                return Err(c.err(d.span(), "docroot is empty"));
+            }
+            let mut docroot = rebase(base, Path::new(docroot_raw));
+            if base.is_some() {
+                let canonical = docroot
+                    .canonicalize()
+                    .ok()
+                    .filter(|p| p.is_dir())
+                    .ok_or_else(|| {
+                        c.err(
+                            d.span(),
+                            format!("docroot {} is not a directory", docroot.display()),
+                        )
+                    })?;
+                docroot = canonical;
+            }
+            docroot
+        }
+    };
 
     let index = match &t.index {
         None => vec!["index.html".to_string()],
@@ -1046,7 +1371,20 @@ fn tenant_config(
             .map(|n| n as usize),
         synthetic: t.synthetic.unwrap_or(false),
         classes,
+        upstream,
+        upstream_prefix,
         name,
+        fleet: TenantFleet {
+            rate_per_s: c
+                .opt_int_in(
+                    &t.fleet_rate_per_s,
+                    "fleet_rate_per_s",
+                    1,
+                    FLEET_RATE_PER_S_MAX,
+                )?
+                .map(|n| n as u64),
+            net_cap_bytes_per_s: c.rate(&t.fleet_net_cap, "fleet_net_cap")?,
+        },
     })
 }
 
@@ -1496,5 +1834,128 @@ cpu_cap = 2
         assert_eq!(line_col("abc\ndef", 5), (2, 2));
         assert_eq!(line_col("é\nx", 2), (1, 2));
         assert_eq!(line_col("ab", 99), (1, 3));
+    }
+
+    const FLEET: &str = r#"
+[cluster]
+redis = "redis://127.0.0.1:6379"
+node = "n1"
+sync_ms = 100
+
+[[tenant]]
+name = "a"
+docroot = "."
+fleet_rate_per_s = 1000
+fleet_net_cap = "50MB/s"
+
+[[tenant]]
+name = "b"
+hosts = ["b.test"]
+docroot = "."
+"#;
+
+    #[test]
+    fn cluster_and_fleet_caps_are_read() {
+        let c = parse_config(FLEET).expect("valid");
+        assert_eq!(
+            c.cluster,
+            Some(ClusterConfig {
+                redis: "redis://127.0.0.1:6379".into(),
+                node: Some("n1".into()),
+                sync: Duration::from_millis(100),
+            })
+        );
+        assert_eq!(
+            c.tenants[0].fleet,
+            TenantFleet {
+                rate_per_s: Some(1000),
+                net_cap_bytes_per_s: Some(50_000_000),
+            }
+        );
+        assert_eq!(c.tenants[1].fleet, TenantFleet::default());
+        // Without [cluster]: a single node, no fleet caps.
+        assert_eq!(parse_config(FULL).expect("valid").cluster, None);
+        let c = parse_config(&FLEET.replace("node = \"n1\"\nsync_ms = 100\n", "")).expect("valid");
+        let cl = c.cluster.expect("cluster");
+        assert_eq!(
+            (cl.node, cl.sync),
+            (None, Duration::from_millis(SYNC_MS_DEFAULT))
+        );
+    }
+
+    #[test]
+    fn cluster_limits_are_crossed_with_an_error_on_the_line() {
+        let cases = [
+            (
+                "sync_ms = 100",
+                "sync_ms = 9",
+                "sync_ms 9 is outside 10..=60000",
+            ),
+            (
+                "sync_ms = 100",
+                "sync_ms = 60001",
+                "sync_ms 60001 is outside",
+            ),
+            ("node = \"n1\"", "node = \"\"", "node \"\" must be"),
+            (
+                "node = \"n1\"",
+                "node = \"a b\"",
+                "must be 1..=64 characters",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"http://x\"",
+                "must be a URL",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"redis://\"",
+                "must be a URL",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"redis://a b\"",
+                "must be a URL",
+            ),
+            (
+                "fleet_rate_per_s = 1000",
+                "fleet_rate_per_s = 0",
+                "fleet_rate_per_s 0 is outside",
+            ),
+            (
+                "fleet_rate_per_s = 1000",
+                "fleet_rate_per_s = 1000000001",
+                "is outside 1..=1000000000",
+            ),
+            (
+                "fleet_net_cap = \"50MB/s\"",
+                "fleet_net_cap = \"50MB\"",
+                "fleet_net_cap: rate",
+            ),
+            ("sync_ms = 100", "sync_ms = 100\nport = 1", "unknown field"),
+        ];
+        for (from, to, want) in cases {
+            let text = FLEET.replace(from, to);
+            let e = err(&text);
+            assert!(e.message.contains(want), "{to}: {e}");
+            assert!(e.line.is_some(), "{to}: {e}");
+        }
+        let node = format!("node = \"{}\"", "n".repeat(NODE_NAME_BYTES_MAX));
+        assert!(parse_config(&FLEET.replace("node = \"n1\"", &node)).is_ok());
+        let node = format!("node = \"{}\"", "n".repeat(NODE_NAME_BYTES_MAX + 1));
+        assert!(parse_config(&FLEET.replace("node = \"n1\"", &node)).is_err());
+        // Fleet caps need a fleet.
+        let alone = FLEET.replace(
+            "[cluster]\nredis = \"redis://127.0.0.1:6379\"\nnode = \"n1\"\nsync_ms = 100\n",
+            "",
+        );
+        let e = err(&alone);
+        assert!(
+            e.message.contains("fleet_rate_per_s needs a [cluster]"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(6));
+        let e = err(&alone.replace("fleet_rate_per_s = 1000\n", ""));
+        assert!(e.message.contains("fleet_net_cap needs a [cluster]"), "{e}");
     }
 }

@@ -11,11 +11,17 @@
 //! The pool's lock is taken once per read, by a worker submitting and by a reader picking; the
 //! per-message path of the workers never takes it. io_uring per core would remove the threads
 //! and the lock; this is the blocking-pool fallback the architecture allows.
+//!
+//! The `http.disk` stage ([`on_disk`]) is the way back: it runs on the connection's core, in
+//! the tenant's activity, queues the bytes read and writes on; [`submit_read`] is the way in.
 
-use super::{DiskDone, Stages};
+use super::conn::{close, drive, flush, FLOW_CHUNK_BYTES};
+use super::core_server::{with_core, CoreServer};
+use super::tenants::{cap_kind, TenantRuntime};
+use super::Stages;
 use bytes::Bytes;
 use omnistage::account::ActivityId;
-use omnistage::exec::{Affinity, Runtime, SendError, SendOpts};
+use omnistage::exec::{Affinity, Ctx, Runtime, SendError, SendOpts};
 use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -86,7 +92,7 @@ impl DiskPool {
             let spec = ShaperSpec {
                 kind: ShaperKind::Token,
                 rate_per_s: rate,
-                burst: (rate / 100).max(super::FLOW_CHUNK_BYTES as u64),
+                burst: (rate / 100).max(FLOW_CHUNK_BYTES as u64),
             };
             tree.set_shaper(disk, Some(spec), 0)
                 .expect("validated by the config");
@@ -257,4 +263,91 @@ fn read(job: &DiskJob) -> Result<Bytes, std::io::Error> {
         ));
     }
     Ok(Bytes::from(v).slice(from..to))
+}
+
+/// A finished disk read, on its way back to the connection's core.
+pub(super) struct DiskDone {
+    pub(super) key: u64,
+    pub(super) offset: u64,
+    /// `None`: the read failed.
+    pub(super) data: Option<Bytes>,
+}
+
+/// One chunk to read.
+pub(super) struct ChunkRead {
+    pub(super) file: Arc<File>,
+    pub(super) offset: u64,
+    pub(super) len: usize,
+    /// The descriptor was opened with O_DIRECT.
+    pub(super) direct: bool,
+}
+
+/// Hands the read of a body chunk to the disk stage, in the tenant's name.
+pub(super) fn submit_read(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    pool: &Arc<DiskPool>,
+    key: u64,
+    tenant: Option<Arc<TenantRuntime>>,
+    read: ChunkRead,
+) -> bool {
+    let Some(tr) = tenant else { return false };
+    let live = cs.live.clone();
+    let Some(t) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+        return false;
+    };
+    let job = DiskJob {
+        core: ctx.core() as u16,
+        key,
+        activity: tr.activity,
+        weight: t.weight,
+        cap: t.disk_cap_bytes_per_s.map(|r| ShaperSpec {
+            kind: cap_kind(t.cap_kind),
+            rate_per_s: r,
+            burst: (r / 100).max(FLOW_CHUNK_BYTES as u64),
+        }),
+        file: read.file,
+        offset: read.offset,
+        len: read.len,
+        direct: read.direct,
+    };
+    if !pool.submit(job) {
+        return false;
+    }
+    if let Some(body) = cs.conn(key).and_then(|c| c.body.as_mut()) {
+        body.in_flight = true;
+    }
+    true
+}
+
+/// A disk read came back: queue its bytes (no copy) and go on writing.
+pub(super) fn on_disk(ctx: &mut Ctx<'_>, d: DiskDone) {
+    with_core(|cs| {
+        cs.refresh();
+        let key = d.key;
+        let Some(c) = cs.conn(key) else { return };
+        let Some(body) = c.body.as_mut() else { return };
+        if !body.in_flight || body.offset != d.offset {
+            return;
+        }
+        body.in_flight = false;
+        let Some(data) = d.data else {
+            // A failed read: the length already promised cannot be honoured.
+            close(ctx, cs, key);
+            return;
+        };
+        let n = data.len() as u64;
+        body.offset += n;
+        body.remaining = body.remaining.saturating_sub(n);
+        if body.remaining == 0 {
+            c.body = None;
+        }
+        c.out.push_shared(data);
+        if let Some(t) = &c.tenant {
+            t.disk_bytes.fetch_add(n, Ordering::Relaxed);
+        }
+        if flush(ctx, cs, key) {
+            drive(ctx, cs, key);
+        }
+    });
 }

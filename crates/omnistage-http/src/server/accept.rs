@@ -1,0 +1,100 @@
+//! `http.accept`: listener readiness. Accepts connections (a bounded number per event), holds
+//! the server's `connections_max`, registers each connection with this core's poller for the
+//! `http.conn` stage and arms its header deadline. Also binds the listening sockets
+//! (`SO_REUSEPORT`, one per address and worker). Runs in `/infra`.
+
+use super::conn::Conn;
+use super::core_server::{key_of, with_core};
+use super::output::Output;
+use super::timer::Tick;
+use omnistage::activity::INFRA;
+use omnistage::exec::{Ctx, IoEvent};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+
+/// Most connections accepted per listener event before yielding.
+const ACCEPTS_PER_EVENT_MAX: usize = 128;
+
+pub(super) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    Ok(s.into())
+}
+
+pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
+    with_core(|cs| {
+        cs.refresh();
+        let idx = ev.user as usize;
+        let now = ctx.now_ns();
+        for n in 0..=ACCEPTS_PER_EVENT_MAX {
+            if n == ACCEPTS_PER_EVENT_MAX {
+                // More may be waiting: come back after others had their turn.
+                let _ = ctx.send(&cs.stages.accept, ev);
+                break;
+            }
+            let Some((listener, _, local)) = cs.listeners.get(idx) else {
+                return;
+            };
+            let local = *local;
+            let (mut stream, peer) = match listener.accept() {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // WouldBlock: drained. Other errors (EMFILE, ECONNABORTED): try again on the
+                // next readiness rather than spin.
+                Err(_) => break,
+            };
+            let shared = cs.shared.clone();
+            let stats = &shared.stats;
+            // Take a place first, then check, so cores accepting at once cannot overshoot.
+            if stats.open_connections.fetch_add(1, Ordering::AcqRel)
+                >= cs.live.config.server.connections_max
+            {
+                // Over the server's limit: refuse at once rather than let it wait unserved.
+                stats.open_connections.fetch_sub(1, Ordering::AcqRel);
+                stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let _ = stream.set_nodelay(true);
+            let (slot, generation) = cs.reserve();
+            let key = key_of(slot, generation);
+            let interest = mio::Interest::READABLE | mio::Interest::WRITABLE;
+            let handle = match ctx.io_register(&mut stream, interest, &cs.stages.conn, key) {
+                Ok(h) => h,
+                Err(_) => {
+                    cs.release(slot);
+                    stats.open_connections.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+            };
+            stats.accepted.fetch_add(1, Ordering::Relaxed);
+            cs.conns[slot as usize] = Some(Conn {
+                stream,
+                handle,
+                peer,
+                local,
+                generation,
+                tenant: None,
+                activity: INFRA,
+                inbuf: Vec::new(),
+                read_stalled: false,
+                out: Output::default(),
+                body: None,
+                send_blocked: false,
+                busy: false,
+                closing: false,
+                request_start_ns: now,
+                last_progress_ns: now,
+                last_active_ns: now,
+                requests: 0,
+                proxy: None,
+            });
+            let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
+            let _ = ctx.send_after(&cs.stages.timer, timeout_ns, Tick::Deadline { key });
+        }
+    });
+}

@@ -1,0 +1,93 @@
+//! `http.boot`: a core's life cycle. `Start` takes this core's listening sockets, registers
+//! them and builds the core's [`CoreServer`]; `Drain` stops accepting; `FlushLog` writes out the
+//! core's access-log buffer for `Server::drain`. Runs in `/infra`.
+
+use super::conn::READ_CHUNK_BYTES;
+use super::core_server::{with_core, CoreServer, CORE, LOG_BUFFER_BYTES, LOG_FLUSH_INTERVAL_NS};
+use super::send_sched::SendSched;
+use super::shared::ServerShared;
+use super::timer::Tick;
+use super::work::ServeScratch;
+use super::Stages;
+use crate::request::Limits;
+use crate::response::DateCache;
+use omnistage::exec::Ctx;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+pub(super) enum Boot {
+    Start,
+    /// Stop accepting.
+    Drain,
+    /// Write out this core's access-log buffer; counts itself done.
+    FlushLog(Arc<AtomicUsize>),
+}
+
+pub(super) fn on_boot(
+    ctx: &mut Ctx<'_>,
+    m: Boot,
+    shared: &Arc<ServerShared>,
+    stages: &std::sync::OnceLock<Stages>,
+) {
+    let stages = *stages.get().expect("stages set before start");
+    match m {
+        Boot::Start => {
+            // The version first: a reload in between is then picked up at the next refresh.
+            let live_version = shared.live_version.load(Ordering::Acquire);
+            let live = shared.live.read().expect("live lock").clone();
+            let core = ctx.core();
+            let taken = std::mem::take(&mut shared.listeners.lock().expect("listeners lock")[core]);
+            let mut listeners = Vec::new();
+            for (i, l) in taken.into_iter().enumerate() {
+                // Tenants are bound to listeners by the address as configured (port 0 too).
+                let addr = live.config.server.listen[i];
+                let mut l = mio::net::TcpListener::from_std(l);
+                match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, i as u64) {
+                    Ok(h) => listeners.push((l, h, addr)),
+                    Err(e) => {
+                        eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}")
+                    }
+                }
+            }
+            let proxy = super::upstream_pool::ProxyCore::new(&live.config, shared.workers);
+            CORE.with(|c| {
+                *c.borrow_mut() = Some(CoreServer {
+                    shared: shared.clone(),
+                    stages,
+                    live,
+                    live_version,
+                    send_version: 0,
+                    conns: Vec::new(),
+                    free: Vec::new(),
+                    generations: Vec::new(),
+                    listeners,
+                    date: DateCache::new(),
+                    log: Vec::with_capacity(LOG_BUFFER_BYTES),
+                    limits: Limits::default(),
+                    files: HashMap::new(),
+                    serve_scratch: ServeScratch::default(),
+                    proxy,
+                    send: SendSched::for_config(&shared.live.read().expect("live lock")),
+                    cache_used: 0,
+                    cache_by_activity: HashMap::new(),
+                    workers: shared.workers,
+                    scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
+                })
+            });
+            let _ = ctx.send_after(&stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+        }
+        Boot::Drain => {
+            with_core(|cs| {
+                for (mut l, h, _) in cs.listeners.drain(..) {
+                    let _ = ctx.io_deregister(h, &mut l);
+                }
+                cs.flush_log();
+            });
+        }
+        Boot::FlushLog(done) => {
+            with_core(|cs| cs.flush_log());
+            done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}

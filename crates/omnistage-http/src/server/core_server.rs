@@ -1,0 +1,176 @@
+//! The per-core server state ([`CoreServer`]): the connection table (slots with generations),
+//! this core's listeners, view of the live configuration, date cache, access-log buffer and
+//! reused buffers. It lives in a thread-local: each worker runs the handlers of its own core
+//! only, and handlers never call each other (they send messages), so a `RefCell` borrow is
+//! never held across another.
+
+use super::conn::Conn;
+use super::file_cache::CachedFile;
+use super::send_sched::SendSched;
+use super::shared::ServerShared;
+use super::tenants::Live;
+use super::work::ServeScratch;
+use super::Stages;
+use crate::request::Limits;
+use crate::response::DateCache;
+use omnistage::account::ActivityId;
+use omnistage::exec::IoHandle;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Access log bytes buffered per core before a write.
+pub(super) const LOG_BUFFER_BYTES: usize = 32 * 1024;
+/// How often each core flushes its access log buffer.
+pub(super) const LOG_FLUSH_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Longest `Date` value kept by [`DateText`] (an IMF-fixdate is 29 bytes).
+const DATE_TEXT_BYTES_MAX: usize = 32;
+
+/// A copy of the current `Date` value on the stack, so that a response can be written while
+/// the core is borrowed (no `String` per response).
+#[derive(Clone, Copy)]
+pub(super) struct DateText {
+    pub(super) bytes: [u8; DATE_TEXT_BYTES_MAX],
+    pub(super) len: usize,
+}
+
+impl DateText {
+    /// Copies `s`, cut at [`DATE_TEXT_BYTES_MAX`] bytes (on a char boundary).
+    pub(super) fn new(s: &str) -> Self {
+        let mut len = s.len().min(DATE_TEXT_BYTES_MAX);
+        while !s.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0u8; DATE_TEXT_BYTES_MAX];
+        bytes[..len].copy_from_slice(&s.as_bytes()[..len]);
+        DateText { bytes, len }
+    }
+}
+
+impl std::ops::Deref for DateText {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // A prefix of a `str` cut on a char boundary.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+}
+
+pub(super) struct CoreServer {
+    pub(super) shared: Arc<ServerShared>,
+    pub(super) stages: Stages,
+    pub(super) live: Arc<Live>,
+    pub(super) live_version: u64,
+    /// The `ServerShared::send_version` the send scheduler's weights follow.
+    pub(super) send_version: u64,
+    pub(super) conns: Vec<Option<Conn>>,
+    pub(super) free: Vec<u32>,
+    pub(super) generations: Vec<u32>,
+    pub(super) listeners: Vec<(mio::net::TcpListener, IoHandle, SocketAddr)>,
+    pub(super) date: DateCache,
+    pub(super) log: Vec<u8>,
+    pub(super) limits: Limits,
+    /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`,
+    /// emptied when the configuration changes (a docroot may have moved).
+    pub(super) files: HashMap<(ActivityId, String), CachedFile>,
+    /// Reused by every request served here: its file-cache key and decoding buffer.
+    pub(super) serve_scratch: ServeScratch,
+    /// This core's upstreams and its connections to them.
+    pub(super) proxy: super::upstream_pool::ProxyCore,
+    /// The send scheduler, when caps are configured; otherwise connections write directly.
+    pub(super) send: Option<SendSched>,
+    /// Bytes of file content cached on this core, and per activity.
+    pub(super) cache_used: usize,
+    pub(super) cache_by_activity: HashMap<ActivityId, usize>,
+    pub(super) workers: usize,
+    /// Reused read buffer: sockets are read here and only the bytes received are appended to
+    /// the connection's buffer (no zeroing of a fresh buffer per read).
+    pub(super) scratch: Box<[u8]>,
+}
+
+thread_local! {
+    pub(super) static CORE: RefCell<Option<CoreServer>> = const { RefCell::new(None) };
+}
+
+pub(super) fn with_core<R>(f: impl FnOnce(&mut CoreServer) -> R) -> Option<R> {
+    CORE.with(|c| c.borrow_mut().as_mut().map(f))
+}
+
+pub(super) fn key_of(slot: u32, generation: u32) -> u64 {
+    u64::from(generation) << 32 | u64::from(slot)
+}
+
+impl CoreServer {
+    /// Picks up a reload: the new config and tenants, and an empty file cache (a docroot may
+    /// have changed).
+    pub(super) fn refresh(&mut self) {
+        let v = self.shared.live_version.load(Ordering::Acquire);
+        if v != self.live_version {
+            // Clear under the old tenants, so each one's count goes back down.
+            self.cache_clear();
+            self.live = self.shared.live.read().expect("live lock").clone();
+            self.live_version = v;
+            self.proxy.configure(&self.live.config, self.workers);
+            match &mut self.send {
+                Some(ss) => ss.configure(&self.live, 0),
+                None => self.send = SendSched::for_config(&self.live),
+            }
+        }
+        let sv = self.shared.send_version.load(Ordering::Acquire);
+        if sv != self.send_version {
+            self.send_version = sv;
+            if let Some(ss) = &mut self.send {
+                ss.reweight(&self.live);
+            }
+        }
+    }
+
+    pub(super) fn conn(&mut self, key: u64) -> Option<&mut Conn> {
+        let slot = (key & 0xFFFF_FFFF) as usize;
+        let generation = (key >> 32) as u32;
+        match self.conns.get_mut(slot) {
+            Some(Some(c)) if c.generation == generation => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Reserves a connection slot; returns (slot, generation). Fill it or `release` it.
+    pub(super) fn reserve(&mut self) -> (u32, u32) {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(None);
+                self.generations.push(0);
+                (self.conns.len() - 1) as u32
+            }
+        };
+        let generation = self.generations[slot as usize].wrapping_add(1);
+        self.generations[slot as usize] = generation;
+        (slot, generation)
+    }
+
+    pub(super) fn release(&mut self, slot: u32) {
+        self.conns[slot as usize] = None;
+        self.free.push(slot);
+    }
+
+    pub(super) fn date(&mut self) -> DateText {
+        DateText::new(self.date.get(SystemTime::now()))
+    }
+
+    pub(super) fn flush_log(&mut self) {
+        if self.log.is_empty() {
+            return;
+        }
+        if let Some(log) = &self.shared.log {
+            if let Ok(mut w) = log.lock() {
+                let _ = w.write_all(&self.log);
+            }
+        }
+        self.log.clear();
+    }
+}

@@ -1,0 +1,164 @@
+//! The per-core open-file cache (like nginx's `open_file_cache`): resolved, opened files with
+//! their validators, and the bytes of small files, held within the server's `cache_bytes_max`
+//! split between the cores and shared by the tenants by budget (their `cache_bytes`, else their
+//! weight's part); the tenant furthest above its budget gives back first.
+
+use super::core_server::CoreServer;
+use bytes::Bytes;
+use omnistage::account::ActivityId;
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// Files up to this size are kept in memory by the cache (larger ones are streamed).
+pub(super) const CACHE_FILE_BYTES_MAX: u64 = 1 << 20;
+/// Open files (with their validators) kept per core, like nginx's `open_file_cache`.
+pub(super) const FILE_CACHE_ENTRIES_MAX: usize = 1024;
+/// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
+/// late (its old bytes and validators may be served until then).
+pub(super) const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
+
+/// A resolved, opened file with its response headers precomputed.
+pub(super) struct CachedFile {
+    pub(super) file: Arc<File>,
+    pub(super) len: u64,
+    pub(super) modified: SystemTime,
+    /// Shared so a response can hold them while the core is borrowed (a count, not a copy).
+    pub(super) etag: Arc<str>,
+    pub(super) last_modified: Arc<str>,
+    pub(super) content_type: &'static str,
+    pub(super) expires_ns: u64,
+    /// The file's bytes, when the cache holds them (sent as shared slices, without copying).
+    pub(super) content: Option<Bytes>,
+    /// The descriptor was opened with O_DIRECT (reads must be aligned).
+    pub(super) direct: bool,
+}
+
+impl CoreServer {
+    /// This core's part of the cache's byte limit.
+    pub(super) fn cache_limit(&self) -> usize {
+        (self.live.config.server.cache_bytes_max / self.workers.max(1) as u64) as usize
+    }
+
+    /// This core's part of an activity's cache budget: its `cache_bytes`, or else its
+    /// weight's share of the limit.
+    pub(super) fn cache_budget(&self, activity: ActivityId) -> usize {
+        let cfg = &self.live.config;
+        let wsum: u64 = cfg
+            .tenants
+            .iter()
+            .map(|t| u64::from(t.weight))
+            .sum::<u64>()
+            .max(1);
+        let workers = self.workers.max(1) as u64;
+        for (t, tr) in cfg.tenants.iter().zip(&self.live.tenants) {
+            if tr.activity == activity {
+                return match t.cache_bytes {
+                    Some(b) => (b / workers) as usize,
+                    None => (self.cache_limit() as u64 * u64::from(t.weight) / wsum) as usize,
+                };
+            }
+        }
+        0
+    }
+
+    pub(super) fn cache_account(&mut self, activity: ActivityId, delta: isize) {
+        let used = self.cache_by_activity.entry(activity).or_insert(0);
+        *used = (*used as isize + delta).max(0) as usize;
+        self.cache_used = (self.cache_used as isize + delta).max(0) as usize;
+        if let Some(tr) = self.live.tenants.iter().find(|t| t.activity == activity) {
+            if delta >= 0 {
+                tr.cache_bytes.fetch_add(delta as u64, Ordering::Relaxed);
+            } else {
+                tr.cache_bytes
+                    .fetch_sub(delta.unsigned_abs() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Drops the cached content of one entry.
+    pub(super) fn cache_drop(&mut self, k: &(ActivityId, String)) {
+        let freed = self
+            .files
+            .get_mut(k)
+            .and_then(|f| f.content.take())
+            .map(|b| b.len());
+        if let Some(n) = freed {
+            self.cache_account(k.0, -(n as isize));
+        }
+    }
+
+    /// Forgets every cached file (after a reload, or when the entry table is full).
+    pub(super) fn cache_clear(&mut self) {
+        let keys: Vec<_> = self.files.keys().cloned().collect();
+        for k in &keys {
+            self.cache_drop(k);
+        }
+        self.files.clear();
+    }
+
+    /// Makes room for `need` more bytes of `for_activity` by reclaiming from the activity
+    /// furthest above its budget (counting `need` as already `for_activity`'s, so a tenant
+    /// that would go over its budget reclaims from itself); false if it cannot.
+    pub(super) fn cache_make_room(&mut self, need: usize, for_activity: ActivityId) -> bool {
+        let limit = self.cache_limit();
+        if need > limit {
+            return false;
+        }
+        // Each round drops one entry; there are at most FILE_CACHE_ENTRIES_MAX.
+        for _ in 0..=FILE_CACHE_ENTRIES_MAX {
+            if self.cache_used + need <= limit {
+                return true;
+            }
+            let own = self
+                .cache_by_activity
+                .get(&for_activity)
+                .copied()
+                .unwrap_or(0);
+            let victim = self
+                .cache_by_activity
+                .iter()
+                .filter(|(&a, &u)| u > 0 && a != for_activity)
+                .map(|(&a, &u)| (a, u))
+                .chain(std::iter::once((for_activity, own + need)))
+                .map(|(a, u)| (a, u as f64 / self.cache_budget(a).max(1) as f64))
+                .max_by(|x, y| x.1.total_cmp(&y.1))
+                .map(|(a, _)| a);
+            let Some(victim) = victim else { return false };
+            if victim == for_activity && own == 0 {
+                // The requester alone would be furthest above its budget: do not cache.
+                return false;
+            }
+            let entry = self
+                .files
+                .iter()
+                .filter(|(k, f)| k.0 == victim && f.content.is_some())
+                .max_by_key(|(_, f)| f.len)
+                .map(|(k, _)| k.clone());
+            match entry {
+                Some(k) => self.cache_drop(&k),
+                None => {
+                    self.cache_by_activity.remove(&victim);
+                }
+            }
+        }
+        false
+    }
+}
+
+/// Opens a file to serve; with `direct`, bypassing the page cache (O_DIRECT), falling back to
+/// a normal open where the file system refuses it.
+pub(super) fn open_file(path: &std::path::Path, direct: bool) -> std::io::Result<File> {
+    if direct {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            return Ok(f);
+        }
+    }
+    File::open(path)
+}

@@ -1,0 +1,448 @@
+//! The send scheduler's state ([`SendSched`]): a scheduling tree charged in bytes (SFQ under a
+//! link shaper, one node per tenant with its weight and cap, a leaf per connection), and per
+//! tenant with a `send_order` other than `fair` one leaf whose ordered queue (FIFO, shortest or
+//! longest first, with aging) picks the response. Pure data: the `http.send` stage drives it.
+
+use super::tenants::{cap_kind, Live, TenantRuntime};
+use crate::config::SendOrder;
+use omnistage::account::ActivityId;
+use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+/// Bytes one pick of the send scheduler may write before it decides again: the quantum of
+/// byte-fairness between connections.
+pub(super) const SEND_QUANTUM_BYTES: usize = 16 * 1024;
+/// Most picks per dispatch of the send stage before it yields to the CPU scheduler.
+pub(super) const SEND_PICKS_PER_DISPATCH: usize = 64;
+/// Aging of `shortest_first` and `longest_first`: a response's rank improves by one byte for
+/// every this many bytes its tenant sent after it arrived, so no response waits behind
+/// newcomers for more than this many times its own size (or, longest first, the largest
+/// newcomer's) of its tenant's traffic.
+const SEND_ORDER_AGING_FACTOR: u64 = 16;
+/// Stale entries an ordered send queue may hold beyond twice its live ones before it is
+/// compacted.
+const SEND_QUEUE_SLACK: usize = 64;
+
+/// The network send resource stage of one core: a scheduling tree charged in bytes.
+pub(super) struct SendSched {
+    pub(super) tree: Tree,
+    pub(super) link: NodeId,
+    pub(super) tenants: HashMap<ActivityId, NodeId>,
+    pub(super) leaves: HashMap<u64, NodeId>,
+    pub(super) conn_of: HashMap<NodeId, u64>,
+    /// An immediate `Pump` is queued.
+    pub(super) pump_queued: bool,
+    /// A `Pump` waits on a timer for a shaper (it does not stand for the immediate one: a
+    /// tenant that is not throttled must not wait for one that is).
+    pub(super) pump_timer: bool,
+    /// Per tenant with a `send_order` other than `fair`: the one leaf that stands for all its
+    /// connections (created on its first send; at most one per tenant).
+    pub(super) queue_leaf: HashMap<ActivityId, NodeId>,
+    /// The ordered queue behind each such leaf.
+    pub(super) queues: HashMap<NodeId, OrderedQueue>,
+    /// Connection → (queue leaf, entry id) of its one live entry in an ordered queue.
+    pub(super) queued: HashMap<u64, (NodeId, u64)>,
+    /// Connection → when its pending output arrived in its ordered queue (kept while it waits
+    /// for the socket or the disk; forgotten when the output is done).
+    pub(super) arrivals: HashMap<u64, Arrival>,
+    /// Each configured tenant's `send_order`, by activity (refreshed by `configure`).
+    pub(super) order_of: HashMap<ActivityId, SendOrder>,
+}
+
+/// When a response arrived in an ordered queue.
+#[derive(Clone, Copy)]
+pub(super) struct Arrival {
+    /// The queue's bytes sent by then (the clock of aging).
+    pub(super) sent_bytes: u64,
+    /// Arrival number in the queue (the FIFO order, and the tie-break of the others).
+    pub(super) seq: u64,
+    /// Bytes the connection had to send when it arrived.
+    pub(super) bytes: u64,
+}
+
+/// A tenant's pending responses in its `send_order`: a binary heap of
+/// `(rank, arrival seq, entry id, connection)`, smallest first, with lazy deletion (an entry is
+/// live while `SendSched::queued` names it). A decision is O(log n); entries are reused, and
+/// stale ones are compacted away once they outnumber the live ones (plus a slack), so the
+/// heap stays within twice the tenant's connections on this core.
+pub(super) struct OrderedQueue {
+    pub(super) order: SendOrder,
+    pub(super) heap: BinaryHeap<Reverse<(u64, u64, u64, u64)>>,
+    pub(super) live: usize,
+    pub(super) next_entry: u64,
+    pub(super) next_arrival: u64,
+    pub(super) sent_bytes: u64,
+}
+
+/// The heap rank of a response (smaller goes first). Shortest first ranks by the bytes left
+/// (SRPT); longest first by the bytes the response had when it arrived (ranking it by the
+/// bytes left would be LRPT, which evens out the large responses until every one, small ones
+/// too, finishes together at the end).
+fn send_rank(order: SendOrder, remaining_bytes: u64, arrival: Arrival) -> u64 {
+    let age = arrival.sent_bytes / SEND_ORDER_AGING_FACTOR;
+    // Byte counts are far below 2^62 (a body is bounded by a file size).
+    const TOP: u64 = 1 << 62;
+    match order {
+        SendOrder::Fair | SendOrder::Fifo => 0,
+        SendOrder::ShortestFirst => remaining_bytes.min(TOP).saturating_add(age),
+        SendOrder::LongestFirst => (TOP - arrival.bytes.min(TOP)).saturating_add(age),
+    }
+}
+
+pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
+    ShaperSpec {
+        kind,
+        rate_per_s,
+        // 10 ms of the rate, at least one quantum (a smaller bucket could never admit a write).
+        burst: (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64),
+    }
+}
+
+impl SendSched {
+    /// A scheduler with only the link node (bytes as costs) and no tenants yet.
+    pub(super) fn empty() -> SendSched {
+        let mut tree = Tree::new(PolicyKind::Sfq);
+        // Costs are bytes: no minimum beyond one byte.
+        tree.set_min_cost(1);
+        let link = tree
+            .add_interior(tree.root(), ClientParams::default(), PolicyKind::Sfq)
+            .expect("a new tree has room");
+        SendSched {
+            tree,
+            link,
+            tenants: HashMap::new(),
+            leaves: HashMap::new(),
+            conn_of: HashMap::new(),
+            pump_queued: false,
+            pump_timer: false,
+            queue_leaf: HashMap::new(),
+            queues: HashMap::new(),
+            queued: HashMap::new(),
+            arrivals: HashMap::new(),
+            order_of: HashMap::new(),
+        }
+    }
+
+    /// A send scheduler if the configuration caps the link or any tenant's network rate.
+    pub(super) fn for_config(live: &Live) -> Option<SendSched> {
+        let config = &live.config;
+        let any_cap = config.server.net_link_cap_bytes_per_s.is_some()
+            || config
+                .tenants
+                .iter()
+                .any(|t| t.net_cap_bytes_per_s.is_some());
+        if !any_cap {
+            return None;
+        }
+        let mut s = SendSched::empty();
+        s.configure(live, 0);
+        Some(s)
+    }
+
+    /// Re-weights the tenants' nodes after a change of the fleet layer's send weights (caps,
+    /// orders and the link's bucket are left as they are).
+    pub(super) fn reweight(&mut self, live: &Live) {
+        for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            if let Some(&n) = self.tenants.get(&tr.activity) {
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
+            }
+        }
+    }
+
+    /// Applies the link cap and the weight and cap of every tenant that has a node (after a
+    /// reload, too).
+    pub(super) fn configure(&mut self, live: &Live, now_ns: u64) {
+        let link_cap = live
+            .config
+            .server
+            .net_link_cap_bytes_per_s
+            .map(|r| bucket(ShaperKind::Token, r));
+        let _ = self.tree.set_shaper(self.link, link_cap, now_ns);
+        self.order_of.clear();
+        for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            self.order_of.insert(tr.activity, t.send_order);
+            if let Some(&n) = self.tenants.get(&tr.activity) {
+                let cap = t
+                    .net_cap_bytes_per_s
+                    .map(|r| bucket(cap_kind(t.cap_kind), r));
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
+                let _ = self.tree.set_shaper(n, cap, now_ns);
+            }
+            // A changed order ranks the entries pushed from now on; a tenant that went back to
+            // `fair` keeps its queue until it drains (its connections move to their own leaves
+            // as they next get output).
+            if t.send_order != SendOrder::Fair {
+                if let Some(q) = self
+                    .queue_leaf
+                    .get(&tr.activity)
+                    .and_then(|l| self.queues.get_mut(l))
+                {
+                    q.order = t.send_order;
+                }
+            }
+        }
+    }
+
+    /// The ordered queue's leaf of a tenant, created under its node on first use.
+    pub(super) fn queue_leaf(
+        &mut self,
+        activity: ActivityId,
+        node: NodeId,
+        order: SendOrder,
+    ) -> Option<NodeId> {
+        if let Some(&l) = self.queue_leaf.get(&activity) {
+            return Some(l);
+        }
+        let l = self.tree.add_leaf(node, ClientParams::default()).ok()?;
+        self.queue_leaf.insert(activity, l);
+        self.queues.insert(
+            l,
+            OrderedQueue {
+                order,
+                heap: BinaryHeap::new(),
+                live: 0,
+                next_entry: 0,
+                next_arrival: 0,
+                sent_bytes: 0,
+            },
+        );
+        Some(l)
+    }
+
+    /// Puts a connection's pending output in an ordered queue (a no-op if it is there).
+    /// Returns whether it was pushed.
+    pub(super) fn enqueue(&mut self, leaf: NodeId, key: u64, remaining_bytes: u64) -> bool {
+        match self.queued.get(&key) {
+            Some(&(l, _)) if l == leaf => return false,
+            Some(_) => self.dequeue(key),
+            None => {}
+        }
+        let Some(q) = self.queues.get_mut(&leaf) else {
+            return false;
+        };
+        let arrival = *self.arrivals.entry(key).or_insert_with(|| {
+            q.next_arrival += 1;
+            Arrival {
+                sent_bytes: q.sent_bytes,
+                seq: q.next_arrival,
+                bytes: remaining_bytes,
+            }
+        });
+        q.next_entry += 1;
+        let entry = q.next_entry;
+        let rank = send_rank(q.order, remaining_bytes, arrival);
+        q.heap.push(Reverse((rank, arrival.seq, entry, key)));
+        q.live += 1;
+        self.queued.insert(key, (leaf, entry));
+        true
+    }
+
+    /// Takes the first live connection out of an ordered queue.
+    pub(super) fn pop_queued(&mut self, leaf: NodeId) -> Option<u64> {
+        let q = self.queues.get_mut(&leaf)?;
+        while let Some(Reverse((_, _, entry, key))) = q.heap.pop() {
+            if self.queued.get(&key) == Some(&(leaf, entry)) {
+                self.queued.remove(&key);
+                q.live -= 1;
+                return Some(key);
+            }
+        }
+        None
+    }
+
+    /// Withdraws a connection from its ordered queue, if it is in one (the queue's leaf goes
+    /// idle when nothing live is left). Not for a leaf in service.
+    pub(super) fn dequeue(&mut self, key: u64) {
+        let Some((leaf, _)) = self.queued.remove(&key) else {
+            return;
+        };
+        let queued = &self.queued;
+        if let Some(q) = self.queues.get_mut(&leaf) {
+            q.live -= 1;
+            if q.live == 0 {
+                q.heap.clear();
+                self.tree.leaf_idle(leaf);
+            } else if q.heap.len() > 2 * q.live + SEND_QUEUE_SLACK {
+                q.heap
+                    .retain(|Reverse((_, _, e, k))| queued.get(k) == Some(&(leaf, *e)));
+            }
+        }
+    }
+
+    /// Live connections in an ordered queue (0 for a leaf that is not one).
+    pub(super) fn queue_live(&self, leaf: NodeId) -> usize {
+        self.queues.get(&leaf).map_or(0, |q| q.live)
+    }
+
+    /// The tenant's node, created with its weight and cap on its first send.
+    pub(super) fn tenant_node(
+        &mut self,
+        tr: &TenantRuntime,
+        t: &crate::config::TenantConfig,
+        now_ns: u64,
+    ) -> Option<NodeId> {
+        let activity = tr.activity;
+        let params = ClientParams::weight(send_weight(t, tr));
+        let cap = t
+            .net_cap_bytes_per_s
+            .map(|r| bucket(cap_kind(t.cap_kind), r));
+        match self.tenants.get(&activity) {
+            Some(&n) => Some(n),
+            None => {
+                let n = self
+                    .tree
+                    .add_interior(self.link, params, PolicyKind::Sfq)
+                    .ok()?;
+                let _ = self.tree.set_shaper(n, cap, now_ns);
+                self.tenants.insert(activity, n);
+                Some(n)
+            }
+        }
+    }
+
+    pub(super) fn forget(&mut self, key: u64) {
+        self.dequeue(key);
+        self.arrivals.remove(&key);
+        self.forget_leaf(key);
+    }
+
+    /// Removes a connection's own leaf (`fair`), if it has one.
+    pub(super) fn forget_leaf(&mut self, key: u64) {
+        if let Some(leaf) = self.leaves.remove(&key) {
+            self.conn_of.remove(&leaf);
+            self.tree.leaf_idle(leaf);
+            // Refused only for a leaf in service, which `close` never meets: the pump charges
+            // before it closes.
+            let _ = self.tree.remove(leaf);
+        }
+    }
+}
+
+/// A tenant's weight in the send scheduler: the fleet layer's, else the configured one.
+fn send_weight(t: &crate::config::TenantConfig, tr: &TenantRuntime) -> u32 {
+    tr.fleet.send_weight().unwrap_or(t.weight)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A send scheduler with one tenant (activity 7) and its ordered queue's leaf.
+    fn sched(order: SendOrder) -> (SendSched, NodeId) {
+        let mut ss = SendSched::empty();
+        let node = ss
+            .tree
+            .add_interior(ss.link, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let leaf = ss.queue_leaf(7, node, order).unwrap();
+        (ss, leaf)
+    }
+
+    /// Pops every live connection, in queue order.
+    fn drain(ss: &mut SendSched, leaf: NodeId) -> Vec<u64> {
+        std::iter::from_fn(|| ss.pop_queued(leaf)).collect()
+    }
+
+    #[test]
+    fn ordered_queue_serves_by_order() {
+        // Connections 1, 2, 3 arrive in that order with 500, 5, 50 bytes to send.
+        let sizes = [(1, 500), (2, 5), (3, 50)];
+        for (order, want) in [
+            (SendOrder::Fifo, vec![1, 2, 3]),
+            (SendOrder::ShortestFirst, vec![2, 3, 1]),
+            (SendOrder::LongestFirst, vec![1, 3, 2]),
+        ] {
+            let (mut ss, leaf) = sched(order);
+            for (key, bytes) in sizes {
+                assert!(ss.enqueue(leaf, key, bytes));
+                assert!(!ss.enqueue(leaf, key, bytes), "queued twice");
+            }
+            assert_eq!(ss.queue_live(leaf), 3);
+            assert_eq!(drain(&mut ss, leaf), want, "{order:?}");
+            assert_eq!(ss.queue_live(leaf), 0);
+        }
+    }
+
+    #[test]
+    fn fifo_keeps_a_response_at_the_head_across_quanta() {
+        let (mut ss, leaf) = sched(SendOrder::Fifo);
+        ss.enqueue(leaf, 1, 100);
+        ss.enqueue(leaf, 2, 10);
+        // Served one quantum, still pending: it keeps its arrival.
+        assert_eq!(ss.pop_queued(leaf), Some(1));
+        ss.enqueue(leaf, 1, 90);
+        assert_eq!(ss.pop_queued(leaf), Some(1));
+        // Blocked on its socket, then back: still first.
+        ss.enqueue(leaf, 1, 80);
+        assert_eq!(drain(&mut ss, leaf), vec![1, 2]);
+    }
+
+    /// Queues one response of `waiting_bytes`, then newcomers of `newcomer_bytes` one at a time,
+    /// each served whole, until the waiting one is picked; returns how many overtook it.
+    fn overtaken_before_aged(order: SendOrder, waiting_bytes: u64, newcomer_bytes: u64) -> u64 {
+        let (mut ss, leaf) = sched(order);
+        ss.enqueue(leaf, 1, waiting_bytes);
+        let bound =
+            SEND_ORDER_AGING_FACTOR * waiting_bytes.abs_diff(newcomer_bytes) / newcomer_bytes + 1;
+        let mut key = 2;
+        let mut overtaken = 0;
+        loop {
+            ss.enqueue(leaf, key, newcomer_bytes);
+            let next = ss.pop_queued(leaf).unwrap();
+            ss.queues.get_mut(&leaf).unwrap().sent_bytes += newcomer_bytes;
+            if next == 1 {
+                return overtaken;
+            }
+            ss.arrivals.remove(&next);
+            overtaken += 1;
+            key += 1;
+            assert!(overtaken <= bound, "starved: {overtaken} > {bound}");
+        }
+    }
+
+    #[test]
+    fn shortest_first_ages_a_large_response() {
+        // Newcomers of 10 bytes overtake a 1000-byte response until the tenant has sent the
+        // aging factor times the size difference after it arrived (the bound is asserted inside).
+        let overtaken = overtaken_before_aged(SendOrder::ShortestFirst, 1000, 10);
+        assert!(overtaken > 10, "aging too fast: {overtaken}");
+    }
+
+    #[test]
+    fn longest_first_ages_a_small_response() {
+        let overtaken = overtaken_before_aged(SendOrder::LongestFirst, 10, 1000);
+        assert!(overtaken > 1, "aging too fast: {overtaken}");
+    }
+
+    #[test]
+    fn withdrawn_entries_are_compacted() {
+        let (mut ss, leaf) = sched(SendOrder::ShortestFirst);
+        let n = 1000u64;
+        for key in 0..n {
+            ss.enqueue(leaf, key, 1 + key);
+        }
+        // Connections close while queued (all but the 10 largest).
+        for key in 0..n - 10 {
+            ss.forget(key);
+        }
+        let q = &ss.queues[&leaf];
+        assert_eq!(q.live, 10);
+        assert!(
+            q.heap.len() <= 2 * q.live + SEND_QUEUE_SLACK + 1,
+            "{} entries for {} live",
+            q.heap.len(),
+            q.live
+        );
+        assert_eq!(drain(&mut ss, leaf), (n - 10..n).collect::<Vec<_>>());
+        // Withdrawing the last one empties the heap.
+        ss.enqueue(leaf, 5, 1);
+        ss.forget(5);
+        assert!(ss.queues[&leaf].heap.is_empty());
+        assert!(!ss.arrivals.contains_key(&5));
+    }
+}

@@ -1,0 +1,410 @@
+//! The tenants as the running server knows them: the live configuration swapped by a reload
+//! ([`Live`]), each tenant's runtime record ([`TenantRuntime`]), their activities and admission
+//! predicates on `http.work` (p90 targets, class groups), and the reload and per-tenant update
+//! of a running server.
+
+use super::{FleetHooks, FleetStatus, Server};
+use crate::config::{CapKind, Config};
+use omnistage::account::{ActivityId, StageId};
+use omnistage::activity::ActivitySpec;
+use omnistage::admit::P90Params;
+use omnistage::exec::{ClassGroup, Predicate, Runtime};
+use omnistage::sched::{ShaperKind, ShaperSpec};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Highest admission rate of a tenant with a p90 target, requests/s (all cores).
+const P90_RATE_MAX_PER_S: f64 = 100_000.0;
+/// Little's-law queue bound of a p90-controlled tenant, as a fraction of its target: the queue
+/// holds at most this × target × its measured completion rate, so the mean queueing delay is
+/// about 0.4 × target; the margin is for the 90th percentile, which sits above the mean (on a
+/// busy machine we measured p90 of 15–20 ms at 0.5 × a 20 ms target).
+const P90_QUEUE_BOUND_FRACTION: f64 = 0.4;
+/// Requests a p90-controlled tenant may send back to back.
+const P90_BURST: u32 = 256;
+
+/// One tenant as the running server knows it. The same `Arc` lives across reloads for as long
+/// as the tenant keeps its name, so connection counts stay with the tenant.
+pub(super) struct TenantRuntime {
+    pub(super) name: String,
+    pub(super) activity: ActivityId,
+    pub(super) path: String,
+    pub(super) open: AtomicUsize,
+    /// Bytes of this tenant's files in the cache, over all cores.
+    pub(super) cache_bytes: AtomicU64,
+    /// Bytes the disk stage read for this tenant.
+    pub(super) disk_bytes: AtomicU64,
+    /// The fleet layer's hooks (lease pools, link backlog, link weight).
+    pub(super) fleet: Arc<FleetHooks>,
+}
+
+/// A tenant as the fleet layer sees it ([`Server::fleet_tenants`]).
+#[derive(Clone, Debug)]
+pub struct FleetTenant {
+    pub name: String,
+    /// `/tenants/<name>`.
+    pub path: String,
+    pub activity: ActivityId,
+    /// The weight in the running configuration.
+    pub weight: u32,
+    /// Its fleet caps.
+    pub caps: crate::config::TenantFleet,
+    pub hooks: Arc<FleetHooks>,
+}
+
+/// The configuration and its tenants, swapped as one by a reload (so an index into one always
+/// means the same tenant in the other).
+pub(super) struct Live {
+    pub(super) config: Config,
+    pub(super) tenants: Vec<Arc<TenantRuntime>>,
+    /// Per tenant, the activity of each of its classes in config order
+    /// (`/tenants/<tenant>/<class>`).
+    pub(super) classes: Vec<Vec<ActivityId>>,
+}
+
+/// Why [`Server::update_tenant`] refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UpdateError {
+    NoTenant(String),
+    Refused(String),
+}
+
+/// The scheduler's shaper kind of a configured cap kind.
+pub(super) fn cap_kind(k: CapKind) -> ShaperKind {
+    match k {
+        CapKind::Token => ShaperKind::Token,
+        CapKind::Leaky => ShaperKind::Leaky,
+    }
+}
+
+fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
+    rate_per_s.map(|r| ShaperSpec {
+        kind,
+        rate_per_s: r.max(1.0) as u64,
+        // A token bucket may burst 10 ms of its rate.
+        burst: (r / 100.0).max(1.0) as u64,
+    })
+}
+
+/// SEDA's p90 controller parameters for a target, scaled for a server that answers up to
+/// ~100,000 requests/s: SEDA's rate range (0.05–5,000/s) and additive step (2/s) suit tens of
+/// requests per second and would cap a fast tenant or leave it cut for minutes, so the ceiling
+/// is 100,000/s, the step 100/s and the floor 10/s (a cut class still sends the controller a
+/// sample every 100 ms, so it can recover); the other parameters are SEDA's defaults. The
+/// queue is also bounded by Little's law to [`P90_QUEUE_BOUND_FRACTION`] × target × the
+/// measured completion rate, so a backlog admitted before the controller reacts cannot hold
+/// the response time over the target (docs/design.md, "Overload").
+fn p90_params(target: Duration) -> P90Params {
+    P90Params {
+        target_ns: (target.as_nanos() as u64).max(1),
+        rate_max_per_s: P90_RATE_MAX_PER_S,
+        rate_min_per_s: P90_RATE_MAX_PER_S / 10_000.0,
+        adj_i: P90_RATE_MAX_PER_S / 1000.0,
+        queue_bound_fraction: P90_QUEUE_BOUND_FRACTION,
+        ..P90Params::default()
+    }
+}
+
+fn p90_predicate(target: Duration) -> Predicate {
+    Predicate::P90 {
+        params: p90_params(target),
+        initial_rate_per_s: P90_RATE_MAX_PER_S,
+        burst: P90_BURST,
+    }
+}
+
+/// The admission predicate of each of a tenant's activities on the work stage: the tenant's
+/// own (requests in no class) first, then one per class in config order. With no class
+/// priority, each gets its own p90 controller (the class's target, else the tenant's, else
+/// none). When some class has a `priority`, they share one class-based controller
+/// ([`ClassGroup`]): one level per distinct priority (0 first), and a bottom level for classes
+/// without one and requests in no class (when the tenant has a target).
+fn tenant_predicates(t: &crate::config::TenantConfig) -> Result<Vec<Option<Predicate>>, String> {
+    let own = t.p90_target;
+    if t.classes.iter().all(|c| c.priority.is_none()) {
+        return Ok(std::iter::once(own.map(p90_predicate))
+            .chain(
+                t.classes
+                    .iter()
+                    .map(|c| c.p90_target.or(own).map(p90_predicate)),
+            )
+            .collect());
+    }
+    let mut priorities: Vec<u32> = t.classes.iter().filter_map(|c| c.priority).collect();
+    priorities.sort_unstable();
+    priorities.dedup();
+    let bottom = priorities.len();
+    let level_of = |c: &crate::config::ClassConfig| {
+        c.priority
+            .map(|p| priorities.iter().position(|&x| x == p).expect("listed"))
+    };
+    let mut targets: Vec<Option<Duration>> = vec![None; bottom + 1];
+    for c in &t.classes {
+        let (l, target) = match level_of(c) {
+            Some(l) => (l, c.p90_target.or(own)),
+            None => (bottom, own),
+        };
+        if let Some(x) = target {
+            targets[l] = Some(targets[l].map_or(x, |y| y.min(x)));
+        }
+    }
+    if own.is_some() {
+        targets[bottom] = own;
+    }
+    let levels = if targets[bottom].is_some() {
+        bottom + 1
+    } else {
+        bottom
+    };
+    let targets_ns: Vec<u64> = targets[..levels]
+        .iter()
+        .map(|x| {
+            (x.expect("config checks every prioritized class has a target")
+                .as_nanos() as u64)
+                .max(1)
+        })
+        .collect();
+    let params = p90_params(Duration::from_nanos(targets_ns[0]));
+    let group = ClassGroup::new(&targets_ns, params, P90_RATE_MAX_PER_S)?;
+    let pred = |level: usize| {
+        (level < levels).then(|| Predicate::ClassedP90 {
+            group: group.clone(),
+            level,
+            burst: P90_BURST,
+        })
+    };
+    Ok(std::iter::once(pred(bottom))
+        .chain(
+            t.classes
+                .iter()
+                .map(|c| pred(level_of(c).unwrap_or(bottom))),
+        )
+        .collect())
+}
+
+/// Creates or updates the activities of `config`'s tenants (and their classes), and their
+/// admission targets on the work stage; returns the live state, reusing the runtime record of
+/// every tenant that keeps its name.
+pub(super) fn apply_tenants(
+    rt: &Runtime,
+    config: Config,
+    old: Option<&Live>,
+    work: StageId,
+) -> Result<Live, String> {
+    if rt.activity_id("/tenants").is_none() {
+        rt.create_activity("/tenants", ActivitySpec::default())
+            .map_err(|e| e.to_string())?;
+    }
+    let upsert = |path: &str, spec: ActivitySpec| -> Result<ActivityId, String> {
+        match rt.activity_id(path) {
+            Some(id) => {
+                rt.set_activity(path, spec).map_err(|e| e.to_string())?;
+                Ok(id)
+            }
+            None => rt.create_activity(path, spec).map_err(|e| e.to_string()),
+        }
+    };
+    let mut out = Vec::with_capacity(config.tenants.len());
+    let mut all_classes = Vec::with_capacity(config.tenants.len());
+    for t in &config.tenants {
+        let path = format!("/tenants/{}", t.name);
+        let spec = ActivitySpec {
+            weight: t.weight,
+            // A shaper sits in each worker's tree, so the machine-wide cap is split evenly
+            // between the workers (an activity confined to one worker then gets only its part:
+            // a machine-wide bucket shared by the workers is future work).
+            cap: shaper_of(
+                t.cpu_cap.map(|f| f * 1e9 / rt.workers() as f64),
+                cap_kind(t.cap_kind),
+            ),
+            ..Default::default()
+        };
+        let activity = upsert(&path, spec)?;
+        let mut classes = Vec::with_capacity(t.classes.len());
+        for c in &t.classes {
+            classes.push(upsert(
+                &format!("{path}/{}", c.name),
+                ActivitySpec::weight(c.weight),
+            )?);
+        }
+        // Classes a reload dropped: removed if nothing is queued for them (else they drain and
+        // stay, unused).
+        let prev = old.and_then(|o| {
+            let i = o.tenants.iter().position(|x| x.name == t.name)?;
+            Some((o.tenants[i].clone(), o.classes[i].clone()))
+        });
+        if let Some((_, prev_classes)) = &prev {
+            for &id in prev_classes {
+                if !classes.contains(&id) {
+                    if let Some(p) = rt.with_activities(|tab| tab.get(id).map(|a| a.path.clone())) {
+                        let _ = rt.remove_activity(&p);
+                    }
+                }
+            }
+        }
+        let predicates = tenant_predicates(t)?;
+        for (&id, predicate) in std::iter::once(&activity).chain(&classes).zip(predicates) {
+            rt.set_admission(work, id, predicate)
+                .map_err(|e| e.to_string())?;
+        }
+        match prev {
+            Some((o, _)) => out.push(o),
+            None => out.push(Arc::new(TenantRuntime {
+                name: t.name.clone(),
+                activity,
+                path,
+                open: AtomicUsize::new(0),
+                cache_bytes: AtomicU64::new(0),
+                disk_bytes: AtomicU64::new(0),
+                fleet: Arc::new(FleetHooks::default()),
+            })),
+        }
+        all_classes.push(classes);
+    }
+    Ok(Live {
+        config,
+        tenants: out,
+        classes: all_classes,
+    })
+}
+
+impl Server {
+    /// The running configuration (as last loaded or changed through [`Server::update_tenant`]).
+    pub fn config(&self) -> Config {
+        self.shared.live.read().expect("live lock").config.clone()
+    }
+
+    /// Every tenant of the running configuration with its fleet hooks, in config order.
+    pub fn fleet_tenants(&self) -> Vec<FleetTenant> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.config
+            .tenants
+            .iter()
+            .zip(&live.tenants)
+            .map(|(t, tr)| FleetTenant {
+                name: tr.name.clone(),
+                path: tr.path.clone(),
+                activity: tr.activity,
+                weight: t.weight,
+                caps: t.fleet,
+                hooks: tr.fleet.clone(),
+            })
+            .collect()
+    }
+
+    /// Sets the weights of tenants' nodes in the send scheduler (`None`: back to the
+    /// configured weight), by tenant name; unknown names are skipped. The cores re-weight at
+    /// their next dispatch; nothing else changes (no reload, the cache stays).
+    pub fn set_send_weights(&self, weights: &[(&str, Option<u32>)]) {
+        let live = self.shared.live.read().expect("live lock").clone();
+        let mut changed = false;
+        for &(name, w) in weights {
+            if let Some(tr) = live.tenants.iter().find(|t| t.name == name) {
+                changed |= tr.fleet.set_send_weight(w.map(|w| w.clamp(1, 10_000)));
+            }
+        }
+        if changed {
+            self.shared.send_version.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Records what the fleet layer computed (`None`: not in a fleet).
+    pub fn set_fleet_status(&self, status: Option<Arc<FleetStatus>>) {
+        *self.shared.fleet_status.write().expect("fleet status lock") = status;
+    }
+
+    /// What the fleet layer last computed, if this server is a node of a fleet.
+    pub fn fleet_status(&self) -> Option<Arc<FleetStatus>> {
+        self.shared
+            .fleet_status
+            .read()
+            .expect("fleet status lock")
+            .clone()
+    }
+
+    /// Bytes the disk stage read for each tenant, in config order.
+    pub fn disk_bytes(&self) -> Vec<(String, u64)> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.disk_bytes.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Bytes of each tenant's files in the cache (all cores), in config order.
+    pub fn cache_bytes(&self) -> Vec<(String, u64)> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.tenants
+            .iter()
+            .map(|t| (t.name.clone(), t.cache_bytes.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
+    /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
+    pub fn reload(&self, config: Config) -> Result<(), String> {
+        // One reload at a time: each builds on the state the previous one left.
+        let _one = self.reloading.lock().expect("reload lock");
+        let old = self.shared.live.read().expect("live lock").clone();
+        let same_listen = old.config.server.listen == config.server.listen;
+        let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
+        *self.shared.live.write().expect("live lock") = Arc::new(live);
+        self.shared.live_version.fetch_add(1, Ordering::Release);
+        if same_listen {
+            Ok(())
+        } else {
+            Err("reloaded, but listen addresses change only on restart".into())
+        }
+    }
+
+    /// Changes one tenant's settings in the running configuration (a reload with that change).
+    pub fn update_tenant(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<(), UpdateError> {
+        let mut config = self.shared.live.read().expect("live lock").config.clone();
+        // What runs may differ from the file: weights and CPU caps changed through the runtime
+        // (the admin API) are kept, not reset by this reload.
+        let workers = self.rt.workers() as f64;
+        for t in &mut config.tenants {
+            let path = format!("/tenants/{}", t.name);
+            let spec = self.rt.with_activities(|tab| {
+                tab.lookup(&path)
+                    .and_then(|id| tab.get(id))
+                    .map(|a| a.spec.clone())
+            });
+            if let Some(spec) = spec {
+                t.weight = spec.weight;
+                t.cpu_cap = spec.cap.map(|c| c.rate_per_s as f64 * workers / 1e9);
+                if let Some(c) = spec.cap {
+                    t.cap_kind = match c.kind {
+                        ShaperKind::Token => CapKind::Token,
+                        ShaperKind::Leaky => CapKind::Leaky,
+                    };
+                }
+            }
+        }
+        let t = config
+            .tenants
+            .iter_mut()
+            .find(|t| t.name == name)
+            .ok_or_else(|| UpdateError::NoTenant(format!("no tenant {name}")))?;
+        f(t);
+        if t.net_cap_bytes_per_s == Some(0) || t.disk_cap_bytes_per_s == Some(0) {
+            return Err(UpdateError::Refused(
+                "a cap of 0 bytes/s would stop the tenant; remove the cap instead".into(),
+            ));
+        }
+        if t.cache_bytes
+            .is_some_and(|b| b > config.server.cache_bytes_max)
+        {
+            return Err(UpdateError::Refused(format!(
+                "cache budget above the server's cache_bytes_max ({})",
+                config.server.cache_bytes_max
+            )));
+        }
+        self.reload(config).map_err(UpdateError::Refused)
+    }
+}
