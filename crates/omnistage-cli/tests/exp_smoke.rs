@@ -268,6 +268,8 @@ fn adversary_smoke() {
         "adversary",
         "--seconds",
         "0.3",
+        "--repeats",
+        "1",
         "--victim-rate",
         "200",
         "--flood-conns",

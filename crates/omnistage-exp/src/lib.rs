@@ -29,6 +29,7 @@ mod spike;
 mod tasks;
 pub(crate) mod util;
 mod web;
+mod windowing;
 
 use clap::{Args, Subcommand};
 
