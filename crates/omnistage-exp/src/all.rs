@@ -390,6 +390,35 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             },
         },
         Exp {
+            file: "shape",
+            args: [
+                v(&["shape", "--file-mib", "256", "--seconds"]),
+                vec![sec(2.0)],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "TAP Fig. 3 and Table 2 (shaping unmodified programs)",
+            seed_number: "achieved linear in rate; cat overhead 0.6 s per GB",
+            ours: |j| {
+                let over = |i: usize| f(j, &format!("/overheads/{i}/unlimited_overhead")) * 100.0;
+                (
+                    format!(
+                        "curl: token slope {:.3} (R² {:.5}), leaky slope {:.3}; worst 100 ms window {:.2}× bound; cached overhead cat {:+.1} %, dd 4k {:+.1} %, dd 32k {:+.1} %; group 2:1 share {:.3}",
+                        f(j, "/fits/0/slope"),
+                        f(j, "/fits/0/r2"),
+                        f(j, "/fits/1/slope"),
+                        f(j, "/fits/0/max_window_over_bound").max(f(j, "/fits/1/max_window_over_bound")),
+                        over(0),
+                        over(1),
+                        over(2),
+                        f(j, "/groups/share_first_while_both")
+                    ),
+                    None,
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
             file: "priority",
             args: [v(&["priority", "--seconds"]), vec![sec(10.0)]].concat(),
             writes_own: true,
