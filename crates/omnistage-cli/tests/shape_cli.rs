@@ -13,10 +13,15 @@ fn omnistage() -> Command {
 }
 
 fn have_preload() -> bool {
-    let so = PathBuf::from(env!("CARGO_BIN_EXE_omnistage"))
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_omnistage"))
         .parent()
         .unwrap()
-        .join("libomnistage_shape_preload.so");
+        .to_path_buf();
+    let mut so = dir.join("libomnistage_shape_preload.so");
+    if !so.is_file() {
+        // Where `cargo test` builds it (omnistage shape looks there too).
+        so = dir.join("deps").join("libomnistage_shape_preload.so");
+    }
     if !so.is_file() {
         eprintln!(
             "skipped: {} not built (cargo build -p omnistage-shape-preload)",
