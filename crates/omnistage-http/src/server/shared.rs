@@ -32,6 +32,15 @@ pub struct ServerStats {
     pub timeouts: AtomicU64,
     /// Requests whose handler panicked (answered 500).
     pub panics: AtomicU64,
+    /// TLS handshakes completed.
+    pub tls_handshakes: AtomicU64,
+    /// TLS handshakes refused: bytes that are not TLS, a protocol error, no common version,
+    /// cipher suite or ALPN protocol.
+    pub tls_handshake_errors: AtomicU64,
+    /// TLS handshakes the client cut short (the connection closed mid-handshake).
+    pub tls_handshake_eof: AtomicU64,
+    /// TLS handshakes closed by the header timeout (slow or stalled).
+    pub tls_handshake_timeouts: AtomicU64,
 }
 
 /// State shared by every core of one server.
