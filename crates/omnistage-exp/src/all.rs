@@ -109,6 +109,34 @@ fn specweb_row(j: &Value) -> Summary {
     )
 }
 
+/// A [`Spread`](super::rounds::Spread) at `ptr`: "median (min–max)".
+fn spread(v: &Value, ptr: &str, decimals: usize) -> String {
+    let (m, lo, hi) = (
+        f(v, &format!("{ptr}/median")),
+        f(v, &format!("{ptr}/min")),
+        f(v, &format!("{ptr}/max")),
+    );
+    if lo == hi {
+        return format!("{m:.decimals$}");
+    }
+    format!("{m:.decimals$} ({lo:.decimals$}–{hi:.decimals$})")
+}
+
+/// The peer's CPUs as read from /proc during the run, distinct values joined ("0").
+fn peer_cpus(v: &Value) -> String {
+    let mut c: Vec<&str> = v["peer_cpus"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    c.sort_unstable();
+    c.dedup();
+    if c.is_empty() {
+        "-".into()
+    } else {
+        c.join(" / ")
+    }
+}
+
 /// A duration for a command line: at most two decimals (0.6, not 0.6000000000000001).
 fn s(x: f64) -> String {
     format!("{}", (x * 100.0).round() / 100.0)
@@ -156,7 +184,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         },
         Exp {
             file: "sched-cost",
-            args: v(&["sched-cost", "--rounds", "3", "--seconds", "0.3"]),
+            args: v(&["sched-cost", "--repeats", "3", "--seconds", "0.3"]),
             writes_own: true,
             seed: "Omni-Kernel §V-G (scheduler cost)",
             seed_number: "-",
@@ -211,7 +239,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         Exp {
             file: "http-vs-nginx",
             args: [
-                v(&["http-vs-nginx", "--rounds", "3", "--seconds"]),
+                v(&["http-vs-nginx", "--repeats", "3", "--seconds"]),
                 vec![sec(3.0)],
             ]
             .concat(),
@@ -220,19 +248,22 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed_number: "-",
             ours: |j| {
                 (
-                    format!("{:.0} req/s", f(j, "/omnistage_req_per_s")),
-                    Some(
-                        j["nginx_req_per_s"]
-                            .as_f64()
-                            .map(|x| format!("nginx {x:.0} req/s (ratio {:.2})", f(j, "/ratio")))
-                            .unwrap_or_else(|| {
-                                format!(
-                                    "nginx not run: {}",
-                                    j["nginx_note"].as_str().unwrap_or("not installed")
-                                )
-                            }),
-                    ),
-                    None,
+                    format!("{} req/s", spread(j, "/omnistage_req_per_s", 0)),
+                    Some(if j["nginx_req_per_s"].is_object() {
+                        format!(
+                            "nginx {} req/s (ratio {:.2}, {}; worker on CPUs {})",
+                            spread(j, "/nginx_req_per_s", 0),
+                            f(j, "/ratio"),
+                            j["verdict"].as_str().unwrap_or("-"),
+                            peer_cpus(j)
+                        )
+                    } else {
+                        format!(
+                            "nginx not run: {}",
+                            j["nginx_note"].as_str().unwrap_or("not installed")
+                        )
+                    }),
+                    j["goal_met"].as_bool(),
                 )
             },
         },
@@ -276,7 +307,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         Exp {
             file: "overhead",
             args: [
-                v(&["overhead", "--rounds", "3", "--seconds"]),
+                v(&["overhead", "--repeats", "3", "--seconds"]),
                 vec![sec(3.0)],
             ]
             .concat(),

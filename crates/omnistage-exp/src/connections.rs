@@ -20,26 +20,19 @@ use super::util::machine;
 use super::Common;
 use clap::Args;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("3.0").help("Measured seconds of each active run.")))]
+#[command(mut_arg("out", |a| a.help("Write connections.json, .md and .svg here.")))]
 pub struct ConnectionsArgs {
-    /// Measured seconds of each active run.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
     /// Connection counts, comma-separated.
     #[arg(long, default_value = "100,1000,5000,10000", value_delimiter = ',')]
     levels: Vec<usize>,
     /// Think time of the active runs, ms.
     #[arg(long, default_value_t = 1.0)]
     think_ms: f64,
-    #[arg(long, default_value = nginx::DEFAULT_BIN)]
-    nginx: PathBuf,
-    /// Write connections.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -283,7 +276,7 @@ fn measure(
     // Active: small think time, throughput from the load generator; the server's CPU time
     // over the measured window (it starts after the warmup).
     let warmup_s = 0.5;
-    let mut child = spawn_load(addr, n, a.seconds, warmup_s, a.think_ms)?;
+    let mut child = spawn_load(addr, n, a.common.seconds, warmup_s, a.think_ms)?;
     let t_active = Instant::now();
     let mut act_max = 0;
     let mut cpu_from: Option<(Instant, u64)> = None;
@@ -295,7 +288,7 @@ fn measure(
         // sample inside its measured window, keeping clear of both edges.
         if cpu_from.is_none() && el >= warmup_s + 0.3 {
             cpu_from = (p.cpu_ticks)().map(|c| (Instant::now(), c));
-        } else if el <= warmup_s + a.seconds - 0.1 {
+        } else if el <= warmup_s + a.common.seconds - 0.1 {
             if let Some(c) = (p.cpu_ticks)() {
                 if cpu_from.is_some() {
                     cpu_to = Some((Instant::now(), c));
@@ -371,7 +364,7 @@ fn sockets_of(pid: u32) -> usize {
 }
 
 pub fn run(a: ConnectionsArgs) -> Result<(), String> {
-    if !(0.3..=600.0).contains(&a.seconds)
+    if !(0.3..=600.0).contains(&a.common.seconds)
         || a.levels.is_empty()
         || a.levels.len() > 10
         || a.levels.iter().any(|&n| !(1..=100_000).contains(&n))
@@ -450,18 +443,19 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             server.drain(Duration::from_millis(300));
             levels.push(lv?);
         }
-        if !a.nginx.exists() {
-            return Ok(Some(format!("{} not installed", a.nginx.display())));
+        if !a.common.nginx.exists() {
+            return Ok(Some(format!("{} not installed", a.common.nginx.display())));
         }
         for &n in &run_levels {
             let dir = root.join(format!("nginx-{n}"));
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
             let port = nginx::free_port()?;
             let ng = match nginx::start(
-                &a.nginx,
+                &a.common.nginx,
                 &dir,
                 port,
                 n,
+                nginx::Tuning::default(),
                 &nginx::server_block(port, &root, None, ""),
             ) {
                 Ok(ng) => ng,
@@ -525,7 +519,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     let r = Report {
         experiment: "connections",
         machine: machine(),
-        seconds: a.seconds,
+        seconds: a.common.seconds,
         think_ms: a.think_ms,
         file_bytes: FILE_BYTES,
         fd_soft_limit: soft,
@@ -629,7 +623,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         title: "connections: requests/s and memory per connection, 100 to 10,000 keep-alive connections (SEDA Fig. 7)".into(),
         command: format!(
             "omnistage exp connections --seconds {} --levels {} --think-ms {}",
-            a.seconds,
+            a.common.seconds,
             a.levels.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
             a.think_ms
         ),
@@ -645,7 +639,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
              time for {} s (after 0.5 s warmup); the server's CPU time (its worker thread, or nginx's one process, \
              from /proc) over the requests in that window is its CPU per request. Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
              per idle connection ≤ nginx's.",
-            a.think_ms, a.seconds
+            a.think_ms, a.common.seconds
         )],
         tables: vec![(String::new(), t)],
         notes,
@@ -669,7 +663,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         &r,
         &doc,
         a.common.json,
-        a.out.as_deref(),
+        a.common.out(),
         |p| {
             report::svg_lines(
                 p,

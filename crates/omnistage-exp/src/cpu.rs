@@ -9,41 +9,39 @@ use clap::Args;
 use omnistage::activity::ActivitySpec;
 use omnistage::exec::{Affinity, Runtime, StageConfig, StageRef};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("10.0")))]
+#[command(mut_arg("out", |a| a.help("Write the JSON, a page (.md) and a chart (.svg) into this directory.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct CpuShareArgs {
     /// Comma-separated weights, one activity each.
     #[arg(long, default_value = "50,33,17", value_delimiter = ',')]
     weights: Vec<u32>,
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
     /// Worker threads (default: number of CPUs).
     #[arg(long)]
     workers: Option<usize>,
     /// Fixed work per message, in microseconds (calibrated once at start).
     #[arg(long, default_value_t = 20.0)]
     work_us: f64,
-    /// Write the JSON, a page (.md) and a chart (.svg) into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("10.0")))]
+#[command(mut_arg("out", |a| a.help("Write the JSON, a page (.md) and a chart (.svg) into this directory.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct CrossCoreArgs {
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
     #[arg(long)]
     workers: Option<usize>,
     #[arg(long, default_value_t = 20.0)]
     work_us: f64,
-    /// Write the JSON, a page (.md) and a chart (.svg) into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -365,8 +363,8 @@ pub fn cpu_share(a: CpuShareArgs) -> Result<(), String> {
             cores: (0..workers).collect(),
         })
         .collect();
-    let r = measure("cpu-share", specs, workers, a.seconds, a.work_us)?;
-    emit(&r, a.common.json, a.out.as_deref())
+    let r = measure("cpu-share", specs, workers, a.common.seconds, a.work_us)?;
+    emit(&r, a.common.json, a.common.out())
 }
 
 pub fn cross_core(a: CrossCoreArgs) -> Result<(), String> {
@@ -386,6 +384,6 @@ pub fn cross_core(a: CrossCoreArgs) -> Result<(), String> {
             cores: (0..workers).collect(),
         },
     ];
-    let r = measure("cross-core", specs, workers, a.seconds, a.work_us)?;
-    emit(&r, a.common.json, a.out.as_deref())
+    let r = measure("cross-core", specs, workers, a.common.seconds, a.work_us)?;
+    emit(&r, a.common.json, a.common.out())
 }

@@ -12,23 +12,20 @@ use clap::Args;
 use omnistage::activity::ActivitySpec;
 use omnistage::sched::PolicyKind;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("18.0").help("Total measured seconds, split evenly over the three phases.")))]
+#[command(mut_arg("out", |a| a.help("Write isolation.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct IsolationArgs {
-    /// Total measured seconds, split evenly over the three phases.
-    #[arg(long, default_value_t = 18.0)]
-    seconds: f64,
     /// Connections per tenant (closed loop).
     #[arg(long, default_value_t = 16)]
     conns: usize,
     /// CPU per request, µs.
     #[arg(long, default_value_t = 200)]
     burn_us: u64,
-    /// Write isolation.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -223,11 +220,13 @@ fn phase(
 }
 
 pub fn run(a: IsolationArgs) -> Result<(), String> {
-    if !(1.5..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) || a.burn_us > 100_000
+    if !(1.5..=3600.0).contains(&a.common.seconds)
+        || !(1..=1000).contains(&a.conns)
+        || a.burn_us > 100_000
     {
         return Err("--seconds 1.5..=3600, --conns 1..=1000, --burn-us 0..=100000".into());
     }
-    let per = a.seconds / 3.0;
+    let per = a.common.seconds / 3.0;
     let phases = vec![
         phase("2:1", Some((200, 100)), per, &a)?,
         phase("4:1", Some((400, 100)), per, &a)?,
@@ -275,7 +274,7 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
         title: "isolation: CPU shares of two overloaded tenants over time (Vortex Figs. 8–10)".into(),
         command: format!(
             "omnistage exp isolation --seconds {} --conns {} --burn-us {}",
-            a.seconds, a.conns, a.burn_us
+            a.common.seconds, a.conns, a.burn_us
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
@@ -304,22 +303,15 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
         ));
         off += p.seconds;
     }
-    report::emit(
-        "isolation",
-        &r,
-        &doc,
-        a.common.json,
-        a.out.as_deref(),
-        |p| {
-            report::svg_lines(
-                p,
-                "Tenant A's share of charged CPU (2:1, then 4:1, then priority)",
-                "time, s",
-                "share of CPU",
-                &series,
-            )
-        },
-    )
+    report::emit("isolation", &r, &doc, a.common.json, a.common.out(), |p| {
+        report::svg_lines(
+            p,
+            "Tenant A's share of charged CPU (2:1, then 4:1, then priority)",
+            "time, s",
+            "share of CPU",
+            &series,
+        )
+    })
 }
 
 #[cfg(test)]

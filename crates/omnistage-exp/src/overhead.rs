@@ -10,25 +10,20 @@ use super::util::machine;
 use super::Common;
 use clap::Args;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("3.0").help("Seconds per round per mode per file.")))]
+#[command(mut_arg("repeats", |a| a.default_value("3")))]
+#[command(mut_arg("out", |a| a.help("Write overhead.json, .md and .svg here.")))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct OverheadArgs {
-    /// Seconds per round per mode per file.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
     /// Offered requests/s for the 1 KiB file.
     #[arg(long, default_value_t = 5000.0)]
     rate_small: f64,
     /// Offered requests/s for the 1 MiB file.
     #[arg(long, default_value_t = 300.0)]
     rate_large: f64,
-    /// Write overhead.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -106,16 +101,16 @@ pub fn overhead_fraction(scheduled: f64, bypass: f64) -> f64 {
 }
 
 pub fn run(a: OverheadArgs) -> Result<(), String> {
-    if !(0.2..=3600.0).contains(&a.seconds) || !(1..=50).contains(&a.rounds) {
-        return Err("--seconds 0.2..=3600, --rounds 1..=50".into());
+    if !(0.2..=3600.0).contains(&a.common.seconds) || !(1..=50).contains(&a.common.repeats) {
+        return Err("--seconds 0.2..=3600, --repeats 1..=50".into());
     }
     let files = [(1024usize, a.rate_small), (1 << 20, a.rate_large)];
     let mut rounds = Vec::new();
-    for i in 0..a.rounds {
+    for i in 0..a.common.repeats {
         for &(bytes, rate) in &files {
             // Alternate which mode goes first.
             for bypass in [i % 2 == 1, i % 2 == 0] {
-                rounds.push(round(bytes, rate, bypass, a.seconds)?);
+                rounds.push(round(bytes, rate, bypass, a.common.seconds)?);
             }
         }
     }
@@ -153,7 +148,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
     let r = Report {
         experiment: "overhead",
         machine: machine(),
-        seconds_per_round: a.seconds,
+        seconds_per_round: a.common.seconds,
         rounds,
         files: results,
         goal_fraction: GOAL,
@@ -198,8 +193,8 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
     let doc = Doc {
         title: "overhead: CPU per request, scheduled vs FIFO bypass (Omni-Kernel §V-G)".into(),
         command: format!(
-            "omnistage exp overhead --seconds {} --rounds {} --rate-small {} --rate-large {}",
-            a.seconds, a.rounds, a.rate_small, a.rate_large
+            "omnistage exp overhead --seconds {} --repeats {} --rate-small {} --rate-large {}",
+            a.common.seconds, a.common.repeats, a.rate_small, a.rate_large
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
@@ -207,7 +202,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
              (no scheduler tree, no accounting), each offered the same open-loop rate by the load generator on CPU 1 \
              ({CONNS} connections). CPU per request = the worker thread's CPU time as the OS counts it / requests answered, \
              {} alternating rounds of {} s per mode and file; medians. Goal: overhead ≤ 3 %.",
-            a.rounds, a.seconds
+            a.common.repeats, a.common.seconds
         )],
         tables: vec![
             (String::new(), t),
@@ -236,7 +231,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
                 .collect(),
         ),
     ];
-    report::emit("overhead", &r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit("overhead", &r, &doc, a.common.json, a.common.out(), |p| {
         report::svg_bars(
             p,
             "Worker CPU per request at equal rate",

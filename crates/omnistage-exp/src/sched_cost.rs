@@ -11,24 +11,18 @@ use omnistage::exec::{Affinity, Runtime, StageConfig, StageRef};
 use omnistage::sched::{ClientParams, PolicyKind, Tree};
 use serde::Serialize;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("1.0").help("Seconds per runtime throughput run (each mode runs `--repeats` times, alternating).")))]
+#[command(mut_arg("repeats", |a| a.default_value("5").help("Alternating bypass/scheduled rounds for the overhead figure (median taken).")))]
+#[command(mut_arg("out", |a| a.help("Write the JSON, a page (.md) and a chart (.svg) into this directory.")))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct SchedCostArgs {
-    /// Seconds per runtime throughput run (each mode runs `--rounds` times, alternating).
-    #[arg(long, default_value_t = 1.0)]
-    seconds: f64,
-    /// Alternating bypass/scheduled rounds for the overhead figure (median taken).
-    #[arg(long, default_value_t = 5)]
-    rounds: usize,
     /// Handler cost for the overhead figure, µs.
     #[arg(long, default_value_t = 5.0)]
     handler_us: f64,
-    /// Write the JSON, a page (.md) and a chart (.svg) into this directory.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -152,8 +146,8 @@ fn runtime_rate(bypass: bool, iters: u64, seconds: f64) -> Result<f64, String> {
 }
 
 pub fn run(a: SchedCostArgs) -> Result<(), String> {
-    if !(0.1..=60.0).contains(&a.seconds) || !(1..=50).contains(&a.rounds) {
-        return Err("--seconds must be in 0.1..=60 and --rounds in 1..=50".into());
+    if !(0.1..=60.0).contains(&a.common.seconds) || !(1..=50).contains(&a.common.repeats) {
+        return Err("--seconds must be in 0.1..=60 and --repeats in 1..=50".into());
     }
     if !(0.1..=1000.0).contains(&a.handler_us) {
         return Err("--handler-us must be in 0.1..=1000".into());
@@ -170,9 +164,9 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
     }
     let iters = (burn_iters_per_us() * a.handler_us).max(1.0) as u64;
     let (mut by, mut sc) = (Vec::new(), Vec::new());
-    for _ in 0..a.rounds {
-        by.push(runtime_rate(true, iters, a.seconds)?);
-        sc.push(runtime_rate(false, iters, a.seconds)?);
+    for _ in 0..a.common.repeats {
+        by.push(runtime_rate(true, iters, a.common.seconds)?);
+        sc.push(runtime_rate(false, iters, a.common.seconds)?);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
@@ -188,8 +182,8 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
             bypass_per_s,
             scheduled_per_s,
             fraction: 1.0 - scheduled_per_s / bypass_per_s,
-            rounds: a.rounds,
-            seconds_per_round: a.seconds,
+            rounds: a.common.repeats,
+            seconds_per_round: a.common.seconds,
         },
     };
     let mut header = vec!["policy".to_string()];
@@ -220,8 +214,8 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         title: "sched-cost: scheduler cost per event, and runtime overhead vs the FIFO bypass"
             .into(),
         command: format!(
-            "omnistage exp sched-cost --rounds {} --seconds {} --handler-us {}",
-            a.rounds, a.seconds, a.handler_us
+            "omnistage exp sched-cost --repeats {} --seconds {} --handler-us {}",
+            a.common.repeats, a.common.seconds, a.handler_us
         ),
         machine: report.machine.clone(),
         intro: vec![
@@ -255,7 +249,7 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         &report,
         &doc,
         a.common.json,
-        a.out.as_deref(),
+        a.common.out(),
         |p| {
             let series: Vec<(String, Vec<(f64, f64)>)> = PolicyKind::ALL
                 .iter()

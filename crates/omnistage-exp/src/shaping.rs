@@ -13,23 +13,20 @@ use super::util::machine;
 use super::Common;
 use clap::Args;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("3.0").help("Measured seconds per (kind, rate) point.")))]
+#[command(mut_arg("out", |a| a.help("Write shaping.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct ShapingArgs {
-    /// Measured seconds per (kind, rate) point.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
     /// Caps in MB/s (decimal), comma-separated.
     #[arg(long, default_value = "2,4,8,16,32", value_delimiter = ',')]
     rates: Vec<f64>,
     /// Closed-loop connections offering `/_bytes?n=65536`.
     #[arg(long, default_value_t = 16)]
     conns: usize,
-    /// Write shaping.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -92,7 +89,7 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
     let id = rt.activity_id("/tenants/a").ok_or("tenant activity")?;
     let la = harness::load_args(
         &addr,
-        a.seconds,
+        a.common.seconds,
         WARMUP_S,
         &[
             "--tenant".into(),
@@ -107,7 +104,7 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
     let (mut max_ratio, mut max_excess, mut windows) = (0.0f64, 0.0f64, 0usize);
     let mut k = 1u32;
     let mut last = first;
-    while start.elapsed().as_secs_f64() < a.seconds - 0.05 {
+    while start.elapsed().as_secs_f64() < a.common.seconds - 0.05 {
         let due = start + TICK * k;
         if let Some(d) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
@@ -142,7 +139,7 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
 }
 
 pub fn run(a: ShapingArgs) -> Result<(), String> {
-    if !(0.3..=600.0).contains(&a.seconds)
+    if !(0.3..=600.0).contains(&a.common.seconds)
         || !(1..=1000).contains(&a.conns)
         || a.rates.is_empty()
         || a.rates.len() > 20
@@ -186,7 +183,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
     let r = Report {
         experiment: "shaping",
         machine: machine(),
-        seconds_per_point: a.seconds,
+        seconds_per_point: a.common.seconds,
         conns: a.conns,
         response_bytes: BODY,
         points,
@@ -238,7 +235,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
         title: "shaping: achieved send rate vs a tenant's net_cap, token and leaky bucket (TAP Fig. 3)".into(),
         command: format!(
             "omnistage exp shaping --seconds {} --rates {} --conns {}",
-            a.seconds,
+            a.common.seconds,
             a.rates.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(","),
             a.conns
         ),
@@ -252,7 +249,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
              Goal: R² ≥ {GOAL_R2} per kind (below the link's speed; loopback is far faster than 32 MB/s), and for the \
              leaky bucket no 100 ms window above the rate (bytes are charged after each write, so one quantum over is \
              the design's bound).",
-            a.conns, a.seconds
+            a.conns, a.common.seconds
         )],
         tables: vec![(String::new(), t), ("Linear fit of achieved vs cap".into(), tf)],
         notes: vec![],
@@ -270,7 +267,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
             )
         })
         .collect();
-    report::emit("shaping", &r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit("shaping", &r, &doc, a.common.json, a.common.out(), |p| {
         report::svg_lines(
             p,
             "Achieved send rate vs net_cap",

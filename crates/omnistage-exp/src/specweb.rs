@@ -20,14 +20,13 @@ use clap::Args;
 use omnistage_load::report::Report as LoadReport;
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("5.0").help("Measured seconds of each run (one run per level and server).")))]
+#[command(mut_arg("out", |a| a.help("Write specweb.json, .md and .svg (and specweb-latency.svg) here.")))]
 pub struct SpecwebArgs {
-    /// Measured seconds of each run (one run per level and server).
-    #[arg(long, default_value_t = 5.0)]
-    seconds: f64,
     /// Warmup before each run's measured window, seconds (connections open, the cache fills).
     #[arg(long = "warmup-s", default_value_t = 2.0)]
     warmup_s: f64,
@@ -43,11 +42,6 @@ pub struct SpecwebArgs {
     /// Requests per keep-alive connection before the client reconnects.
     #[arg(long = "requests-per-conn", default_value_t = 5)]
     requests_per_conn: u64,
-    #[arg(long, default_value = nginx::DEFAULT_BIN)]
-    nginx: PathBuf,
-    /// Write specweb.json, .md and .svg (and specweb-latency.svg) here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -66,9 +60,6 @@ const FD_SLACK: u64 = 1200;
 const TIMEOUT_MS: u64 = 60_000;
 /// The server's cache: every file of the default set fits (25 directories, 128 MB).
 const CACHE_BYTES_MAX: u64 = 512 << 20;
-
-/// nginx's `worker_connections` per client of the largest level (see `run`).
-const NGINX_SLOTS_PER_CLIENT: usize = 2;
 
 /// Fraction of requests per class (SPECweb96/99).
 const CLASS_FREQ: [f64; 4] = [0.35, 0.50, 0.14, 0.01];
@@ -252,7 +243,7 @@ fn run_level(
         format!("web:a.test:{clients}:weighted={}", list.display()),
     ]
     .into();
-    let args = harness::load_args(addr, a.seconds, a.warmup_s, &extra)?;
+    let args = harness::load_args(addr, a.common.seconds, a.warmup_s, &extra)?;
     let r = harness::join_load(harness::spawn_load(args))?;
     // Let the last connections close before the next level opens its own.
     std::thread::sleep(Duration::from_millis(300));
@@ -309,8 +300,11 @@ fn overall(g: &Goals) -> Option<bool> {
 }
 
 fn check_args(a: &SpecwebArgs) -> Result<(), String> {
-    if !(a.seconds.is_finite() && (0.2..=600.0).contains(&a.seconds)) {
-        return Err(format!("--seconds must be in 0.2..=600, got {}", a.seconds));
+    if !(a.common.seconds.is_finite() && (0.2..=600.0).contains(&a.common.seconds)) {
+        return Err(format!(
+            "--seconds must be in 0.2..=600, got {}",
+            a.common.seconds
+        ));
     }
     if !(a.warmup_s.is_finite() && (0.0..=60.0).contains(&a.warmup_s)) {
         return Err(format!("--warmup-s must be in 0..=60, got {}", a.warmup_s));
@@ -398,11 +392,11 @@ pub fn run(a: SpecwebArgs) -> Result<(), String> {
         });
         server.drain(Duration::from_millis(300));
         ours?;
-        if !a.nginx.exists() {
+        if !a.common.nginx.exists() {
             return Ok((
                 set_bytes,
                 levels,
-                Some(format!("{} not installed", a.nginx.display())),
+                Some(format!("{} not installed", a.common.nginx.display())),
             ));
         }
         let port = nginx::free_port()?;
@@ -410,10 +404,11 @@ pub fn run(a: SpecwebArgs) -> Result<(), String> {
         // beside the open ones, and with only `clients + 100` slots it reset about 96
         // connections/s at 4096 clients (measured), which would judge its configuration, not it.
         let ng = match nginx::start(
-            &a.nginx,
+            &a.common.nginx,
             &scratch.join("nginx"),
             port,
-            NGINX_SLOTS_PER_CLIENT * max_n,
+            max_n,
+            nginx::Tuning::default(),
             &nginx::server_block(port, &root, None, ""),
         ) {
             Ok(ng) => ng,
@@ -433,7 +428,7 @@ pub fn run(a: SpecwebArgs) -> Result<(), String> {
     let r = Report {
         experiment: "specweb",
         machine: machine(),
-        seconds: a.seconds,
+        seconds: a.common.seconds,
         warmup_s: a.warmup_s,
         think_ms: a.think_ms,
         requests_per_conn: a.requests_per_conn,
@@ -554,7 +549,7 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
          so it includes the new connection's handshake for every fifth request. This page took {elapsed_s:.0} s.",
         r.seconds
     ));
-    if a.out.is_some() {
+    if a.common.out.is_some() {
         notes.push(
             "![SPECweb99-like load: max and mean response time vs clients](specweb-latency.svg)"
                 .to_string(),
@@ -564,7 +559,7 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
         title: "specweb: SPECweb99-like static load, 64 to 4096 clients, omnistage vs nginx (SEDA Fig. 39)".into(),
         command: format!(
             "omnistage exp specweb --seconds {} --warmup-s {} --levels {} --dirs {}",
-            a.seconds,
+            a.common.seconds,
             a.warmup_s,
             a.levels
                 .iter()
@@ -642,7 +637,7 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
     let throughput = series(|l| l.req_per_s, "req/s");
     let mut latency = series(|l| l.max_ms, "max ms");
     latency.extend(series(|l| l.mean_ms, "mean ms"));
-    report::emit("specweb", r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit("specweb", r, &doc, a.common.json, a.common.out(), |p| {
         report::svg_lines(
             p,
             "SPECweb99-like load: throughput vs clients",
@@ -766,15 +761,12 @@ mod tests {
     #[test]
     fn bad_arguments_are_refused() {
         let base = SpecwebArgs {
-            seconds: 1.0,
             warmup_s: 0.5,
             levels: vec![64],
             dirs: 2,
             think_ms: 20.0,
             requests_per_conn: 5,
-            nginx: PathBuf::from("/nonexistent"),
-            out: None,
-            common: Common { json: true },
+            common: Common::for_test(1.0),
         };
         assert!(check_args(&base).is_ok());
         for (f, needle) in [
@@ -786,7 +778,7 @@ mod tests {
             (|a| a.levels = vec![1; LEVELS_MAX + 1], "--levels"),
             (|a| a.dirs = DIRS_MAX + 1, "--dirs"),
             (|a| a.dirs = 0, "--dirs"),
-            (|a| a.seconds = f64::NAN, "--seconds"),
+            (|a| a.common.seconds = f64::NAN, "--seconds"),
             (|a| a.warmup_s = 61.0, "--warmup-s"),
             (|a| a.think_ms = -1.0, "--think-ms"),
             (|a| a.requests_per_conn = 0, "--requests-per-conn"),

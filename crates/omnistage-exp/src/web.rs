@@ -20,11 +20,13 @@ pub enum Bound {
 }
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("20.0")))]
+#[command(mut_arg("out", |a| a.help("Write web-share-BOUND.json, .md and .svg into this directory.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct WebShareArgs {
     #[arg(long, value_enum, default_value = "cpu")]
     bound: Bound,
-    #[arg(long, default_value_t = 20.0)]
-    seconds: f64,
     /// Keep-alive connections per tenant (each keeps one request outstanding).
     #[arg(long, default_value_t = 16)]
     conns: usize,
@@ -43,9 +45,6 @@ pub struct WebShareArgs {
     /// CPU the server's worker is pinned to; the load generator takes the other.
     #[arg(long, default_value_t = 0)]
     server_cpu: usize,
-    /// Write web-share-BOUND.json, .md and .svg into this directory.
-    #[arg(long)]
-    out: Option<std::path::PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -96,7 +95,9 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     if !(1_000_000..=10_000_000_000).contains(&a.disk_bytes_per_s) {
         return Err("--disk-bytes-per-s 1e6..=1e10".into());
     }
-    if !(1.0..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) || a.burn_us > 100_000
+    if !(1.0..=3600.0).contains(&a.common.seconds)
+        || !(1..=1000).contains(&a.conns)
+        || a.burn_us > 100_000
     {
         return Err("--seconds 1..=3600, --conns 1..=1000, --burn-us 0..=100000".into());
     }
@@ -154,7 +155,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
         "--addr".into(),
         addr.to_string(),
         "--seconds".into(),
-        a.seconds.to_string(),
+        a.common.seconds.to_string(),
         "--warmup-s".into(),
         WARMUP_S.to_string(),
         "--cpu".into(),
@@ -185,7 +186,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
     std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
     let s0 = server.runtime().snapshot();
     let d0 = server.disk_bytes();
-    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    std::thread::sleep(Duration::from_secs_f64(a.common.seconds));
     let s1 = server.runtime().snapshot();
     let d1 = server.disk_bytes();
     let report = handle.join().map_err(|_| "load generator panicked")??;
@@ -255,7 +256,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
             Bound::Disk => "disk",
         },
         machine: machine(),
-        seconds: a.seconds,
+        seconds: a.common.seconds,
         conns_per_tenant: a.conns,
         burn_us: a.burn_us,
         tenants,
@@ -326,7 +327,7 @@ pub fn run(a: WebShareArgs) -> Result<(), String> {
             if max_err <= goal_pts { "met" } else { "NOT met" }
         )],
     };
-    report::emit(&name, &r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit(&name, &r, &doc, a.common.json, a.common.out(), |p| {
         let cats: Vec<String> = r.tenants.iter().map(|x| x.name.clone()).collect();
         report::svg_bars(
             p,
