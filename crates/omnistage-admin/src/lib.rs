@@ -150,6 +150,10 @@ pub trait Tenants: Send + Sync {
     fn cache_bytes(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// The server's own counters for `/metrics` (name, help, value), e.g. TLS handshakes.
+    fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
 }
 
 /// Why a tenant change was refused.
@@ -293,6 +297,10 @@ impl Tenants for omnistage_http::server::Server {
             omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
             omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
         })
+    }
+
+    fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.stats().counters()
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

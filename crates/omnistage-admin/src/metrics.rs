@@ -74,24 +74,35 @@ impl Collector for Scrape {
                 continue;
             }
             let mut me = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
-            for (labels, v) in &f.series {
-                let fe = me.encode_family(labels)?;
-                match v {
-                    Value::Counter(x) => ConstCounter::new(*x).encode(fe)?,
-                    Value::CounterInt(x) => ConstCounter::new(*x).encode(fe)?,
-                    Value::Gauge(x) => ConstGauge::new(*x).encode(fe)?,
-                    Value::Histogram {
-                        sum,
-                        count,
-                        buckets,
-                    } => {
-                        let mut fe = fe;
-                        fe.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?
-                    }
+            if let [(labels, v)] = &f.series[..] {
+                if labels.is_empty() {
+                    // A lone series without labels is written `name value`, not
+                    // `name{} value`.
+                    encode_value(me, v)?;
+                    continue;
                 }
+            }
+            for (labels, v) in &f.series {
+                encode_value(me.encode_family(labels)?, v)?;
             }
         }
         Ok(())
+    }
+}
+
+fn encode_value(
+    mut fe: prometheus_client::encoding::MetricEncoder<'_>,
+    v: &Value,
+) -> Result<(), std::fmt::Error> {
+    match v {
+        Value::Counter(x) => ConstCounter::new(*x).encode(fe),
+        Value::CounterInt(x) => ConstCounter::new(*x).encode(fe),
+        Value::Gauge(x) => ConstGauge::new(*x).encode(fe),
+        Value::Histogram {
+            sum,
+            count,
+            buckets,
+        } => fe.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None),
     }
 }
 
@@ -128,7 +139,11 @@ fn secs(ns: u64) -> Value {
 }
 
 /// Encodes one fresh sample of `rt`.
-pub(crate) fn render(rt: &Runtime, s: &Sample) -> String {
+/// One counter of the HTTP server itself (not of the ledger): name, help, value.
+pub(crate) type ServerCounter = (&'static str, &'static str, u64);
+
+/// `server` holds the HTTP server's own counters (empty for a bare runtime).
+pub(crate) fn render(rt: &Runtime, s: &Sample, server: &[ServerCounter]) -> String {
     let (_, acts) = view::activities(rt);
     let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
     let mut sc = Scrape::default();
@@ -389,6 +404,11 @@ pub(crate) fn render(rt: &Runtime, s: &Sample) -> String {
         for c in &s.snap.cores {
             f.series.push((vec![("core", c.core.to_string())], pick(c)));
         }
+    }
+    for &(name, help, v) in server {
+        sc.family(name, help, MetricType::Counter)
+            .series
+            .push((Vec::new(), Value::CounterInt(v)));
     }
     let mut registry = Registry::default();
     registry.register_collector(Box::new(sc));
