@@ -477,3 +477,48 @@ fn the_plaintext_listener_is_unaffected() {
     let stats = ts.server().stats();
     assert_eq!(stats.tls_handshake_errors.load(Ordering::Relaxed), 0);
 }
+
+#[test]
+fn the_handshake_is_charged_to_the_tenant_sni_names() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let rt = ts.server().runtime();
+    let a = rt.activity_id("/tenants/a").expect("tenant a");
+    let b = rt.activity_id("/tenants/b").expect("tenant b");
+    let messages = |id| {
+        rt.snapshot()
+            .by_activity()
+            .into_iter()
+            .find(|(x, _)| *x == id)
+            .map_or((0, 0), |(_, row)| (row.messages, row.cpu_ns))
+    };
+    const HANDSHAKES: u64 = 10;
+    let both = client_config(&[&fx.a, &fx.default], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    // Handshakes only, no request: no Host ever names a tenant. The connections stay open
+    // until the server has seen each client's Finished.
+    let open: Vec<Tls> = (0..HANDSHAKES)
+        .map(|_| tls_connect(ts.tls, both.clone(), "a.test").expect("handshake"))
+        .collect();
+    ts.wait_counter("handshakes", HANDSHAKES);
+    drop(open);
+    let deadline = Instant::now() + POLL_DEADLINE;
+    // The ledger is updated when a dispatch ends, which may be just after the reply left.
+    while messages(a).0 < HANDSHAKES && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (msgs_a, cpu_a) = messages(a);
+    assert!(
+        msgs_a >= HANDSHAKES && cpu_a > 0,
+        "a: {msgs_a} messages, {cpu_a} ns"
+    );
+    assert_eq!(messages(b), (0, 0), "the catch-all b did nothing");
+    // No SNI (an address): the listener's tenant, here the catch-all b, pays.
+    for _ in 0..HANDSHAKES {
+        tls_connect(ts.tls, both.clone(), "127.0.0.2").expect("handshake");
+    }
+    let deadline = Instant::now() + POLL_DEADLINE;
+    while messages(b).0 < HANDSHAKES && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(messages(b).0 >= HANDSHAKES, "b: {:?}", messages(b));
+}

@@ -441,7 +441,7 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         closed = true;
     }
     c.tls = Some(tls);
-    if done_handshake && !closed {
+    if done_handshake {
         cs.shared
             .stats
             .tls_handshakes
