@@ -50,6 +50,7 @@ mod cont;
 mod core_server;
 mod disk;
 mod file_cache;
+mod fleet;
 mod output;
 mod pool;
 mod send;
@@ -60,8 +61,9 @@ mod timer;
 mod tls;
 mod work;
 
+pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 pub use shared::{ServerOptions, ServerStats};
-pub use tenants::UpdateError;
+pub use tenants::{FleetTenant, UpdateError};
 pub use work::burn;
 
 use accept::{bind_reuseport, on_accept};
@@ -158,6 +160,8 @@ impl Server {
                 tls: None,
             })),
             live_version: AtomicU64::new(0),
+            send_version: AtomicU64::new(0),
+            fleet_status: RwLock::new(None),
             stats: ServerStats::default(),
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),
