@@ -26,6 +26,7 @@ mod shaping;
 mod share;
 mod specweb;
 mod spike;
+mod tls;
 pub(crate) mod util;
 mod web;
 
@@ -73,6 +74,8 @@ enum Which {
     Priority(priority::PriorityArgs),
     /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
     Adversary(adversary::AdversaryArgs),
+    /// TLS 1.3 new connections/s and keep-alive requests/s over TLS, omnistage vs nginx.
+    Tls(tls::TlsArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -95,6 +98,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
+        Which::Tls(a) => tls::run(a),
         Which::All(a) => all::run(a),
     }
 }
