@@ -29,6 +29,7 @@ mod spike;
 mod tls;
 pub(crate) mod util;
 mod web;
+mod windowing;
 
 use clap::{Args, Subcommand};
 
