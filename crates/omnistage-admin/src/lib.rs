@@ -152,6 +152,10 @@ pub trait Tenants: Send + Sync {
     fn cache_bytes(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// The server's own counters for `/metrics` (name, help, value), e.g. TLS handshakes.
+    fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
     /// Per upstream and tenant: requests in flight, queued, refused, slot-time and bytes.
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
         Vec::new()
@@ -299,6 +303,10 @@ impl Tenants for omnistage_http::server::Server {
             omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
             omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
         })
+    }
+
+    fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.stats().counters()
     }
 
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {

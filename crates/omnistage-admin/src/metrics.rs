@@ -75,24 +75,35 @@ impl Collector for Scrape {
                 continue;
             }
             let mut me = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
-            for (labels, v) in &f.series {
-                let fe = me.encode_family(labels)?;
-                match v {
-                    Value::Counter(x) => ConstCounter::new(*x).encode(fe)?,
-                    Value::CounterInt(x) => ConstCounter::new(*x).encode(fe)?,
-                    Value::Gauge(x) => ConstGauge::new(*x).encode(fe)?,
-                    Value::Histogram {
-                        sum,
-                        count,
-                        buckets,
-                    } => {
-                        let mut fe = fe;
-                        fe.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?
-                    }
+            if let [(labels, v)] = &f.series[..] {
+                if labels.is_empty() {
+                    // A lone series without labels is written `name value`, not
+                    // `name{} value`.
+                    encode_value(me, v)?;
+                    continue;
                 }
+            }
+            for (labels, v) in &f.series {
+                encode_value(me.encode_family(labels)?, v)?;
             }
         }
         Ok(())
+    }
+}
+
+fn encode_value(
+    mut fe: prometheus_client::encoding::MetricEncoder<'_>,
+    v: &Value,
+) -> Result<(), std::fmt::Error> {
+    match v {
+        Value::Counter(x) => ConstCounter::new(*x).encode(fe),
+        Value::CounterInt(x) => ConstCounter::new(*x).encode(fe),
+        Value::Gauge(x) => ConstGauge::new(*x).encode(fe),
+        Value::Histogram {
+            sum,
+            count,
+            buckets,
+        } => fe.encode_histogram::<NoLabelSet>(*sum, *count, buckets, None),
     }
 }
 
@@ -128,8 +139,17 @@ fn secs(ns: u64) -> Value {
     Value::Counter(ns as f64 / 1e9)
 }
 
-/// Encodes one fresh sample of `rt`.
-pub(crate) fn render(rt: &Runtime, s: &Sample, upstreams: &[UpstreamTenantStats]) -> String {
+/// One counter of the HTTP server itself (not of the ledger): name, help, value.
+pub(crate) type ServerCounter = (&'static str, &'static str, u64);
+
+/// Encodes one fresh sample of `rt`;
+/// `upstreams` and `server` (the HTTP server's own counters) are empty for a bare runtime.
+pub(crate) fn render(
+    rt: &Runtime,
+    s: &Sample,
+    upstreams: &[UpstreamTenantStats],
+    server: &[ServerCounter],
+) -> String {
     let (_, acts) = view::activities(rt);
     let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
     let mut sc = Scrape::default();
@@ -457,6 +477,11 @@ pub(crate) fn render(rt: &Runtime, s: &Sample, upstreams: &[UpstreamTenantStats]
             ];
             f.series.push((labels, pick(u)));
         }
+    }
+    for &(name, help, v) in server {
+        sc.family(name, help, MetricType::Counter)
+            .series
+            .push((Vec::new(), Value::CounterInt(v)));
     }
     let mut registry = Registry::default();
     registry.register_collector(Box::new(sc));

@@ -248,7 +248,12 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let body = metrics::render(rt, &Sample::take(rt), &upstreams());
+            let server = shared
+                .source
+                .tenants()
+                .map(|t| t.server_counters())
+                .unwrap_or_default();
+            let body = metrics::render(rt, &Sample::take(rt), &upstreams(), &server);
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {

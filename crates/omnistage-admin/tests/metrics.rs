@@ -117,3 +117,51 @@ fn scrapes_under_load_agree_with_the_ledger() {
     assert!(series.iter().all(|(_, v)| **v <= inf));
     r.stop_load();
 }
+
+/// An HTTP server's own counters (connections, timeouts, TLS handshakes) are on `/metrics`
+/// beside the ledger, with the values the server counts.
+#[test]
+fn an_http_servers_counters_are_exposed() {
+    use omnistage_admin::{start_admin_with_tenants, AdminConfig};
+    use omnistage_http::server::{Server, ServerOptions};
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    let dir = std::env::temp_dir();
+    let config = omnistage_http::config::parse_config(&format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.display()
+    ))
+    .unwrap();
+    let opts = ServerOptions {
+        workers: Some(1),
+        ..Default::default()
+    };
+    let server = Arc::new(Server::start(config, opts).unwrap());
+    let mut s = std::net::TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.write_all(b"GET /nope HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let _ = s.read_to_end(&mut Vec::new());
+    let cfg = AdminConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        token: None,
+        sample_interval: std::time::Duration::from_millis(50),
+        threads: 1,
+    };
+    let h = start_admin_with_tenants(server.clone(), |s: &Server| s.runtime(), cfg).unwrap();
+    let c =
+        omnistage_admin::client::Client::new(&format!("http://{}", h.local_addr()), None).unwrap();
+    let text = req(&c, "GET", "/metrics", None).text();
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    };
+    let accepted = server.stats().accepted.load(Ordering::Relaxed);
+    assert!(accepted >= 1);
+    assert_eq!(value("omnistage_http_connections_accepted_total"), accepted);
+    assert_eq!(value("omnistage_http_tls_handshakes_total"), 0);
+    assert_eq!(value("omnistage_http_tls_handshake_errors_total"), 0);
+    assert!(text.contains("# HELP omnistage_http_tls_handshake_timeouts"));
+}

@@ -69,6 +69,11 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     };
     let admin_cfg = admin_config(&a)?;
     let tenants: Vec<String> = config.tenants.iter().map(|t| t.name.clone()).collect();
+    let schemes: Vec<&str> = config
+        .server
+        .listeners()
+        .map(|(_, tls)| if tls { "https" } else { "http" })
+        .collect();
     let server = Server::start(
         config,
         ServerOptions {
@@ -77,9 +82,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             bypass: a.bypass,
         },
     )?;
-    for addr in server.local_addrs() {
+    for (addr, scheme) in server.local_addrs().iter().zip(schemes) {
         eprintln!(
-            "omnistage: serving {} tenant(s) [{}] on http://{addr}/ with {} worker(s)",
+            "omnistage: serving {} tenant(s) [{}] on {scheme}://{addr}/ with {} worker(s)",
             tenants.len(),
             tenants.join(", "),
             server.runtime().workers()

@@ -252,6 +252,46 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             },
         },
         Exp {
+            file: "tls",
+            args: [v(&["tls", "--repeats", "3", "--seconds"]), vec![sec(2.0)]].concat(),
+            writes_own: true,
+            seed: "issue 10: TLS vs nginx (keep-alive >= 1.0x, handshakes >= 0.8x)",
+            seed_number: "-",
+            ours: |j| {
+                let row = |i: usize| {
+                    let c = &j["compared"][i];
+                    format!(
+                        "{} {}/s",
+                        c["mode"].as_str().unwrap_or("-"),
+                        spread(c, "/omnistage_per_s", 0)
+                    )
+                };
+                let nginx = |i: usize| {
+                    let c = &j["compared"][i];
+                    format!(
+                        "{} {}/s (ratio {:.2}, server CPU {:.0} vs {:.0} µs each)",
+                        c["mode"].as_str().unwrap_or("-"),
+                        spread(c, "/nginx_per_s", 0),
+                        f(c, "/ratio"),
+                        f(c, "/omnistage_cpu_us"),
+                        f(c, "/nginx_cpu_us"),
+                    )
+                };
+                (
+                    format!("{}; {}", row(0), row(1)),
+                    Some(if j["compared"][0]["nginx_per_s"].is_object() {
+                        format!("nginx {}; {}; worker on CPUs {}", nginx(0), nginx(1), peer_cpus(j))
+                    } else {
+                        format!(
+                            "nginx not run: {}",
+                            j["nginx_note"].as_str().unwrap_or("not installed")
+                        )
+                    }),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
             file: "attribution",
             args: [v(&["attribution", "--seconds"]), vec![sec(10.0)]].concat(),
             writes_own: true,

@@ -28,6 +28,7 @@ mod share;
 mod specweb;
 mod spike;
 mod tasks;
+mod tls;
 pub(crate) mod util;
 mod web;
 mod windowing;
@@ -80,6 +81,8 @@ enum Which {
     Adversary(adversary::AdversaryArgs),
     /// hyper on omnistage's async tasks vs on Tokio's current-thread runtime: shares, req/s, ns per poll.
     Tasks(tasks::TasksArgs),
+    /// TLS 1.3 new connections/s and keep-alive requests/s over TLS, omnistage vs nginx.
+    Tls(tls::TlsArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -104,6 +107,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
         Which::Tasks(a) => tasks::run(a),
+        Which::Tls(a) => tls::run(a),
         Which::All(a) => all::run(a),
     }
 }

@@ -26,6 +26,13 @@
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
 //!                                   # with it, or any tenant's net_cap, sends go through the
 //!                                   # byte-fair send scheduler
+//! listen_tls = ["127.0.0.1:8443"]   # TLS listeners (default none); with `listen`, ≤ 64 in all,
+//!                                   # no address in both; `listen = []` is allowed with them
+//! tls_cert = "cert.pem"             # required with listen_tls: the default certificate chain
+//! tls_key = "key.pem"               # and its private key (PEM: PKCS#8, PKCS#1 or SEC1), used
+//!                                   # when SNI names no tenant with its own; TLS 1.2 and 1.3,
+//!                                   # ALPN http/1.1; re-read on reload (SIGHUP): a file that
+//!                                   # does not load refuses the reload, the old keeps serving
 //! body_bytes_max = 10485760         # 0..=1 TiB; a request body larger than this (on a proxied
 //!                                   # route) is answered 413 before it reaches a backend
 //!
@@ -45,8 +52,12 @@
 //! [[tenant]]                        # at least one, at most 10,000
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
 //! hosts = ["a.example", "localhost"]  # Host values, matched without port; unique across tenants
-//! listen = []                       # listeners (from server.listen) that map to this tenant
-//!                                   # without a Host match; a listener belongs to one tenant
+//! listen = []                       # listeners (from server.listen or listen_tls) that map
+//!                                   # to this tenant without a Host match; a listener belongs
+//!                                   # to one tenant
+//! tls_cert = "a-cert.pem"           # optional, with tls_key: the certificate served when the
+//! tls_key = "a-key.pem"             # client's SNI is one of `hosts` (else the default); the
+//!                                   # handshake's CPU is this tenant's once SNI names it
 //! weight = 50                       # 1..=10000, default 100
 //! docroot = "./www/a"               # relative paths: see below
 //! index = ["index.html"]            # default ["index.html"]; plain file names, ≤ 16
@@ -99,7 +110,7 @@
 //! matching ignores ports). A tenant with neither `hosts` nor `listen` is the catch-all; there is
 //! at most one.
 //!
-//! **Relative paths** (`docroot`, `access_log`): [`load_config`] resolves them against the
+//! **Relative paths** (`docroot`, `access_log`, `tls_cert`, `tls_key`): [`load_config`] resolves them against the
 //! directory of the config file and checks that each docroot is a directory (and stores it
 //! canonicalized). [`parse_config`] has no file, so it leaves them as written (relative to the
 //! process's working directory) and does not touch the filesystem.
@@ -268,8 +279,25 @@ pub struct ServerConfig {
     pub sendfile: bool,
     /// Files at least this long go out with `sendfile` (and are not kept in the cache).
     pub sendfile_min_bytes: u64,
+    /// TLS listeners.
+    pub listen_tls: Vec<SocketAddr>,
+    /// The default certificate chain (PEM), required with `listen_tls`.
+    pub tls_cert: Option<PathBuf>,
+    /// The default certificate's private key (PEM).
+    pub tls_key: Option<PathBuf>,
     /// Largest request body accepted on a proxied route (413 beyond).
     pub body_bytes_max: u64,
+}
+
+impl ServerConfig {
+    /// Every listener, plaintext ones first, each with whether it speaks TLS (the order in
+    /// which the server binds them).
+    pub fn listeners(&self) -> impl Iterator<Item = (SocketAddr, bool)> + '_ {
+        self.listen
+            .iter()
+            .map(|a| (*a, false))
+            .chain(self.listen_tls.iter().map(|a| (*a, true)))
+    }
 }
 
 impl Default for ServerConfig {
@@ -289,6 +317,9 @@ impl Default for ServerConfig {
             disk_cap_bytes_per_s: None,
             sendfile: false,
             sendfile_min_bytes: 16 * 1024,
+            listen_tls: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
             body_bytes_max: 10 << 20,
         }
     }
@@ -395,6 +426,10 @@ pub struct TenantConfig {
     pub synthetic: bool,
     /// Request classes within the tenant.
     pub classes: Vec<ClassConfig>,
+    /// The tenant's own certificate chain (PEM), served when SNI names one of its hosts.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub tls_key: Option<PathBuf>,
     /// Caps across the fleet (`fleet_rate_per_s`, `fleet_net_cap`).
     pub fleet: TenantFleet,
     /// The upstream (index into [`Config::upstreams`]) this tenant's requests are proxied to.
@@ -532,6 +567,8 @@ pub fn default_config(cwd: &Path) -> Config {
             connections_max: None,
             synthetic: false,
             classes: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
             fleet: TenantFleet::default(),
             upstream: None,
             upstream_prefix: None,
@@ -619,6 +656,9 @@ struct RawServer {
     disk_cap: Option<Spanned<String>>,
     sendfile: Option<bool>,
     sendfile_min_bytes: Option<Spanned<i64>>,
+    listen_tls: Option<Spanned<Vec<Spanned<String>>>>,
+    tls_cert: Option<Spanned<String>>,
+    tls_key: Option<Spanned<String>>,
     body_bytes_max: Option<Spanned<i64>>,
 }
 
@@ -641,6 +681,8 @@ struct RawTenant {
     connections_max: Option<Spanned<i64>>,
     synthetic: Option<bool>,
     class: Option<Vec<Spanned<RawClass>>>,
+    tls_cert: Option<Spanned<String>>,
+    tls_key: Option<Spanned<String>>,
     fleet_rate_per_s: Option<Spanned<i64>>,
     fleet_net_cap: Option<Spanned<String>>,
     upstream: Option<Spanned<String>>,
@@ -727,6 +769,31 @@ impl Checker<'_> {
                 ),
             )
         })
+    }
+
+    /// `tls_cert` and `tls_key`: both or neither, non-empty, relative to the config's directory.
+    fn cert_pair(
+        &self,
+        cert: &Option<Spanned<String>>,
+        key: &Option<Spanned<String>>,
+        base: Option<&Path>,
+    ) -> Result<(Option<PathBuf>, Option<PathBuf>), ConfigError> {
+        match (cert, key) {
+            (None, None) => Ok((None, None)),
+            (Some(c), Some(k)) => {
+                for v in [c, k] {
+                    if v.get_ref().trim().is_empty() {
+                        return Err(self.err(v.span(), "a TLS file path is empty"));
+                    }
+                }
+                Ok((
+                    Some(rebase(base, Path::new(c.get_ref()))),
+                    Some(rebase(base, Path::new(k.get_ref()))),
+                ))
+            }
+            (Some(v), None) => Err(self.err(v.span(), "tls_cert needs tls_key")),
+            (None, Some(v)) => Err(self.err(v.span(), "tls_key needs tls_cert")),
+        }
     }
 
     fn rate(&self, v: &Option<Spanned<String>>, key: &str) -> Result<Option<u64>, ConfigError> {
@@ -1013,12 +1080,16 @@ fn server_config(
     base: Option<&Path>,
 ) -> Result<ServerConfig, ConfigError> {
     let d = ServerConfig::default();
+    let tls_listeners = s.listen_tls.as_ref().map_or(0, |l| l.get_ref().len());
     let listen = match &s.listen {
         Some(list) => {
-            if list.get_ref().is_empty() || list.get_ref().len() > LISTENERS_MAX {
+            let n = list.get_ref().len();
+            if (n == 0 && tls_listeners == 0) || n + tls_listeners > LISTENERS_MAX {
                 return Err(c.err(
                     list.span(),
-                    format!("listen must have 1..={LISTENERS_MAX} addresses"),
+                    format!(
+                        "listen must have 1..={LISTENERS_MAX} addresses (with listen_tls: 0..={LISTENERS_MAX} in all)"
+                    ),
                 ));
             }
             let mut out = Vec::new();
@@ -1033,6 +1104,30 @@ fn server_config(
         }
         None => d.listen,
     };
+    let mut listen_tls = Vec::new();
+    if let Some(list) = &s.listen_tls {
+        if listen.len() + list.get_ref().len() > LISTENERS_MAX {
+            return Err(c.err(
+                list.span(),
+                format!("listen and listen_tls have more than {LISTENERS_MAX} addresses"),
+            ));
+        }
+        for a in list.get_ref() {
+            let addr = c.addr(a)?;
+            if listen.contains(&addr) || listen_tls.contains(&addr) {
+                return Err(c.err(a.span(), format!("listener {addr} is given twice")));
+            }
+            listen_tls.push(addr);
+        }
+    }
+    let (tls_cert, tls_key) = c.cert_pair(&s.tls_cert, &s.tls_key, base)?;
+    if !listen_tls.is_empty() && tls_cert.is_none() {
+        let span = s.listen_tls.as_ref().map_or(0..0, |l| l.span());
+        return Err(c.err(
+            span,
+            "listen_tls needs the default certificate: set tls_cert and tls_key in [server]",
+        ));
+    }
     let ms =
         |v: &Option<Spanned<i64>>, key: &str, default: Duration| -> Result<Duration, ConfigError> {
             Ok(c.opt_int_in(v, key, 1, TIMEOUT_MS_MAX)?
@@ -1090,6 +1185,9 @@ fn server_config(
                 SENDFILE_MIN_BYTES_MAX,
             )?
             .map_or(d.sendfile_min_bytes, |n| n as u64),
+        listen_tls,
+        tls_cert,
+        tls_key,
         body_bytes_max: c
             .opt_int_in(&s.body_bytes_max, "body_bytes_max", 0, BODY_BYTES_MAX)?
             .map_or(d.body_bytes_max, |n| n as u64),
@@ -1182,8 +1280,11 @@ fn tenant_config(
     let mut listen = Vec::new();
     for a in t.listen.iter().flat_map(|l| l.get_ref()) {
         let addr = c.addr(a)?;
-        if !server.listen.contains(&addr) {
-            return Err(c.err(a.span(), format!("listener {addr} is not in server.listen")));
+        if !server.listen.contains(&addr) && !server.listen_tls.contains(&addr) {
+            return Err(c.err(
+                a.span(),
+                format!("listener {addr} is not in server.listen or server.listen_tls"),
+            ));
         }
         if listen.contains(&addr) {
             return Err(c.err(a.span(), format!("listener {addr} is given twice")));
@@ -1351,7 +1452,17 @@ fn tenant_config(
         }
     }
 
+    let (tls_cert, tls_key) = c.cert_pair(&t.tls_cert, &t.tls_key, base)?;
+    if let (Some(v), true) = (&t.tls_cert, server.listen_tls.is_empty()) {
+        return Err(c.err(
+            v.span(),
+            "tls_cert is set but the server has no listen_tls to serve it on",
+        ));
+    }
+
     Ok(TenantConfig {
+        tls_cert,
+        tls_key,
         hosts,
         listen,
         weight,
@@ -1736,13 +1847,67 @@ cpu_cap = 2
             ),
         ];
         for (text, line, needle) in cases {
-            let e = err(&text);
-            let want_line = (line != 0).then_some(line);
-            assert_eq!(e.line, want_line, "{text}\n→ {e}");
-            assert!(
-                e.message.contains(needle),
-                "{text}\n→ {e} (wanted {needle:?})"
-            );
+            check_error(&text, line, needle);
+        }
+    }
+
+    fn check_error(text: &str, line: usize, needle: &str) {
+        let e = err(text);
+        let want_line = (line != 0).then_some(line);
+        assert_eq!(e.line, want_line, "{text}\n→ {e}");
+        assert!(
+            e.message.contains(needle),
+            "{text}\n→ {e} (wanted {needle:?})"
+        );
+    }
+
+    #[test]
+    fn tls_keys() {
+        let t = |extra: &str| format!("[[tenant]]\nname = \"a\"\ndocroot = \".\"\n{extra}\n");
+        let server = "[server]\nlisten = []\nlisten_tls = [\"127.0.0.1:8443\"]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n";
+        // A TLS-only server; a tenant bound to the TLS listener with its own certificate.
+        let cfg = parse_config(&format!(
+            "{server}{}",
+            t("listen = [\"127.0.0.1:8443\"]\ntls_cert = \"a.pem\"\ntls_key = \"ak.pem\"")
+        ))
+        .unwrap();
+        assert!(cfg.server.listen.is_empty());
+        assert_eq!(
+            cfg.server.listeners().collect::<Vec<_>>(),
+            [("127.0.0.1:8443".parse().unwrap(), true)]
+        );
+        assert_eq!(cfg.server.tls_cert.as_deref(), Some(Path::new("c.pem")));
+        assert_eq!(cfg.tenants[0].tls_key.as_deref(), Some(Path::new("ak.pem")));
+        assert_eq!(
+            cfg.tenant_for(None, "127.0.0.1:8443".parse().unwrap()),
+            Some(0)
+        );
+        // Relative to the config file's directory when loaded from one.
+        let dir = std::env::temp_dir().join(format!("omnistage-tls-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("c.toml");
+        std::fs::write(&file, format!("{server}{}", t(""))).unwrap();
+        let loaded = load_config(&file).unwrap();
+        assert_eq!(loaded.server.tls_key, Some(dir.join("k.pem")));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cases: Vec<(String, usize, &str)> = vec![
+            (format!("[server]\nlisten_tls = [\"127.0.0.1:8443\"]\n{}", t("")), 2, "tls_cert and tls_key"),
+            (format!("[server]\ntls_cert = \"c.pem\"\n{}", t("")), 2, "needs tls_key"),
+            (format!("[server]\ntls_key = \"k.pem\"\n{}", t("")), 2, "needs tls_cert"),
+            (format!("[server]\ntls_cert = \"\"\ntls_key = \"k\"\n{}", t("")), 2, "empty"),
+            (
+                format!("[server]\nlisten = [\"127.0.0.1:1\"]\nlisten_tls = [\"127.0.0.1:1\"]\ntls_cert = \"c\"\ntls_key = \"k\"\n{}", t("")),
+                3,
+                "twice",
+            ),
+            (format!("[server]\nlisten_tls = [\"x\"]\ntls_cert = \"c\"\ntls_key = \"k\"\n{}", t("")), 2, "not an address"),
+            (format!("[server]\nlisten = []\n{}", t("")), 2, "1..=64"),
+            (t("tls_cert = \"a.pem\"\ntls_key = \"k.pem\""), 4, "no listen_tls"),
+            (format!("{server}{}", t("tls_cert = \"a.pem\"")), 9, "needs tls_key"),
+            (format!("{server}{}", t("listen = [\"127.0.0.1:9\"]")), 9, "listen_tls"),
+        ];
+        for (text, line, needle) in cases {
+            check_error(&text, line, needle);
         }
     }
 

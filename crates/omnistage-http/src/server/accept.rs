@@ -7,6 +7,7 @@ use super::conn::Conn;
 use super::core_server::{key_of, with_core};
 use super::output::Output;
 use super::timer::Tick;
+use super::tls::TlsConn;
 use omnistage::activity::INFRA;
 use omnistage::exec::{Ctx, IoEvent};
 use std::net::{SocketAddr, TcpListener};
@@ -37,10 +38,10 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 let _ = ctx.send(&cs.stages.accept, ev);
                 break;
             }
-            let Some((listener, _, local)) = cs.listeners.get(idx) else {
+            let Some((listener, _, local, tls)) = cs.listeners.get(idx) else {
                 return;
             };
-            let local = *local;
+            let (local, tls) = (*local, *tls);
             let (mut stream, peer) = match listener.accept() {
                 Ok(x) => x,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -91,6 +92,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 last_progress_ns: now,
                 last_active_ns: now,
                 requests: 0,
+                tls: tls.then(|| Box::new(TlsConn::accepting())),
                 proxy: None,
             });
             let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;

@@ -39,12 +39,12 @@ pub(super) fn on_boot(
             let core = ctx.core();
             let taken = std::mem::take(&mut shared.listeners.lock().expect("listeners lock")[core]);
             let mut listeners = Vec::new();
-            for (i, l) in taken.into_iter().enumerate() {
+            let configured: Vec<_> = live.config.server.listeners().collect();
+            for (i, (l, (addr, tls))) in taken.into_iter().zip(configured).enumerate() {
                 // Tenants are bound to listeners by the address as configured (port 0 too).
-                let addr = live.config.server.listen[i];
                 let mut l = mio::net::TcpListener::from_std(l);
                 match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, i as u64) {
-                    Ok(h) => listeners.push((l, h, addr)),
+                    Ok(h) => listeners.push((l, h, addr, tls)),
                     Err(e) => {
                         eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}")
                     }
@@ -79,7 +79,7 @@ pub(super) fn on_boot(
         }
         Boot::Drain => {
             with_core(|cs| {
-                for (mut l, h, _) in cs.listeners.drain(..) {
+                for (mut l, h, _, _) in cs.listeners.drain(..) {
                     let _ = ctx.io_deregister(h, &mut l);
                 }
                 cs.flush_log();

@@ -13,6 +13,7 @@ use super::pool;
 use super::send::schedule_send;
 use super::shared::ServerStats;
 use super::tenants::TenantRuntime;
+use super::tls::{self, TlsConn};
 use super::work::Work;
 use crate::config::ClassSelector;
 use crate::request::{BodyFraming, Method, ParseOutcome, Request};
@@ -98,8 +99,38 @@ pub(super) struct Conn {
     pub(super) last_progress_ns: u64,
     pub(super) last_active_ns: u64,
     pub(super) requests: u64,
+    /// The TLS side, on a TLS listener's connection (boxed: most connections have none).
+    pub(super) tls: Option<Box<TlsConn>>,
     /// Its request is proxied to an upstream (boxed: most connections have none).
     pub(super) proxy: Option<Box<super::proxy::Proxied>>,
+}
+
+impl Conn {
+    /// Writes up to `max` bytes of the pending output, through TLS on a TLS connection.
+    pub(super) fn write_out(&mut self, max: usize) -> std::io::Result<usize> {
+        match &mut self.tls {
+            Some(t) => t.write_out(&mut self.out, &mut self.stream, max),
+            None => self.out.write_to(&mut self.stream, max),
+        }
+    }
+
+    /// Appends received bytes (plaintext) to the input buffer, taking one from the pool if it
+    /// holds none; the first bytes of a request start its header clock.
+    pub(super) fn take_input(&mut self, bytes: &[u8], now_ns: u64) {
+        if self.inbuf.is_empty() {
+            self.request_start_ns = now_ns;
+        }
+        if self.inbuf.capacity() == 0 {
+            self.inbuf = pool::take_buf();
+        }
+        self.inbuf.extend_from_slice(bytes);
+        self.last_active_ns = now_ns;
+    }
+
+    /// Whether bytes wait to be written: queued output, or records rustls holds.
+    pub(super) fn sending(&self) -> bool {
+        !self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())
+    }
 }
 
 /// Closes a connection and forgets it.
@@ -129,8 +160,12 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     }
 }
 
-/// Reads what the socket holds, up to the input limit. Returns false if the connection closed.
+/// Reads what the socket holds, up to the input limit (through TLS on a TLS connection).
+/// Returns false if the connection closed.
 pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    if cs.conn(key).is_some_and(|c| c.tls.is_some()) {
+        return tls::read(ctx, cs, key);
+    }
     let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
     let now = ctx.now_ns();
     let CoreServer { conns, scratch, .. } = &mut *cs;
@@ -151,14 +186,7 @@ pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> boo
                 return false;
             }
             Ok(n) => {
-                if c.inbuf.is_empty() {
-                    c.request_start_ns = now;
-                }
-                if c.inbuf.capacity() == 0 {
-                    c.inbuf = pool::take_buf();
-                }
-                c.inbuf.extend_from_slice(&scratch[..n]);
-                c.last_active_ns = now;
+                c.take_input(&scratch[..n], now);
                 // A short read means the kernel's queue is empty; new data makes a new edge.
                 if n < scratch.len() {
                     return true;
@@ -207,7 +235,7 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
                 usize::MAX
             };
             let front_is_file = max != usize::MAX;
-            match c.out.write_to(&mut c.stream, max) {
+            match c.write_out(max) {
                 Ok(0) => {
                     close(ctx, cs, key);
                     return false;
@@ -279,6 +307,22 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         body.offset += n as u64;
         body.remaining -= n as u64;
         chunks += 1;
+    }
+    if let Some(t) = &mut c.tls {
+        // Records rustls still holds (and, when closing, its close_notify) go out before the
+        // connection is closed.
+        if c.closing {
+            t.close_notify();
+        }
+        match t.push(&mut c.stream) {
+            Ok(true) => {}
+            // A writable event brings us back; the no-progress deadline bounds the wait.
+            Ok(false) => return true,
+            Err(_) => {
+                close(ctx, cs, key);
+                return false;
+            }
+        }
     }
     if c.closing {
         close(ctx, cs, key);

@@ -4,8 +4,9 @@
 //! queues hold at most one continuation per connection and never refuse, unlike `http.work`'s
 //! admission gates.
 
-use super::conn::{drive, flush};
+use super::conn::{drive, flush, read_more};
 use super::core_server::{with_core, CoreServer};
+use super::tls;
 use omnistage::account::ActivityId;
 use omnistage::exec::{Ctx, SendOpts};
 
@@ -29,6 +30,10 @@ pub(super) fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity:
 pub(super) fn on_cont(ctx: &mut Ctx<'_>, Cont { key }: Cont) {
     with_core(|cs| {
         cs.refresh();
+        // A TLS handshake whose ClientHello is in goes on here, in the tenant's activity.
+        if cs.conn(key).is_some_and(|c| tls::awaiting(c)) && !read_more(ctx, cs, key) {
+            return;
+        }
         if flush(ctx, cs, key) {
             if cs.conn(key).is_some_and(|c| c.proxy.is_some()) {
                 super::proxy::pump(ctx, cs, key);

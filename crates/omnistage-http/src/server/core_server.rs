@@ -70,7 +70,8 @@ pub(super) struct CoreServer {
     pub(super) conns: Vec<Option<Conn>>,
     pub(super) free: Vec<u32>,
     pub(super) generations: Vec<u32>,
-    pub(super) listeners: Vec<(mio::net::TcpListener, IoHandle, SocketAddr)>,
+    /// This core's listeners: socket, poller handle, the address as configured, whether TLS.
+    pub(super) listeners: Vec<(mio::net::TcpListener, IoHandle, SocketAddr, bool)>,
     pub(super) date: DateCache,
     pub(super) log: Vec<u8>,
     pub(super) limits: Limits,

@@ -64,6 +64,7 @@ mod send_sched;
 mod shared;
 mod tenants;
 mod timer;
+mod tls;
 mod upstream;
 mod upstream_pool;
 mod work;
@@ -140,7 +141,7 @@ impl Server {
         // connections over the cores; a port 0 is resolved by the first bind.
         let mut per_core: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::new();
-        for &addr in &config.server.listen {
+        for (addr, _) in config.server.listeners() {
             let first =
                 bind_reuseport(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
             let actual = first.local_addr().map_err(|e| e.to_string())?;
@@ -171,6 +172,7 @@ impl Server {
                 config: config.clone(),
                 tenants: Vec::new(),
                 classes: Vec::new(),
+                tls: None,
             })),
             live_version: AtomicU64::new(0),
             send_version: AtomicU64::new(0),

@@ -135,11 +135,13 @@ pub(super) fn start(
         return Step::Closed;
     };
     let peer = c.peer.ip();
+    // The scheme the client used, for X-Forwarded-Proto.
+    let proto = if c.tls.is_some() { "https" } else { "http" };
     let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
         return answer_status(ctx, cs, key, req, 421, false);
     };
     let mut head = Vec::with_capacity(256 + req.head().len());
-    write_upstream_head(&mut head, req, peer, "http");
+    write_upstream_head(&mut head, req, peer, proto);
     let counters =
         cs.proxy.upstreams[up_i].counters(&cs.shared.upstream_counters, tr.activity, &tr.name);
     let body_left = match req.body {

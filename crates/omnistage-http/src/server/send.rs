@@ -130,10 +130,7 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
     };
     while sent.bytes < SEND_QUANTUM_BYTES {
         if !c.out.is_empty() {
-            match c
-                .out
-                .write_to(&mut c.stream, SEND_QUANTUM_BYTES - sent.bytes)
-            {
+            match c.write_out(SEND_QUANTUM_BYTES - sent.bytes) {
                 Ok(0) => {
                     sent.failed = true;
                     break;

@@ -5,7 +5,7 @@ use super::disk;
 use super::tenants::Live;
 use std::io::Write;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// What the operator may set beyond the config file.
@@ -32,6 +32,59 @@ pub struct ServerStats {
     pub timeouts: AtomicU64,
     /// Requests whose handler panicked (answered 500).
     pub panics: AtomicU64,
+    /// TLS handshakes completed.
+    pub tls_handshakes: AtomicU64,
+    /// TLS handshakes refused: bytes that are not TLS, a protocol error, no common version,
+    /// cipher suite or ALPN protocol.
+    pub tls_handshake_errors: AtomicU64,
+    /// TLS handshakes the client cut short (the connection closed mid-handshake).
+    pub tls_handshake_eof: AtomicU64,
+    /// TLS handshakes closed by the header timeout (slow or stalled).
+    pub tls_handshake_timeouts: AtomicU64,
+}
+
+impl ServerStats {
+    /// The counters for a metrics page: name (without `_total`), help, value.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        vec![
+            (
+                "omnistage_http_connections_accepted",
+                "Connections accepted.",
+                get(&self.accepted),
+            ),
+            (
+                "omnistage_http_connections_refused",
+                "Connections refused over connections_max.",
+                get(&self.refused_connections),
+            ),
+            (
+                "omnistage_http_timeouts",
+                "Connections closed (or answered 408) by a header, keep-alive or no-progress deadline.",
+                get(&self.timeouts),
+            ),
+            (
+                "omnistage_http_tls_handshakes",
+                "TLS handshakes completed.",
+                get(&self.tls_handshakes),
+            ),
+            (
+                "omnistage_http_tls_handshake_errors",
+                "TLS handshakes refused: not TLS, a protocol error, nothing in common (version, suite, ALPN).",
+                get(&self.tls_handshake_errors),
+            ),
+            (
+                "omnistage_http_tls_handshake_eof",
+                "TLS handshakes the client cut short (closed mid-handshake).",
+                get(&self.tls_handshake_eof),
+            ),
+            (
+                "omnistage_http_tls_handshake_timeouts",
+                "TLS handshakes closed by the header timeout (slow or stalled).",
+                get(&self.tls_handshake_timeouts),
+            ),
+        ]
+    }
 }
 
 /// State shared by every core of one server.

@@ -3,6 +3,7 @@
 //! predicates on `http.work` (p90 targets, class groups), and the reload and per-tenant update
 //! of a running server.
 
+use super::tls::TlsConfigs;
 use super::{FleetHooks, FleetStatus, Server};
 use crate::config::{CapKind, Config};
 use omnistage::account::{ActivityId, StageId};
@@ -61,6 +62,8 @@ pub(super) struct Live {
     /// Per tenant, the activity of each of its classes in config order
     /// (`/tenants/<tenant>/<class>`).
     pub(super) classes: Vec<Vec<ActivityId>>,
+    /// The certificates, when the server has TLS listeners (`tls.rs`).
+    pub(super) tls: Option<Arc<TlsConfigs>>,
 }
 
 /// Why [`Server::update_tenant`] refused.
@@ -192,6 +195,9 @@ pub(super) fn apply_tenants(
     old: Option<&Live>,
     work: StageId,
 ) -> Result<Live, String> {
+    // First, before anything changes: a certificate that does not load refuses the whole
+    // configuration, and the old one keeps serving.
+    let tls = TlsConfigs::load(&config)?;
     if rt.activity_id("/tenants").is_none() {
         rt.create_activity("/tenants", ActivitySpec::default())
             .map_err(|e| e.to_string())?;
@@ -266,6 +272,7 @@ pub(super) fn apply_tenants(
         config,
         tenants: out,
         classes: all_classes,
+        tls,
     })
 }
 
@@ -347,7 +354,8 @@ impl Server {
         // One reload at a time: each builds on the state the previous one left.
         let _one = self.reloading.lock().expect("reload lock");
         let old = self.shared.live.read().expect("live lock").clone();
-        let same_listen = old.config.server.listen == config.server.listen;
+        let same_listen = old.config.server.listen == config.server.listen
+            && old.config.server.listen_tls == config.server.listen_tls;
         let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);

@@ -36,7 +36,7 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 let timer = cs.stages.timer;
                 let shared = cs.shared.clone();
                 let Some(c) = cs.conn(key) else { return };
-                let sending = !c.out.is_empty() || c.body.as_ref().is_some_and(|b| !b.in_flight);
+                let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
                 let deadline = if sending {
                     // Bytes wait for the client: it must keep reading.
                     c.last_progress_ns + idle_ns
@@ -57,6 +57,13 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                     return;
                 }
                 shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                if c.tls.as_ref().is_some_and(|t| t.handshaking()) {
+                    // A slow (or stalled) handshake: closed under the header timeout.
+                    shared
+                        .stats
+                        .tls_handshake_timeouts
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 if !c.inbuf.is_empty() && !sending {
                     let date = cs.date();
                     let c = cs.conn(key).expect("live");

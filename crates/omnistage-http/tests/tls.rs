@@ -1,0 +1,524 @@
+//! TLS end to end: a real `Server` with a TLS listener on 127.0.0.2:0 beside a plaintext one on
+//! 127.0.0.1:0, certificates made in the test with rcgen, a rustls client (and raw bytes for
+//! the bad handshakes).
+//!
+//! Assertions are on what the client sees (the version and ALPN protocol negotiated, the
+//! certificate served, statuses and bodies, whether the server closed) and on the server's TLS
+//! counters; timeouts are tested by waiting for the server to close, never by measuring time.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use omnistage_http::config::parse_config;
+use omnistage_http::server::{Server, ServerOptions};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use tempfile::TempDir;
+
+/// Read timeout on every client socket: a server that fails to answer or to close fails the
+/// test instead of hanging it.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a polled counter may take to move.
+const POLL_DEADLINE: Duration = Duration::from_secs(5);
+const HELLO: &[u8] = b"hello over tls\n";
+
+/// 3 MiB of bytes that do not repeat (an offset mistake cannot go unnoticed): more than the
+/// TLS send window and the server's inline limit, so it streams through both.
+fn big_content() -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut out = Vec::with_capacity(3 << 20);
+    while out.len() < 3 << 20 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// A certificate and key made for the test, written as PEM files.
+struct Cert {
+    der: CertificateDer<'static>,
+    cert_path: PathBuf,
+    key_path: PathBuf,
+}
+
+fn make_cert(dir: &Path, name: &str, sans: &[&str]) -> Cert {
+    let ck =
+        rcgen::generate_simple_self_signed(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("rcgen");
+    let cert_path = dir.join(format!("{name}-cert.pem"));
+    let key_path = dir.join(format!("{name}-key.pem"));
+    std::fs::write(&cert_path, ck.cert.pem()).unwrap();
+    std::fs::write(&key_path, ck.key_pair.serialize_pem()).unwrap();
+    Cert {
+        der: ck.cert.der().clone(),
+        cert_path,
+        key_path,
+    }
+}
+
+/// A docroot, the default certificate (for default.test, unknown.test and 127.0.0.2) and
+/// tenant a's own (for a.test).
+struct Fixture {
+    dir: TempDir,
+    default: Cert,
+    a: Cert,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let www = dir.path().join("www");
+        std::fs::create_dir_all(&www).unwrap();
+        std::fs::write(www.join("hello.txt"), HELLO).unwrap();
+        std::fs::write(www.join("big.bin"), big_content()).unwrap();
+        let default = make_cert(
+            dir.path(),
+            "default",
+            &["default.test", "unknown.test", "127.0.0.2"],
+        );
+        let a = make_cert(dir.path(), "a", &["a.test"]);
+        Fixture { dir, default, a }
+    }
+
+    fn www(&self) -> PathBuf {
+        self.dir.path().join("www")
+    }
+
+    /// Plaintext on 127.0.0.1:0, TLS on 127.0.0.2:0; tenant a (a.test, own certificate) and
+    /// the catch-all b; `server_extra` adds `[server]` keys; `default_cert` replaces the
+    /// default certificate's path.
+    fn config(&self, server_extra: &str, default_cert: Option<&Path>) -> String {
+        let cert = default_cert.unwrap_or(&self.default.cert_path);
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\nlisten_tls = [\"127.0.0.2:0\"]\n\
+             tls_cert = '{}'\ntls_key = '{}'\n{server_extra}\n\
+             [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\n\
+             tls_cert = '{}'\ntls_key = '{}'\n\
+             [[tenant]]\nname = \"b\"\ndocroot = '{}'\n",
+            cert.display(),
+            self.default.key_path.display(),
+            self.www().display(),
+            self.a.cert_path.display(),
+            self.a.key_path.display(),
+            self.www().display(),
+        )
+    }
+}
+
+/// A running server, drained when dropped (also when a test fails).
+struct TestServer {
+    server: Option<Server>,
+    plain: SocketAddr,
+    tls: SocketAddr,
+}
+
+impl TestServer {
+    fn start(toml: &str) -> TestServer {
+        let config = parse_config(toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
+        let opts = ServerOptions {
+            workers: Some(2),
+            ..Default::default()
+        };
+        let server = Server::start(config, opts).expect("server starts");
+        let (plain, tls) = (server.local_addrs()[0], server.local_addrs()[1]);
+        TestServer {
+            server: Some(server),
+            plain,
+            tls,
+        }
+    }
+
+    fn server(&self) -> &Server {
+        self.server.as_ref().expect("running")
+    }
+
+    /// Waits until `counter` of the server's stats reaches `at_least`.
+    fn wait_counter(&self, name: &str, at_least: u64) {
+        let deadline = Instant::now() + POLL_DEADLINE;
+        loop {
+            let s = self.server().stats();
+            let v = match name {
+                "errors" => s.tls_handshake_errors.load(Ordering::Relaxed),
+                "eof" => s.tls_handshake_eof.load(Ordering::Relaxed),
+                "timeouts" => s.tls_handshake_timeouts.load(Ordering::Relaxed),
+                "handshakes" => s.tls_handshakes.load(Ordering::Relaxed),
+                _ => unreachable!("a counter of this test"),
+            };
+            if v >= at_least {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "counter {name} stayed at {v} (< {at_least})"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.drain(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A client config trusting `roots`, speaking only `versions`, offering `alpn`.
+fn client_config(
+    roots: &[&Cert],
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: &[&[u8]],
+) -> Arc<ClientConfig> {
+    let mut store = RootCertStore::empty();
+    for c in roots {
+        store.add(c.der.clone()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(cfg)
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+fn tls_connect(addr: SocketAddr, cfg: Arc<ClientConfig>, name: &str) -> std::io::Result<Tls> {
+    let sock = TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(IO_TIMEOUT))?;
+    sock.set_write_timeout(Some(IO_TIMEOUT))?;
+    let name = ServerName::try_from(name.to_string()).expect("server name");
+    let conn = ClientConnection::new(cfg, name).expect("client connection");
+    let mut s = StreamOwned::new(conn, sock);
+    // Drive the handshake to its end (or its failure).
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    Ok(s)
+}
+
+/// Sends a GET and reads one response: (status, body).
+fn get<S: Read + Write>(s: &mut S, host: &str, path: &str) -> (u16, Vec<u8>) {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+    s.flush().unwrap();
+    read_response(s, &mut Vec::new())
+}
+
+/// Reads one response; `buf` carries bytes already read past the previous one (pipelining).
+fn read_response<S: Read>(s: &mut S, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).expect("read response");
+        assert!(n > 0, "closed before a response head: {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let status: u16 = head[9..12].parse().expect("status");
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().expect("length"))
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).expect("read body");
+        assert!(n > 0, "closed mid-body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[head_end..head_end + len].to_vec();
+    buf.drain(..head_end + len);
+    (status, body)
+}
+
+/// Whether the server closes `s` (EOF or reset) within the read timeout.
+fn closed_by_server(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            // An alert may come first.
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The first bytes a real client sends: its ClientHello record(s).
+fn client_hello(fx: &Fixture) -> Vec<u8> {
+    let cfg = client_config(&[&fx.default], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let mut c = ClientConnection::new(cfg, ServerName::try_from("a.test").unwrap()).unwrap();
+    let mut out = Vec::new();
+    while c.wants_write() {
+        c.write_tls(&mut out).unwrap();
+    }
+    out
+}
+
+/// The plaintext listener still serves (and the TLS one, for good measure).
+fn assert_still_serves(ts: &TestServer, fx: &Fixture) {
+    let mut plain = TcpStream::connect(ts.plain).unwrap();
+    plain.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    assert_eq!(get(&mut plain, "x", "/hello.txt"), (200, HELLO.to_vec()));
+    let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+    assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+}
+
+#[test]
+fn keep_alive_requests_over_tls_1_3_and_1_2_with_alpn() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    for (version, want) in [
+        (&rustls::version::TLS13, rustls::ProtocolVersion::TLSv1_3),
+        (&rustls::version::TLS12, rustls::ProtocolVersion::TLSv1_2),
+    ] {
+        let cfg = client_config(&[&fx.a], &[version], &[b"h2", b"http/1.1"]);
+        let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+        assert_eq!(s.conn.protocol_version(), Some(want));
+        assert_eq!(s.conn.alpn_protocol(), Some(&b"http/1.1"[..]));
+        // Several requests on one connection, then a pipelined pair in one record.
+        for _ in 0..3 {
+            assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+        }
+        s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: a.test\r\n\r\nGET /nope HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        let mut carry = Vec::new();
+        assert_eq!(read_response(&mut s, &mut carry), (200, HELLO.to_vec()));
+        assert_eq!(read_response(&mut s, &mut carry).0, 404);
+        // A large body streams through the TLS send window intact, and the connection
+        // goes on.
+        assert_eq!(get(&mut s, "a.test", "/big.bin"), (200, big_content()));
+        assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+    }
+    ts.wait_counter("handshakes", 2);
+    // A client offering no ALPN at all is served too.
+    let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+    assert_eq!(s.conn.alpn_protocol(), None);
+    assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+}
+
+#[test]
+fn a_client_offering_only_other_protocols_is_refused() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[b"h2"]);
+    let e = tls_connect(ts.tls, cfg, "a.test").expect_err("no common protocol");
+    assert!(
+        e.to_string().contains("NoApplicationProtocol"),
+        "the server's alert: {e}"
+    );
+    ts.wait_counter("errors", 1);
+    assert_still_serves(&ts, &fx);
+}
+
+#[test]
+fn sni_picks_the_tenants_certificate_and_an_unknown_name_gets_the_default() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let both = client_config(&[&fx.a, &fx.default], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let served = |name: &str| {
+        let s = tls_connect(ts.tls, both.clone(), name).expect("handshake");
+        s.conn.peer_certificates().expect("a certificate")[0].clone()
+    };
+    assert_eq!(served("a.test"), fx.a.der);
+    assert_eq!(served("unknown.test"), fx.default.der);
+    // An IP address sends no SNI: the default.
+    assert_eq!(served("127.0.0.2"), fx.default.der);
+    // The Host decides the tenant of each request, as on a plaintext connection.
+    let mut s = tls_connect(ts.tls, both, "unknown.test").unwrap();
+    assert_eq!(get(&mut s, "unknown.test", "/hello.txt").0, 200);
+}
+
+#[test]
+fn garbage_bytes_are_counted_and_closed() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    // Plain HTTP on the TLS port, and random bytes.
+    for bytes in [
+        &b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"[..],
+        &[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3, 4, 5][..],
+        &[0xff; 300][..],
+    ] {
+        let mut s = TcpStream::connect(ts.tls).unwrap();
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.write_all(bytes).unwrap();
+        assert!(closed_by_server(&mut s), "garbage {bytes:?} left open");
+    }
+    ts.wait_counter("errors", 3);
+    assert_still_serves(&ts, &fx);
+}
+
+#[test]
+fn a_truncated_handshake_is_counted() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let hello = client_hello(&fx);
+    let mut s = TcpStream::connect(ts.tls).unwrap();
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(&hello[..hello.len() / 2]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert!(closed_by_server(&mut s));
+    ts.wait_counter("eof", 1);
+    assert_still_serves(&ts, &fx);
+}
+
+#[test]
+fn a_slow_handshake_is_closed_by_the_header_timeout() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("header_timeout_ms = 200", None));
+    let hello = client_hello(&fx);
+    // Half a ClientHello, then nothing: the server closes it.
+    let mut s = TcpStream::connect(ts.tls).unwrap();
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(&hello[..hello.len() / 2]).unwrap();
+    assert!(closed_by_server(&mut s), "a stalled handshake stays open");
+    // A connection that never sends a byte, the same.
+    let mut idle = TcpStream::connect(ts.tls).unwrap();
+    idle.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    assert!(closed_by_server(&mut idle));
+    ts.wait_counter("timeouts", 2);
+    assert_still_serves(&ts, &fx);
+}
+
+#[test]
+fn a_reload_with_a_bad_certificate_is_refused_and_the_old_one_keeps_serving() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let cfg = client_config(&[&fx.default], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let bad = fx.dir.path().join("bad.pem");
+    std::fs::write(
+        &bad,
+        "-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let missing = fx.dir.path().join("missing.pem");
+    // A key that is not the certificate's: refused too.
+    let other = make_cert(fx.dir.path(), "other", &["default.test"]);
+    for (path, want) in [
+        (&bad, "tls_cert"),
+        (&missing, "cannot read tls_cert"),
+        (&other.cert_path, "tls_cert"),
+    ] {
+        let config = parse_config(&fx.config("", Some(path))).unwrap();
+        let e = ts
+            .server()
+            .reload(config)
+            .expect_err("a bad certificate is refused");
+        assert!(
+            e.contains(want) && e.contains(&path.display().to_string()),
+            "{e}"
+        );
+        let s = tls_connect(ts.tls, cfg.clone(), "default.test").expect("the old one serves");
+        assert_eq!(s.conn.peer_certificates().unwrap()[0], fx.default.der);
+    }
+    // A good new certificate is taken by the next handshakes.
+    let new = make_cert(fx.dir.path(), "new", &["default.test"]);
+    let text = fx.config("", Some(&new.cert_path)).replace(
+        &fx.default.key_path.display().to_string(),
+        &new.key_path.display().to_string(),
+    );
+    ts.server()
+        .reload(parse_config(&text).unwrap())
+        .expect("reload");
+    let cfg = client_config(&[&new], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "default.test").expect("the new one serves");
+    assert_eq!(s.conn.peer_certificates().unwrap()[0], new.der);
+    assert_eq!(
+        get(&mut s, "default.test", "/hello.txt"),
+        (200, HELLO.to_vec())
+    );
+}
+
+#[test]
+fn a_server_with_a_bad_certificate_does_not_start() {
+    let fx = Fixture::new();
+    let missing = fx.dir.path().join("missing.pem");
+    let config = parse_config(&fx.config("", Some(&missing))).unwrap();
+    let e = Server::start(config, ServerOptions::default())
+        .err()
+        .expect("refused");
+    assert!(e.contains("missing.pem"), "{e}");
+}
+
+#[test]
+fn the_plaintext_listener_is_unaffected() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    // TLS bytes on the plaintext port are a bad request there, nothing more.
+    let mut s = TcpStream::connect(ts.plain).unwrap();
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.write_all(&client_hello(&fx)).unwrap();
+    let mut b = Vec::new();
+    let _ = s.read_to_end(&mut b);
+    assert!(
+        b.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&b)
+    );
+    assert_still_serves(&ts, &fx);
+    let stats = ts.server().stats();
+    assert_eq!(stats.tls_handshake_errors.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn the_handshake_is_charged_to_the_tenant_sni_names() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let rt = ts.server().runtime();
+    let a = rt.activity_id("/tenants/a").expect("tenant a");
+    let b = rt.activity_id("/tenants/b").expect("tenant b");
+    let messages = |id| {
+        rt.snapshot()
+            .by_activity()
+            .into_iter()
+            .find(|(x, _)| *x == id)
+            .map_or((0, 0), |(_, row)| (row.messages, row.cpu_ns))
+    };
+    const HANDSHAKES: u64 = 10;
+    let both = client_config(&[&fx.a, &fx.default], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    // Handshakes only, no request: no Host ever names a tenant. The connections stay open
+    // until the server has seen each client's Finished.
+    let open: Vec<Tls> = (0..HANDSHAKES)
+        .map(|_| tls_connect(ts.tls, both.clone(), "a.test").expect("handshake"))
+        .collect();
+    ts.wait_counter("handshakes", HANDSHAKES);
+    drop(open);
+    let deadline = Instant::now() + POLL_DEADLINE;
+    // The ledger is updated when a dispatch ends, which may be just after the reply left.
+    while messages(a).0 < HANDSHAKES && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (msgs_a, cpu_a) = messages(a);
+    assert!(
+        msgs_a >= HANDSHAKES && cpu_a > 0,
+        "a: {msgs_a} messages, {cpu_a} ns"
+    );
+    assert_eq!(messages(b), (0, 0), "the catch-all b did nothing");
+    // No SNI (an address): the listener's tenant, here the catch-all b, pays.
+    for _ in 0..HANDSHAKES {
+        tls_connect(ts.tls, both.clone(), "127.0.0.2").expect("handshake");
+    }
+    let deadline = Instant::now() + POLL_DEADLINE;
+    while messages(b).0 < HANDSHAKES && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(messages(b).0 >= HANDSHAKES, "b: {:?}", messages(b));
+}
