@@ -50,6 +50,7 @@ mod cont;
 mod core_server;
 mod disk;
 mod file_cache;
+mod fleet;
 mod output;
 mod pool;
 mod send;
@@ -59,8 +60,9 @@ mod tenants;
 mod timer;
 mod work;
 
+pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 pub use shared::{ServerOptions, ServerStats};
-pub use tenants::UpdateError;
+pub use tenants::{FleetTenant, UpdateError};
 pub use work::burn;
 
 use accept::{bind_reuseport, on_accept};
@@ -156,6 +158,8 @@ impl Server {
                 classes: Vec::new(),
             })),
             live_version: AtomicU64::new(0),
+            send_version: AtomicU64::new(0),
+            fleet_status: RwLock::new(None),
             stats: ServerStats::default(),
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),

@@ -34,6 +34,8 @@
 mod gate;
 pub mod panic;
 mod sys;
+pub mod task;
+mod task_io;
 mod worker;
 
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
@@ -331,6 +333,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
     pub(crate) min_cost_ns: u64,
+    /// The task stage and its settings, if the runtime runs tasks ([`Builder::tasks`]).
+    pub(crate) tasks: Option<task::TaskShared>,
 }
 
 /// An `AtomicUsize` on its own cache line, so cores do not share lines of each other's counts.
@@ -513,6 +517,7 @@ pub struct Builder {
     stages: Vec<StageMeta>,
     factories: Vec<HandlerFactory>,
     activities: ActivityTable,
+    tasks: Option<task::TaskShared>,
 }
 
 impl Default for Builder {
@@ -528,6 +533,7 @@ impl Default for Builder {
             stages: Vec::new(),
             factories: Vec::new(),
             activities: ActivityTable::new(),
+            tasks: None,
         }
     }
 }
@@ -662,6 +668,7 @@ impl Builder {
             stopping: AtomicBool::new(false),
             bypass: self.bypass,
             min_cost_ns: self.min_cost_ns,
+            tasks: self.tasks,
         });
         let factories = Arc::new(self.factories);
         let ncpu = sys::cpu_count();
