@@ -27,7 +27,9 @@
 //! Answers: 400 for a malformed request (with the reason), 401 without the bearer token when
 //! one is configured, 403 from the browser guards below, 404 for unknown paths and
 //! activities, 405 for a wrong method, 409 for a change the activity tree refuses (weight out
-//! of range, removing `/infra`, a cycle, a node with children...; nothing changes), 411/413/
+//! of range, removing `/infra`, a cycle, a node with children, removing or moving an activity
+//! the server's running config owns (a tenant's or a class's: the reason says to edit the
+//! config file and reload instead)...; nothing changes), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
 //! `application/json`, 501 for what the runtime cannot change (`persist=true`, network and
 //! disk caps, cache budgets, send orders, moving connections), 503 when all handler threads are busy and
@@ -148,6 +150,11 @@ pub trait Tenants: Send + Sync {
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError>;
     /// Bytes each tenant has in the cache, by activity path.
     fn cache_bytes(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Activity paths the running configuration owns (tenants and their classes): the API
+    /// refuses to remove or move them, and says to edit the config file and reload instead.
+    fn configured_activities(&self) -> Vec<String> {
         Vec::new()
     }
 }
@@ -293,6 +300,10 @@ impl Tenants for omnistage_http::server::Server {
             omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
             omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
         })
+    }
+
+    fn configured_activities(&self) -> Vec<String> {
+        omnistage_http::server::Server::configured_activities(self)
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

@@ -311,6 +311,9 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
     }
     if verb_move {
         return if req.method == "POST" {
+            if let Some(r) = configured_refusal(shared, path, "move") {
+                return r;
+            }
             move_activity(rt, req, path)
         } else {
             Response::method_not_allowed("POST")
@@ -339,6 +342,9 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             if let Some(r) = persist_refused(&req.query) {
                 return r;
             }
+            if let Some(r) = configured_refusal(shared, path, "remove") {
+                return r;
+            }
             match rt.remove_activity(path) {
                 Ok(()) => changed(rt, path, 0, "removed"),
                 Err(e) => runtime_error(&e, path),
@@ -346,6 +352,36 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
         }
         _ => Response::method_not_allowed("GET, PUT, DELETE"),
     }
+}
+
+/// 409 when `path` is, or holds, an activity the server's running configuration owns: the
+/// server keeps using those, so removing or moving one would break its tenant until a restart.
+/// The config file is where tenants and classes are made and removed.
+fn configured_refusal(shared: &Shared, path: &str, action: &str) -> Option<Response> {
+    let owned = shared.source.tenants()?.configured_activities();
+    let inside = |a: &str| a == path || path == "/" || a.starts_with(&format!("{path}/"));
+    // The activity itself first, else the first one it holds.
+    let hit = owned
+        .iter()
+        .find(|a| *a == path)
+        .or_else(|| owned.iter().find(|a| inside(a)))?;
+    let what = match hit.strip_prefix("/tenants/") {
+        Some(rest) if !rest.contains('/') => format!("tenant {rest:?}"),
+        _ => format!("the class {hit}"),
+    };
+    let how = if action == "remove" {
+        "remove"
+    } else {
+        "rename or move"
+    };
+    Some(Response::error(
+        409,
+        &format!(
+            "cannot {action} {path}: {hit} is the activity of {what} in the running config; to \
+             {how} it, edit the config file (its [[tenant]] or [[tenant.class]] table) and \
+             reload (SIGHUP)"
+        ),
+    ))
 }
 
 fn changed(rt: &Runtime, path: &str, id: u32, action: &str) -> Response {
