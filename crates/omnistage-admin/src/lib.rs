@@ -31,7 +31,8 @@
 //! the server's running config owns (a tenant's or a class's: the reason says to edit the
 //! config file and reload instead)...; nothing changes), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
-//! `application/json`, 501 for what the runtime cannot change (`persist=true`, network and
+//! `application/json`, 501 for what the runtime cannot change (`persist=true` without an HTTP
+//! server, or on a removal or move; network and
 //! disk caps, cache budgets, send orders, moving connections), 503 when all handler threads are busy and
 //! the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
 //!
@@ -49,9 +50,11 @@ mod metrics;
 pub mod model;
 mod routes;
 mod sampler;
+mod served;
 mod view;
 
 use omnistage::exec::Runtime;
+pub use served::Served;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,6 +159,14 @@ pub trait Tenants: Send + Sync {
     /// refuses to remove or move them, and says to edit the config file and reload instead.
     fn configured_activities(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// Writes `edits` to the config file the server runs from (`?persist=true`); refused
+    /// without one (the embedded default), or when the file changed on disk since it was
+    /// loaded, or when the edit would make it invalid.
+    fn persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
+        Err(TenantError::Refused(
+            "this server keeps no config file to write changes to".into(),
+        ))
     }
 }
 

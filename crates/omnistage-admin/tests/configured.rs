@@ -120,3 +120,158 @@ fn configured_activities_cannot_be_removed_or_moved() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(get_status(addr, "a"), 200);
 }
+
+fn served(
+    toml: &str,
+    dir: &std::path::Path,
+    with_file: bool,
+) -> (Arc<omnistage_admin::Served>, std::path::PathBuf) {
+    let path = dir.join("omnistage.toml");
+    std::fs::write(&path, toml).unwrap();
+    let (config, file) = omnistage_http::persist::ConfigFile::load(&path).unwrap();
+    let server = Server::start(
+        config,
+        ServerOptions {
+            workers: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let file = with_file.then_some(file);
+    (Arc::new(omnistage_admin::Served::new(server, file)), path)
+}
+
+/// `?persist=true` writes the change into the file (comments kept), a reload of the file (what
+/// SIGHUP does) keeps it; refused with nothing changed on the embedded default, when the file
+/// changed on disk, and for what the file has no key for.
+#[test]
+fn persisted_changes_survive_a_reload_and_refusals_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "# kept by the operator\n[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{d}'\nweight = 50 # half\n\
+         [[tenant.class]]\nname = \"gold\"\nheader = \"X-Class: gold\"\n\n\
+         [[tenant]]\nname = \"b\"\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    );
+    let (s, path) = served(&toml, dir.path(), true);
+    let cfg = AdminConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        threads: 1,
+        ..Default::default()
+    };
+    let h = start_admin_with_tenants(s.clone(), omnistage_admin::Served::runtime, cfg).unwrap();
+    let c = Client::new(&format!("http://{}", h.local_addr()), None).unwrap();
+    let put = |p: &str, body: &str| {
+        c.request(
+            "PUT",
+            &format!("/api/v1/activities{p}?persist=true"),
+            Some(body.as_bytes()),
+        )
+        .unwrap()
+    };
+    let weight = |p: &str| {
+        let rt = s.runtime();
+        rt.with_activities(|t| t.lookup(p).map(|id| t.get(id).unwrap().spec.weight))
+    };
+
+    let r = put("/tenants/a", r#"{"weight": 70, "cap_net": "10MB/s"}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = put("/tenants/a/gold", r#"{"weight": 30}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("# kept by the operator\n"), "{text}");
+    assert!(text.contains("weight = 70 # half"), "{text}");
+    assert!(text.contains("net_cap = \"10000000B/s\""), "{text}");
+    assert!(text.contains("weight = 30"), "{text}");
+    // What SIGHUP does: the file's values win, and they are the persisted ones.
+    s.reload_file().unwrap();
+    assert_eq!(weight("/tenants/a"), Some(70));
+    assert_eq!(weight("/tenants/a/gold"), Some(30));
+
+    // Refusals: each leaves the file and the running weight as they were.
+    let before = std::fs::read_to_string(&path).unwrap();
+    for (p, body, needle) in [
+        ("/tenants/a", r#"{"weight": 0}"#, "invalid"),
+        (
+            "/tenants/a",
+            r#"{"policy": "drr"}"#,
+            "no key in the config file",
+        ),
+        (
+            "/tenants/a/gold",
+            r#"{"cap_net": "1MB/s"}"#,
+            "no key in the config file",
+        ),
+        (
+            "/tenants/a/extra",
+            r#"{"weight": 5}"#,
+            "not in the config file",
+        ),
+    ] {
+        let r = put(p, body);
+        assert_eq!(r.status, 409, "{p} {body}: {}", r.text());
+        assert!(
+            r.error_message().contains(needle),
+            "{p} {body}: {}",
+            r.error_message()
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), before);
+    assert_eq!(weight("/tenants/a"), Some(70));
+    assert!(s.runtime().activity_id("/tenants/a/extra").is_none());
+
+    // Edited by hand since it was loaded: refused, the hand edit stays, nothing changes.
+    let by_hand = before.replace("weight = 70", "weight = 71");
+    std::fs::write(&path, &by_hand).unwrap();
+    let r = put("/tenants/a", r#"{"weight": 90}"#);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.error_message().contains("changed on disk"),
+        "{}",
+        r.error_message()
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), by_hand);
+    assert_eq!(weight("/tenants/a"), Some(70));
+    // After a reload the hand edit runs and persisting works again.
+    s.reload_file().unwrap();
+    assert_eq!(weight("/tenants/a"), Some(71));
+    assert_eq!(put("/tenants/a", r#"{"weight": 90}"#).status, 200);
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("weight = 90 # half"));
+}
+
+#[test]
+fn persist_is_refused_on_the_embedded_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let (s, _) = served(&toml, dir.path(), false);
+    let cfg = AdminConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        threads: 1,
+        ..Default::default()
+    };
+    let h = start_admin_with_tenants(s.clone(), omnistage_admin::Served::runtime, cfg).unwrap();
+    let c = Client::new(&format!("http://{}", h.local_addr()), None).unwrap();
+    let r = c
+        .request(
+            "PUT",
+            "/api/v1/activities/tenants/a?persist=true",
+            Some(br#"{"weight": 7}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.error_message().contains("embedded default"),
+        "{}",
+        r.error_message()
+    );
+    let w = s
+        .runtime()
+        .with_activities(|t| t.get(t.lookup("/tenants/a").unwrap()).unwrap().spec.weight);
+    assert_eq!(w, 100, "nothing changed");
+}

@@ -13,6 +13,7 @@
 //! response ─── status lines and headers, error responses, the cached Date header
 //! config ───── the server and its tenants from TOML; Host/listener → tenant
 //! synthetic ── the /_burn and /_bytes test endpoints
+//! persist ──── live changes written back to the config file (toml_edit, atomic)
 //! log ──────── access log lines (Common Log Format plus the activity)
 //! error ────── HttpError: status, reason, and whether the connection must close
 //! server ───── the running server: listeners, connections, stages (uses all of the above)
@@ -27,6 +28,7 @@ pub mod error;
 pub mod log;
 pub mod mime;
 pub mod path;
+pub mod persist;
 pub mod request;
 pub mod response;
 pub mod server;
