@@ -69,6 +69,10 @@ impl Tenants for Served {
         self.server.configured_activities()
     }
 
+    fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
+        Tenants::upstreams(&self.server)
+    }
+
     fn persist(&self, edits: &[Edit]) -> Result<(), TenantError> {
         let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         match file.as_mut() {

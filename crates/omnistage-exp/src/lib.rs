@@ -28,6 +28,7 @@ mod specweb;
 mod spike;
 pub(crate) mod util;
 mod web;
+mod windowing;
 
 use clap::{Args, Subcommand};
 
