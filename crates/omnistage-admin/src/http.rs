@@ -161,6 +161,8 @@ fn accept_loop(listener: TcpListener, tx: SyncSender<TcpStream>, stopping: &Atom
 }
 
 fn handler_loop(rx: &Mutex<Receiver<TcpStream>>, shared: &Shared) {
+    // A panic in a handler is reported (and counted in /metrics) as the admin stage's.
+    omnistage::exec::panic::set_thread_stage("admin");
     loop {
         let next = rx.lock().expect("admin queue lock").recv();
         match next {

@@ -29,9 +29,12 @@
 //! Answers: 400 for a malformed request (with the reason), 401 without the bearer token when
 //! one is configured, 403 from the browser guards below, 404 for unknown paths and
 //! activities, 405 for a wrong method, 409 for a change the activity tree refuses (weight out
-//! of range, removing `/infra`, a cycle, a node with children...; nothing changes), 411/413/
+//! of range, removing `/infra`, a cycle, a node with children, removing or moving an activity
+//! the server's running config owns (a tenant's or a class's: the reason says to edit the
+//! config file and reload instead)...; nothing changes), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
-//! `application/json`, 501 for what the runtime cannot change (`persist=true`, network and
+//! `application/json`, 501 for what the runtime cannot change (`persist=true` without an HTTP
+//! server, or on a removal or move; network and
 //! disk caps, cache budgets, send orders, moving connections), 503 when all handler threads are busy and
 //! the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
 //!
@@ -49,9 +52,11 @@ mod metrics;
 pub mod model;
 mod routes;
 mod sampler;
+mod served;
 mod view;
 
 use omnistage::exec::Runtime;
+pub use served::Served;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,6 +160,19 @@ pub trait Tenants: Send + Sync {
     /// The server's own counters for `/metrics` (name, help, value), e.g. TLS handshakes.
     fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
         Vec::new()
+    }
+    /// Activity paths the running configuration owns (tenants and their classes): the API
+    /// refuses to remove or move them, and says to edit the config file and reload instead.
+    fn configured_activities(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Writes `edits` to the config file the server runs from (`?persist=true`); refused
+    /// without one (the embedded default), or when the file changed on disk since it was
+    /// loaded, or when the edit would make it invalid.
+    fn persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
+        Err(TenantError::Refused(
+            "this server keeps no config file to write changes to".into(),
+        ))
     }
     /// Per upstream and tenant: requests in flight, queued, refused, slot-time and bytes.
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
@@ -307,6 +325,10 @@ impl Tenants for omnistage_http::server::Server {
 
     fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
         self.stats().counters()
+    }
+
+    fn configured_activities(&self) -> Vec<String> {
+        omnistage_http::server::Server::configured_activities(self)
     }
 
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {

@@ -367,6 +367,29 @@ pub(crate) fn render(
             ));
         }
     }
+    {
+        let f = sc.family(
+            "omnistage_stage_panics",
+            "Panics reported by the process's panic hook, by the stage (or named thread, e.g. admin) that panicked; each was contained and answered.",
+            MetricType::Counter,
+        );
+        let counts = omnistage::exec::panic::panic_counts();
+        // Every stage of this runtime, zero or not, then any other thread that panicked.
+        let mut shown = Vec::new();
+        for st in 0..rt.stage_count() as u32 {
+            let name = stage_name(st);
+            let n = counts.iter().find(|(s, _)| *s == name).map_or(0, |c| c.1);
+            f.series
+                .push((vec![("stage", name.clone())], Value::CounterInt(n)));
+            shown.push(name);
+        }
+        for (name, n) in counts {
+            if n > 0 && !shown.iter().any(|s| s == name) {
+                f.series
+                    .push((vec![("stage", name.to_string())], Value::CounterInt(n)));
+            }
+        }
+    }
     type CorePick = fn(&omnistage::account::CoreRow) -> Value;
     let core_families: [(&'static str, &'static str, CorePick); 6] = [
         (

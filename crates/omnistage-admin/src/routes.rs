@@ -11,6 +11,7 @@ use omnistage::activity::{parse_path, ActivityError};
 use omnistage::admit::{GcraBucket, P90Params};
 use omnistage::exec::{Predicate, Runtime, RuntimeError};
 use omnistage::sched::{PolicyKind, ShaperKind, ShaperSpec};
+use omnistage_http::persist::{Edit, Setting};
 
 /// The dashboard page and its script, embedded in the binary.
 const INDEX_HTML: &str = include_str!("../assets/index.html");
@@ -331,6 +332,9 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
     }
     if verb_move {
         return if req.method == "POST" {
+            if let Some(r) = configured_refusal(shared, path, "move") {
+                return r;
+            }
             move_activity(rt, req, path)
         } else {
             Response::method_not_allowed("POST")
@@ -359,6 +363,9 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             if let Some(r) = persist_refused(&req.query) {
                 return r;
             }
+            if let Some(r) = configured_refusal(shared, path, "remove") {
+                return r;
+            }
             match rt.remove_activity(path) {
                 Ok(()) => changed(rt, path, 0, "removed"),
                 Err(e) => runtime_error(&e, path),
@@ -366,6 +373,36 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
         }
         _ => Response::method_not_allowed("GET, PUT, DELETE"),
     }
+}
+
+/// 409 when `path` is, or holds, an activity the server's running configuration owns: the
+/// server keeps using those, so removing or moving one would break its tenant until a restart.
+/// The config file is where tenants and classes are made and removed.
+fn configured_refusal(shared: &Shared, path: &str, action: &str) -> Option<Response> {
+    let owned = shared.source.tenants()?.configured_activities();
+    let inside = |a: &str| a == path || path == "/" || a.starts_with(&format!("{path}/"));
+    // The activity itself first, else the first one it holds.
+    let hit = owned
+        .iter()
+        .find(|a| *a == path)
+        .or_else(|| owned.iter().find(|a| inside(a)))?;
+    let what = match hit.strip_prefix("/tenants/") {
+        Some(rest) if !rest.contains('/') => format!("tenant {rest:?}"),
+        _ => format!("the class {hit}"),
+    };
+    let how = if action == "remove" {
+        "remove"
+    } else {
+        "rename or move"
+    };
+    Some(Response::error(
+        409,
+        &format!(
+            "cannot {action} {path}: {hit} is the activity of {what} in the running config; to \
+             {how} it, edit the config file (its [[tenant]] or [[tenant.class]] table) and \
+             reload (SIGHUP)"
+        ),
+    ))
 }
 
 fn changed(rt: &Runtime, path: &str, id: u32, action: &str) -> Response {
@@ -381,21 +418,145 @@ fn changed(rt: &Runtime, path: &str, id: u32, action: &str) -> Response {
     )
 }
 
-/// `persist=true` is refused: see the crate's README section (the config file's format and
-/// parser belong to the HTTP server; rewriting it safely, comments and all, is not done).
-fn persist_refused(query: &str) -> Option<Response> {
+/// Whether the query asks to persist (`persist=true|1`); 400 for any other value.
+fn wants_persist(query: &str) -> Result<bool, Response> {
     match query_get(query, "persist") {
-        None | Some("false") | Some("0") => None,
-        Some("true") | Some("1") => Some(Response::error(
-            501,
-            "persist=true is not implemented: changes apply to the running server only; edit \
-             the config file and send SIGHUP to keep them",
-        )),
-        Some(v) => Some(Response::error(
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(v) => Err(Response::error(
             400,
             &format!("persist={v:?}: want true or false"),
         )),
     }
+}
+
+/// `persist=true` on a removal or a move: 501 (only `PUT` changes to the config's tenants and
+/// classes are written back; what exists is the config file's business).
+fn persist_refused(query: &str) -> Option<Response> {
+    match wants_persist(query) {
+        Ok(false) => None,
+        Ok(true) => Some(Response::error(
+            501,
+            "persist=true applies to PUT changes of the config's tenants and classes only: \
+             to remove or move one, edit the config file and send SIGHUP",
+        )),
+        Err(r) => Some(r),
+    }
+}
+
+/// The config-file edits that persist `change` to `path`, or why it cannot be persisted:
+/// only the keys the file has for a tenant (weight, cpu_cap, cap_kind, net_cap, disk_cap,
+/// cache_bytes, send_order) or a class (weight).
+fn persist_edits(
+    tenants: Option<&dyn crate::Tenants>,
+    path: &str,
+    change: &ActivityChange,
+) -> Result<Vec<Edit>, Response> {
+    let Some(tenants) = tenants else {
+        return Err(Response::error(
+            501,
+            "persist=true needs an HTTP server with a config file: this admin server runs \
+             without one",
+        ));
+    };
+    let not_in_file = || {
+        Response::error(
+            409,
+            &format!(
+                "{path} is not in the config file: only its tenants and classes persist; \
+                 apply the change without persist=true"
+            ),
+        )
+    };
+    if !tenants.configured_activities().iter().any(|a| a == path) {
+        return Err(not_in_file());
+    }
+    let rest = path.strip_prefix("/tenants/").ok_or_else(not_in_file)?;
+    let (tenant, class) = match rest.split_once('/') {
+        Some((t, c)) => (t.to_string(), Some(c.to_string())),
+        None => (rest.to_string(), None),
+    };
+    let mut edits = Vec::new();
+    let mut set = |key: &str, value: Setting| {
+        edits.push(Edit {
+            tenant: tenant.clone(),
+            class: class.clone(),
+            key: key.to_string(),
+            value,
+        })
+    };
+    let no_key = |what: &str| {
+        Response::error(
+            409,
+            &format!(
+                "{what} has no key in the config file for {path}: apply it without \
+                 persist=true, or edit the file"
+            ),
+        )
+    };
+    if let Some(w) = change.weight {
+        set("weight", Setting::Int(i64::from(w)));
+    }
+    if change.policy.is_some() {
+        return Err(no_key("policy"));
+    }
+    if change.priority.is_some() {
+        return Err(no_key("priority"));
+    }
+    if change.admission.is_some() {
+        return Err(no_key("admission"));
+    }
+    let tenant_only = change.cap.is_some()
+        || change.cap_net.is_some()
+        || change.cap_disk.is_some()
+        || change.budget.is_some()
+        || change.send_order.is_some();
+    if class.is_some() && tenant_only {
+        return Err(no_key("a class's cap, budget or send order"));
+    }
+    match &change.cap {
+        None => {}
+        Some(None) => {
+            set("cpu_cap", Setting::Remove);
+            set("cap_kind", Setting::Remove);
+        }
+        Some(Some(c)) => {
+            if c.burst_ms.is_some() {
+                return Err(no_key("cap.burst_ms"));
+            }
+            set("cpu_cap", Setting::Float(c.cores));
+            if let Some(k) = &c.kind {
+                set("cap_kind", Setting::Str(k.clone()));
+            }
+        }
+    }
+    for (value, key, what) in [
+        (&change.cap_net, "net_cap", "cap_net"),
+        (&change.cap_disk, "disk_cap", "cap_disk"),
+    ] {
+        if let Some(v) = value {
+            set(
+                key,
+                match bytes_setting(v, what)? {
+                    None => Setting::Remove,
+                    Some(n) => Setting::Str(format!("{n}B/s")),
+                },
+            );
+        }
+    }
+    if let Some(v) = &change.budget {
+        set(
+            "cache_bytes",
+            match bytes_setting(v, "budget")? {
+                None => Setting::Remove,
+                Some(n) => Setting::Int(i64::try_from(n).unwrap_or(i64::MAX)),
+            },
+        );
+    }
+    if let Some(o) = &change.send_order {
+        set("send_order", Setting::Str(o.clone()));
+    }
+    Ok(edits)
 }
 
 /// Status of a refused activity change: 404 when `path` itself is missing, 400 for a path
@@ -584,13 +745,29 @@ fn put_activity(
     if let Err(r) = check_query(&req.query, &["persist"]) {
         return r;
     }
-    if let Some(r) = persist_refused(&req.query) {
-        return r;
-    }
+    let persist = match wants_persist(&req.query) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let change: ActivityChange = match body_json(req) {
         Ok(c) => c,
         Err(r) => return r,
     };
+    if persist {
+        // The file first: a change it refuses (changed on disk, invalid, embedded default)
+        // changes nothing; one it took is then applied live, as a reload would.
+        let edits = match persist_edits(tenants, path, &change) {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        if let Some(t) = tenants {
+            if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
+                t.persist(&edits)
+            {
+                return Response::error(409, &format!("not persisted, nothing changed: {m}"));
+            }
+        }
+    }
     let server_side = change.cap_net.is_some()
         || change.cap_disk.is_some()
         || change.budget.is_some()
@@ -762,6 +939,7 @@ mod tests {
         assert_eq!(check_query("x=1", &["format"]).unwrap_err().status, 400);
         assert!(persist_refused("persist=false").is_none());
         assert_eq!(persist_refused("persist=true").unwrap().status, 501);
+        assert_eq!(wants_persist("persist=1").ok(), Some(true));
         assert_eq!(persist_refused("persist=maybe").unwrap().status, 400);
     }
 

@@ -165,3 +165,28 @@ fn an_http_servers_counters_are_exposed() {
     assert_eq!(value("omnistage_http_tls_handshake_errors_total"), 0);
     assert!(text.contains("# HELP omnistage_http_tls_handshake_timeouts"));
 }
+
+/// Panics are counted per stage by the process's panic hook (installed when a runtime starts):
+/// every stage of the runtime has a series (zero until it panics), and a named thread that
+/// panicked gets one too.
+#[test]
+fn panics_are_counted_per_stage() {
+    let r = rig(1);
+    let (_h, c) = admin(&r.rt, None);
+    let scrape = |c| {
+        family(
+            &req(c, "GET", "/metrics", None).text(),
+            "omnistage_stage_panics_total",
+        )
+    };
+    assert_eq!(scrape(&c).get("stage=\"spin\""), Some(&0.0));
+    let t = std::thread::spawn(|| {
+        omnistage::exec::panic::set_thread_stage("metrics-test");
+        for _ in 0..3 {
+            let caught = std::panic::catch_unwind(|| panic!("counted test panic"));
+            assert!(caught.is_err());
+        }
+    });
+    t.join().unwrap();
+    assert_eq!(scrape(&c).get("stage=\"metrics-test\""), Some(&3.0));
+}

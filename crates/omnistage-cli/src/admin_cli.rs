@@ -147,7 +147,8 @@ pub struct SetArgs {
     /// send_order=fair|fifo|shortest_first|longest_first (the last four change an HTTP
     /// server's tenant: an admin server without one refuses them).
     settings: Vec<String>,
-    /// Also write the change to the config file (refused: not implemented).
+    /// Also write the change to the config file (tenants and classes of the file only; refused
+    /// on the embedded default and when the file changed on disk since it was loaded).
     #[arg(long)]
     persist: bool,
 }

@@ -3,8 +3,9 @@
 //! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it).
 
 use clap::Args;
-use omnistage_admin::{start_admin_with_tenants, AdminConfig, TOKEN_ENV};
-use omnistage_http::config::{default_config, load_config};
+use omnistage_admin::{start_admin_with_tenants, AdminConfig, Served, TOKEN_ENV};
+use omnistage_http::config::default_config;
+use omnistage_http::persist::ConfigFile;
 use omnistage_http::server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::net::SocketAddr;
@@ -60,11 +61,16 @@ fn admin_config(a: &ServeArgs) -> Result<Option<AdminConfig>, String> {
 }
 
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    let config = match &a.config {
-        Some(p) => load_config(p).map_err(|e| e.to_string())?,
+    // The file's bytes are kept: `?persist=true` writes changes back only to the file they
+    // were loaded from (refused once it changed on disk).
+    let (config, file) = match &a.config {
+        Some(p) => {
+            let (c, f) = ConfigFile::load(p).map_err(|e| e.to_string())?;
+            (c, Some(f))
+        }
         None => {
             let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-            default_config(&cwd)
+            (default_config(&cwd), None)
         }
     };
     let admin_cfg = admin_config(&a)?;
@@ -91,11 +97,11 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         );
     }
     // The admin server shares the server (and through it the runtime) until it is stopped.
-    let server = Arc::new(server);
+    let server = Arc::new(Served::new(server, file));
     let mut admin = match admin_cfg {
         None => None,
         Some(cfg) => {
-            let h = start_admin_with_tenants(server.clone(), Server::runtime, cfg)
+            let h = start_admin_with_tenants(server.clone(), Served::runtime, cfg)
                 .map_err(|e| format!("{e} (use --admin ADDR:PORT, or --admin off)"))?;
             eprintln!(
                 "omnistage: admin API and dashboard on http://{}/",
@@ -108,17 +114,9 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     for sig in signals.forever() {
         match sig {
-            SIGHUP => match &a.config {
-                None => eprintln!("omnistage: SIGHUP: no config file to reload (embedded default)"),
-                Some(p) => match load_config(p) {
-                    Err(e) => {
-                        eprintln!("omnistage: reload refused, the old config keeps serving: {e}")
-                    }
-                    Ok(c) => match server.reload(c) {
-                        Ok(()) => eprintln!("omnistage: reloaded {}", p.display()),
-                        Err(e) => eprintln!("omnistage: reload: {e}"),
-                    },
-                },
+            SIGHUP => match server.reload_file() {
+                Ok(p) => eprintln!("omnistage: reloaded {p}"),
+                Err(e) => eprintln!("omnistage: reload: {e}"),
             },
             _ => {
                 eprintln!("omnistage: draining (up to {} s)", a.drain_s);
@@ -126,7 +124,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                     h.stop();
                 }
                 let server = match Arc::try_unwrap(server) {
-                    Ok(s) => s,
+                    Ok(s) => s.into_server(),
                     Err(_) => return Err("the admin server still holds the server".into()),
                 };
                 server.drain(Duration::from_secs(a.drain_s));

@@ -140,7 +140,10 @@ fn set_tree_graph_and_top_against_a_running_server() {
         (vec!["set", "/tenants/a", "cap_net=fast"], "400"),
         (vec!["set", "/tenants/a", "send_order=srpt"], "400"),
         (vec!["set", "/infra", "cap_net=10MB/s"], "404"),
-        (vec!["set", "/tenants/a", "weight=5", "--persist"], "501"),
+        (
+            vec!["set", "/tenants/x", "weight=5", "--persist"],
+            "not in the config file",
+        ),
         (vec!["set", "/tenants/a", "colour=red"], "unknown setting"),
         (vec!["set", "/nope/x", "weight=5"], "409"),
     ] {
@@ -165,6 +168,34 @@ fn set_tree_graph_and_top_against_a_running_server() {
     assert!(
         out.lines()
             .any(|l| l.trim_start().starts_with("a ") && l.contains(" 70 ")),
+        "{out}"
+    );
+
+    // --persist writes the weight into the config file; a SIGHUP (the file's values win)
+    // keeps it.
+    let (code, out, err) =
+        run(&[&["set", "/tenants/a", "weight=65", "--persist"], &a[..]].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let file = std::fs::read_to_string(dir.join("omnistage.toml")).unwrap();
+    assert!(file.contains("weight = 65"), "{file}");
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        let line = s.lines.recv_timeout(left).expect("serve says it reloaded");
+        if line.starts_with("omnistage: reloaded") {
+            break;
+        }
+    }
+    let (_, out, _) = run(&[&["tree"], &a[..]].concat());
+    assert!(
+        out.lines()
+            .any(|l| l.trim_start().starts_with("a ") && l.contains(" 65 ")),
         "{out}"
     );
 

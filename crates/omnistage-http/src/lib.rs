@@ -13,6 +13,7 @@
 //! response ─── status lines and headers, error responses, the cached Date header
 //! config ───── the server and its tenants from TOML; Host/listener → tenant
 //! synthetic ── the /_burn and /_bytes test endpoints
+//! persist ──── live changes written back to the config file (toml_edit, atomic)
 //! proxy ────── the reverse proxy's intermediary rules: upstream response heads (httparse),
 //!              chunked bodies, the heads forwarded each way
 //! fair_slots ─ an upstream's concurrency slots shared by tenants: per-tenant queues, SFQ by weight
@@ -31,6 +32,7 @@ pub mod fair_slots;
 pub mod log;
 pub mod mime;
 pub mod path;
+pub mod persist;
 pub mod proxy;
 pub mod request;
 pub mod response;

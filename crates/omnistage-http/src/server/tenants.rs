@@ -348,6 +348,20 @@ impl Server {
             .collect()
     }
 
+    /// The activity paths the running configuration owns: each tenant's and its classes'. The
+    /// config file says which of them exist, so the admin API refuses to remove or move them
+    /// (the server would hold an activity that is gone; only a reload may take them away).
+    pub fn configured_activities(&self) -> Vec<String> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        let mut out = Vec::new();
+        for t in &live.config.tenants {
+            let path = t.activity();
+            out.extend(t.classes.iter().map(|c| format!("{path}/{}", c.name)));
+            out.push(path);
+        }
+        out
+    }
+
     /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
     /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
     pub fn reload(&self, config: Config) -> Result<(), String> {

@@ -32,6 +32,7 @@
 //! ([`Runtime::queues`]).
 
 mod gate;
+pub mod panic;
 mod sys;
 pub mod task;
 mod task_io;
@@ -599,6 +600,7 @@ impl Builder {
             )));
         }
         let id = self.stages.len() as StageId;
+        let stage_name = panic::intern(name);
         self.stages.push(StageMeta {
             name: name.to_string(),
             load: StageLoad::new(config.shared_limit.clone()),
@@ -607,7 +609,7 @@ impl Builder {
             type_id: TypeId::of::<M>(),
         });
         self.factories.push(Box::new(move |core| {
-            worker::erase::<M, H>(id, factory(core))
+            worker::erase::<M, H>(id, stage_name, factory(core))
         }));
         Ok(StageRef {
             id,
@@ -617,6 +619,7 @@ impl Builder {
 
     /// Starts the workers.
     pub fn start(self) -> Result<Runtime, RuntimeError> {
+        panic::install();
         if !(1..=WORKERS_MAX).contains(&self.workers) {
             return Err(RuntimeError::Config(format!(
                 "workers must be in 1..={WORKERS_MAX}, got {}",

@@ -262,18 +262,21 @@ pub(crate) trait ErasedStage {
 
 struct Typed<M, H> {
     id: StageId,
+    /// For the panic report (interned: no allocation per batch).
+    name: &'static str,
     handler: H,
     /// Reused buffer of the batch being handled (no allocation per dispatch).
     buf: Vec<Envelope<M>>,
 }
 
-pub(crate) fn erase<M, H>(id: StageId, handler: H) -> Box<dyn ErasedStage>
+pub(crate) fn erase<M, H>(id: StageId, name: &'static str, handler: H) -> Box<dyn ErasedStage>
 where
     M: Send + 'static,
     H: FnMut(&mut Ctx<'_>, M) + 'static,
 {
     Box::new(Typed {
         id,
+        name,
         handler,
         buf: Vec::new(),
     })
@@ -323,6 +326,7 @@ where
         }
         st.current_activity = activity;
         st.current_stage = self.id;
+        let _reported_as = super::panic::StageGuard::enter(self.name);
         let mut panics = 0;
         let handler = &mut self.handler;
         let is_io = std::any::TypeId::of::<M>() == std::any::TypeId::of::<IoEvent>();

@@ -1,0 +1,87 @@
+//! An HTTP server together with the config file it runs from ([`Served`]): what `omnistage
+//! serve` hands the admin API, so that `?persist=true` can write a change back to the file and a
+//! SIGHUP reloads the file the changes were written to.
+
+use crate::{TenantChange, TenantError, Tenants};
+use omnistage::exec::Runtime;
+use omnistage_http::persist::{ConfigFile, Edit};
+use omnistage_http::server::Server;
+use std::sync::{Mutex, PoisonError};
+
+/// A running server and its config file (`None`: the embedded default, nothing to write).
+pub struct Served {
+    server: Server,
+    file: Mutex<Option<ConfigFile>>,
+}
+
+impl Served {
+    /// `file` is what the server's config was loaded from ([`ConfigFile::load`]).
+    pub fn new(server: Server, file: Option<ConfigFile>) -> Served {
+        Served {
+            server,
+            file: Mutex::new(file),
+        }
+    }
+
+    /// The server.
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// The server's runtime (for [`crate::start_admin_with_tenants`]).
+    pub fn runtime(&self) -> &Runtime {
+        self.server.runtime()
+    }
+
+    /// The server, for its graceful drain.
+    pub fn into_server(self) -> Server {
+        self.server
+    }
+
+    /// SIGHUP: reads the file again and reloads the server from it; the file's bytes become the
+    /// ones later persisted changes are checked against. Ok: what was reloaded.
+    pub fn reload_file(&self) -> Result<String, String> {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(f) = file.as_ref() else {
+            return Err("no config file to reload (embedded default)".into());
+        };
+        let path = f.path().to_path_buf();
+        let (config, fresh) = ConfigFile::load(&path)
+            .map_err(|e| format!("refused, the old config keeps serving: {e}"))?;
+        // Remember the new bytes even if the reload is only partly applied (listeners): they
+        // are what the running config now comes from.
+        *file = Some(fresh);
+        self.server.reload(config)?;
+        Ok(path.display().to_string())
+    }
+}
+
+impl Tenants for Served {
+    fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
+        self.server.set_tenant(path, change)
+    }
+
+    fn cache_bytes(&self) -> Vec<(String, u64)> {
+        Tenants::cache_bytes(&self.server)
+    }
+
+    fn configured_activities(&self) -> Vec<String> {
+        self.server.configured_activities()
+    }
+
+    fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
+        Tenants::upstreams(&self.server)
+    }
+
+    fn persist(&self, edits: &[Edit]) -> Result<(), TenantError> {
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        match file.as_mut() {
+            None => Err(TenantError::Refused(
+                "this server runs on the embedded default config: there is no file to write \
+                 the change to; start it with --config FILE to persist changes"
+                    .into(),
+            )),
+            Some(f) => f.apply(edits).map_err(TenantError::Refused),
+        }
+    }
+}
