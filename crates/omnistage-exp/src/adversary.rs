@@ -61,10 +61,9 @@ const FD_SLACK: u64 = 200;
 const TENANT_CONNECTIONS_MAX: usize = 4_000;
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("4.0").help("Measured seconds of the victim in each phase.")))]
+#[command(mut_arg("out", |a| a.help("Write adversary.json, .md and .svg here.")))]
 pub struct AdversaryArgs {
-    /// Measured seconds of the victim in each phase.
-    #[arg(long, default_value_t = 4.0)]
-    seconds: f64,
     /// Attack kinds, comma-separated: many-conns, large-files, slow-readers, slowloris.
     #[arg(
         long,
@@ -104,11 +103,6 @@ pub struct AdversaryArgs {
     /// only the CPU the victim's generator leaves and never delay its wakeups (false: normal).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     adversary_idle: bool,
-    #[arg(long, default_value = nginx::DEFAULT_BIN)]
-    nginx: PathBuf,
-    /// Write adversary.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -423,7 +417,7 @@ fn start_attack(
         }
         // Measured over the victim's window: after the ramp and the victim's warmup.
         let warm = RAMP.as_secs_f64() + WARMUP_S;
-        let args = harness::load_args(addr, a.seconds, warm, &extra)?;
+        let args = harness::load_args(addr, a.common.seconds, warm, &extra)?;
         let idle = a.adversary_idle;
         Some(std::thread::spawn(move || {
             lower_priority(idle);
@@ -561,14 +555,14 @@ fn phase(
     let attack = if kinds.is_empty() {
         None
     } else {
-        let total = RAMP + Duration::from_secs_f64(WARMUP_S + a.seconds + 0.5);
+        let total = RAMP + Duration::from_secs_f64(WARMUP_S + a.common.seconds + 0.5);
         let at = start_attack(a, kinds, tg.addr, total)?;
         std::thread::sleep(RAMP);
         Some(at)
     };
     let args = harness::load_args(
         tg.addr,
-        a.seconds,
+        a.common.seconds,
         WARMUP_S,
         &[
             "--spin-us".into(),
@@ -593,7 +587,7 @@ fn phase(
     let t_measure = Instant::now();
     while !h.is_finished() {
         // Read until the generator ends (its last reading is at most one tick old).
-        if t_measure.elapsed().as_secs_f64() <= a.seconds {
+        if t_measure.elapsed().as_secs_f64() <= a.common.seconds {
             gen1 = gen_stat.as_deref().and_then(runqueue_ns).or(gen1);
             srv1 = tg.schedstat.as_deref().and_then(runqueue_ns).or(srv1);
         }
@@ -698,7 +692,7 @@ fn nginx_servers(port: u16, root: &Path) -> String {
 }
 
 pub fn run(a: AdversaryArgs) -> Result<(), String> {
-    if !(0.3..=600.0).contains(&a.seconds)
+    if !(0.3..=600.0).contains(&a.common.seconds)
         || !(0.01..=2.0).contains(&a.victim_fraction)
         || !(1..=10_000).contains(&a.victim_weight)
         || a.victim_rate.is_some_and(|r| !(1.0..=1e6).contains(&r))
@@ -775,14 +769,18 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         // nginx runs beside (idle) so that both capacities are known before any phase.
         let port = nginx::free_port()?;
         let ng_addr = format!("127.0.0.1:{port}");
-        let (ng, nginx_note) = if !a.nginx.exists() {
-            (None, Some(format!("{} not installed", a.nginx.display())))
+        let (ng, nginx_note) = if !a.common.nginx.exists() {
+            (
+                None,
+                Some(format!("{} not installed", a.common.nginx.display())),
+            )
         } else {
             match nginx::start(
-                &a.nginx,
+                &a.common.nginx,
                 &dir.join("nginx"),
                 port,
                 SERVER_CONNECTIONS_MAX,
+                nginx::Tuning::default(),
                 &nginx_servers(port, &root),
             ) {
                 Ok(ng) => (Some(ng), None),
@@ -851,12 +849,12 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         .iter()
         .flat_map(|p| [p.victim_generator_runqueue_ms, p.server_runqueue_ms])
         .flatten()
-        .map(|ms| ms / (a.seconds * 1e3))
+        .map(|ms| ms / (a.common.seconds * 1e3))
         .reduce(f64::max);
     let r = Report {
         experiment: "adversary",
         machine: machine(),
-        seconds: a.seconds,
+        seconds: a.common.seconds,
         attacks: kinds.iter().map(|s| s.to_string()).collect(),
         victim_conns: VICTIM_CONNS,
         victim_fraction: a.victim_fraction,
@@ -999,7 +997,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         title: "adversary: a victim tenant alone and under attack by a co-hosted tenant (QLinux LRP, TAP §1)".into(),
         command: format!(
             "omnistage exp adversary --seconds {} --attacks {}{}",
-            a.seconds,
+            a.common.seconds,
             r.attacks.join(","),
             if a.per_kind { " --per-kind" } else { "" }
         ),
@@ -1076,7 +1074,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             cats.iter().map(|c| get(c, "all")).collect(),
         ),
     ];
-    report::emit("adversary", r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit("adversary", r, &doc, a.common.json, a.common.out(), |p| {
         report::svg_bars(p, "Victim p99 alone vs attacked", "p99 ms", &cats, &series)
     })
 }

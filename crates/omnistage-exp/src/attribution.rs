@@ -14,20 +14,17 @@ use super::util::machine;
 use super::Common;
 use clap::Args;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("10.0").help("Total measured seconds (split evenly between the two phases).")))]
+#[command(mut_arg("out", |a| a.help("Write attribution.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct AttributionArgs {
-    /// Total measured seconds (split evenly between the two phases).
-    #[arg(long, default_value_t = 10.0)]
-    seconds: f64,
     /// Requests/s per tenant in the light phase (open loop).
     #[arg(long, default_value_t = 2000.0)]
     light_rate: f64,
-    /// Write attribution.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -160,10 +157,10 @@ fn phase(name: &'static str, seconds: f64, load: Vec<String>) -> Result<Phase, S
 }
 
 pub fn run(a: AttributionArgs) -> Result<(), String> {
-    if !(1.0..=3600.0).contains(&a.seconds) || !(1.0..=1e6).contains(&a.light_rate) {
+    if !(1.0..=3600.0).contains(&a.common.seconds) || !(1.0..=1e6).contains(&a.light_rate) {
         return Err("--seconds 1..=3600, --light-rate 1..=1e6".into());
     }
-    let half = a.seconds / 2.0;
+    let half = a.common.seconds / 2.0;
     let light = phase(
         "light",
         half,
@@ -189,7 +186,7 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
     let r = Report {
         experiment: "attribution",
         machine: machine(),
-        seconds: a.seconds,
+        seconds: a.common.seconds,
         goal_fraction: GOAL,
         unattributed_fraction: light.unattributed_fraction,
         goal_met: light.unattributed_fraction <= GOAL,
@@ -236,7 +233,7 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
     let sp = &r.phases[1];
     let doc = Doc {
         title: "attribution: unattributed core time under web load (Omni-Kernel §IV)".into(),
-        command: format!("omnistage exp attribution --seconds {}", a.seconds),
+        command: format!("omnistage exp attribution --seconds {}", a.common.seconds),
         machine: r.machine.clone(),
         intro: vec![format!(
             "The HTTP server (2 tenants, 1 worker pinned to CPU 0) under the in-process load generator (CPU 1), \
@@ -301,7 +298,7 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
         &r,
         &doc,
         a.common.json,
-        a.out.as_deref(),
+        a.common.out(),
         |p| {
             report::svg_bars(
                 p,

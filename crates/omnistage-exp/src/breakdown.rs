@@ -11,20 +11,17 @@ use super::Common;
 use clap::Args;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("12.0").help("Total measured seconds, split evenly over the six points.")))]
+#[command(mut_arg("out", |a| a.help("Write breakdown.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct BreakdownArgs {
-    /// Total measured seconds, split evenly over the six points.
-    #[arg(long, default_value_t = 12.0)]
-    seconds: f64,
     /// Connections per tenant (2 tenants, closed loop).
     #[arg(long, default_value_t = 16)]
     conns: usize,
-    /// Write breakdown.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -62,10 +59,10 @@ const RPC: [u64; 6] = [1, 2, 5, 10, 20, 0];
 const FILE_BYTES: usize = 1024;
 
 pub fn run(a: BreakdownArgs) -> Result<(), String> {
-    if !(0.6..=3600.0).contains(&a.seconds) || !(1..=1000).contains(&a.conns) {
+    if !(0.6..=3600.0).contains(&a.common.seconds) || !(1..=1000).contains(&a.conns) {
         return Err("--seconds 0.6..=3600, --conns 1..=1000".into());
     }
-    let per = a.seconds / RPC.len() as f64;
+    let per = a.common.seconds / RPC.len() as f64;
     let web = harness::start(
         "breakdown",
         &[("a", 100), ("b", 100)],
@@ -184,7 +181,7 @@ pub fn run(a: BreakdownArgs) -> Result<(), String> {
     let ka = r.points.last().expect("points");
     let doc = Doc {
         title: "breakdown: CPU per stage and cost per request vs requests per connection (Vortex Fig. 7)".into(),
-        command: format!("omnistage exp breakdown --seconds {} --conns {}", a.seconds, a.conns),
+        command: format!("omnistage exp breakdown --seconds {} --conns {}", a.common.seconds, a.conns),
         machine: r.machine.clone(),
         intro: vec![format!(
             "The HTTP server (1 worker on CPU 0, 2 tenants) serving a {FILE_BYTES} B file to the load generator on CPU 1, \
@@ -232,20 +229,13 @@ pub fn run(a: BreakdownArgs) -> Result<(), String> {
                 .collect(),
         ));
     }
-    report::emit(
-        "breakdown",
-        &r,
-        &doc,
-        a.common.json,
-        a.out.as_deref(),
-        |p| {
-            report::svg_lines(
-                p,
-                "Charged CPU per request vs requests per connection",
-                "requests per connection",
-                "µs per request",
-                &series,
-            )
-        },
-    )
+    report::emit("breakdown", &r, &doc, a.common.json, a.common.out(), |p| {
+        report::svg_lines(
+            p,
+            "Charged CPU per request vs requests per connection",
+            "requests per connection",
+            "µs per request",
+            &series,
+        )
+    })
 }

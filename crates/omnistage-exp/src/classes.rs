@@ -14,14 +14,14 @@ use super::Common;
 use clap::Args;
 use omnistage::account::HistSnapshot;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("30.0").help("Seconds of one run (the high class joins after a third of it).")))]
+#[command(mut_arg("out", |a| a.help("Write classes.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct ClassesArgs {
-    /// Seconds of one run (the high class joins after a third of it).
-    #[arg(long, default_value_t = 30.0)]
-    seconds: f64,
     /// CPU per request, µs.
     #[arg(long, default_value_t = 1000)]
     burn_us: u64,
@@ -34,9 +34,6 @@ pub struct ClassesArgs {
     /// Load of one class alone, × the measured capacity (sets the clients' think time).
     #[arg(long, default_value_t = 0.8)]
     class_load: f64,
-    /// Write classes.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -159,7 +156,7 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
                 .ok_or("class activity")
         })
         .collect::<Result<_, _>>()?;
-    let join_at = a.seconds / 3.0;
+    let join_at = a.common.seconds / 3.0;
     let spec = |c: &str| {
         vec![
             "--tenant".to_string(),
@@ -171,7 +168,12 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
             "30000".into(),
         ]
     };
-    let low = harness::spawn_load(harness::load_args(&addr, a.seconds, 0.0, &spec("low"))?);
+    let low = harness::spawn_load(harness::load_args(
+        &addr,
+        a.common.seconds,
+        0.0,
+        &spec("low"),
+    )?);
     let start = Instant::now();
     let mut high = None;
     let mut prev_h: Vec<HistSnapshot> = ids.iter().map(|&id| hist(rt, id, work)).collect();
@@ -182,7 +184,9 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
     let mut k = 1u32;
     let join = start + Duration::from_secs_f64(join_at);
     let done = |h: &Option<harness::LoadHandle>| h.as_ref().is_some_and(|h| h.is_finished());
-    while start.elapsed().as_secs_f64() < a.seconds + 1.0 && !(low.is_finished() && done(&high)) {
+    while start.elapsed().as_secs_f64() < a.common.seconds + 1.0
+        && !(low.is_finished() && done(&high))
+    {
         let due = start + TICK * k;
         let wake = if high.is_none() { due.min(join) } else { due };
         if let Some(d) = wake.checked_duration_since(Instant::now()) {
@@ -191,7 +195,7 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
         if high.is_none() && Instant::now() >= join {
             high = Some(harness::spawn_load(harness::load_args(
                 &addr,
-                a.seconds - join_at,
+                a.common.seconds - join_at,
                 0.0,
                 &spec("high"),
             )?));
@@ -273,7 +277,7 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
         priorities,
         alone: phase(1, 0.0, join_at),
         both: (0..CLASSES.len())
-            .map(|ci| phase(ci, join_at + 1.0, a.seconds))
+            .map(|ci| phase(ci, join_at + 1.0, a.common.seconds))
             .collect(),
         load_reject_fraction: vec![high_r.as_ref().map(frac).unwrap_or(0.0), frac(&low_r)],
         load_ok_per_s: vec![
@@ -285,7 +289,7 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
 }
 
 pub fn run(a: ClassesArgs) -> Result<(), String> {
-    if !(1.5..=3600.0).contains(&a.seconds)
+    if !(1.5..=3600.0).contains(&a.common.seconds)
         || !(10..=100_000).contains(&a.burn_us)
         || !(1..=60_000).contains(&a.target_ms)
         || !(1..=1000).contains(&a.clients)
@@ -313,7 +317,7 @@ pub fn run(a: ClassesArgs) -> Result<(), String> {
         clients_per_class: a.clients,
         think_ms,
         capacity_per_s: cap,
-        join_at_s: a.seconds / 3.0,
+        join_at_s: a.common.seconds / 3.0,
         runs,
         goal_met,
     };
@@ -385,7 +389,7 @@ pub fn run(a: ClassesArgs) -> Result<(), String> {
         title: "classes: class-based admission, a high class joining mid-run (SEDA Figs. 58–59)".into(),
         command: format!(
             "omnistage exp classes --seconds {} --burn-us {} --target-ms {} --clients {} --class-load {}",
-            a.seconds, a.burn_us, a.target_ms, a.clients, a.class_load
+            a.common.seconds, a.burn_us, a.target_ms, a.clients, a.class_load
         ),
         machine: r.machine.clone(),
         intro: vec![
@@ -398,7 +402,7 @@ pub fn run(a: ClassesArgs) -> Result<(), String> {
                  (low), which puts both classes under one class-based controller (SEDA's: a higher class over its \
                  target, or refused by its queue bound, divides the lower classes' rates by 10 and holds them from \
                  increasing), and without priorities (each class its own p90 controller and queue bound).",
-                a.burn_us, a.target_ms, a.clients, a.class_load, a.seconds, a.seconds / 3.0
+                a.burn_us, a.target_ms, a.clients, a.class_load, a.common.seconds, a.common.seconds / 3.0
             ),
             "Figures are the server's ledger, read every 500 ms: p90 of the response time at `http.work` of admitted \
              requests, completions, and rejections at the class's gate (token bucket or Little's-law queue bound; all \
@@ -445,9 +449,9 @@ pub fn run(a: ClassesArgs) -> Result<(), String> {
     }
     series.push((
         format!("target {} ms", a.target_ms),
-        vec![(0.0, tgt), (a.seconds, tgt)],
+        vec![(0.0, tgt), (a.common.seconds, tgt)],
     ));
-    report::emit("classes", &r, &doc, a.common.json, a.out.as_deref(), |p| {
+    report::emit("classes", &r, &doc, a.common.json, a.common.out(), |p| {
         report::svg_lines(
             p,
             "Server-side p90 per class per 500 ms (clipped at 10x target)",

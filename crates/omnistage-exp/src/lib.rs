@@ -6,6 +6,7 @@
 
 mod adversary;
 mod all;
+mod args;
 mod attribution;
 mod breakdown;
 mod cfgweb;
@@ -13,14 +14,16 @@ mod classes;
 mod connections;
 mod cpu;
 mod harness;
+mod http_vs_nginx;
 mod isolation;
 pub(crate) mod nginx;
 mod overhead;
-mod peer;
 mod priority;
 pub(crate) mod report;
+mod rounds;
 mod sched_cost;
 mod shaping;
+mod share;
 mod specweb;
 mod spike;
 pub(crate) mod util;
@@ -34,12 +37,7 @@ pub struct ExpArgs {
     which: Which,
 }
 
-#[derive(Args, Clone)]
-pub struct Common {
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
+pub use args::Common;
 
 #[derive(Subcommand)]
 enum Which {
@@ -52,7 +50,7 @@ enum Which {
     /// The HTTP server with tenants 50/33/17 offered more than their shares.
     WebShare(web::WebShareArgs),
     /// omnistage and nginx side by side: one worker each, 1 KiB file, 64 keep-alive conns.
-    HttpVsNginx(peer::PeerArgs),
+    HttpVsNginx(http_vs_nginx::HttpVsNginxArgs),
     /// Unattributed core time under web load, light and saturated (Omni-Kernel §IV).
     Attribution(attribution::AttributionArgs),
     /// Charged CPU per stage and per request vs requests per connection (Vortex Fig. 7).
@@ -85,7 +83,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::CrossCore(a) => cpu::cross_core(a),
         Which::SchedCost(a) => sched_cost::run(a),
         Which::WebShare(a) => web::run(a),
-        Which::HttpVsNginx(a) => peer::run(a),
+        Which::HttpVsNginx(a) => http_vs_nginx::run(a),
         Which::Attribution(a) => attribution::run(a),
         Which::Breakdown(a) => breakdown::run(a),
         Which::Overhead(a) => overhead::run(a),

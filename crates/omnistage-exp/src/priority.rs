@@ -15,14 +15,15 @@ use clap::Args;
 use omnistage_http::config::SendOrder;
 use plotters::prelude::*;
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("12.0").help("Measured seconds per order.")))]
+#[command(mut_arg("out", |a| a.help("Write priority.json, .md and .svg here.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1").hide(true)))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct PriorityArgs {
-    /// Measured seconds per order.
-    #[arg(long, default_value_t = 12.0)]
-    seconds: f64,
     /// The tenant's net_cap, MB/s (decimal).
     #[arg(long, default_value_t = 32.0)]
     cap_mb: f64,
@@ -36,9 +37,6 @@ pub struct PriorityArgs {
         value_delimiter = ','
     )]
     orders: Vec<String>,
-    /// Write priority.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -147,12 +145,12 @@ fn run_order(
             a.think_ms
         ));
     }
-    let la = harness::load_args(&addr, a.seconds, warmup_s, &extra)?;
+    let la = harness::load_args(&addr, a.common.seconds, warmup_s, &extra)?;
     let h = harness::spawn_load(la);
     std::thread::sleep(Duration::from_secs_f64(warmup_s));
     let start = Instant::now();
     let first = cfgweb::bytes_out(&rt.snapshot(), id);
-    std::thread::sleep(Duration::from_secs_f64(a.seconds));
+    std::thread::sleep(Duration::from_secs_f64(a.common.seconds));
     let last = cfgweb::bytes_out(&rt.snapshot(), id);
     let elapsed = start.elapsed().as_secs_f64().max(1e-9);
     let r = harness::join_load(h)?;
@@ -191,7 +189,7 @@ fn run_order(
 }
 
 pub fn run(a: PriorityArgs) -> Result<(), String> {
-    if !(0.3..=600.0).contains(&a.seconds)
+    if !(0.3..=600.0).contains(&a.common.seconds)
         || !(1.0..=1000.0).contains(&a.cap_mb)
         || !(0.0..=10_000.0).contains(&a.think_ms)
     {
@@ -208,7 +206,7 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
     if orders.is_empty() {
         return Err("--orders: give at least one".into());
     }
-    let warmup_s = (a.seconds * 0.1).clamp(0.2, 1.0);
+    let warmup_s = (a.common.seconds * 0.1).clamp(0.2, 1.0);
     let root = std::env::temp_dir().join(format!("omnistage-priority-{}", std::process::id()));
     std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
     for (name, bytes, _) in FILES {
@@ -245,7 +243,7 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
     let rep = Report {
         experiment: "priority",
         machine: machine(),
-        seconds_per_order: a.seconds,
+        seconds_per_order: a.common.seconds,
         warmup_s,
         cap_bytes_per_s: a.cap_mb * 1e6,
         think_ms: a.think_ms,
@@ -258,14 +256,9 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
         peer: "none: nginx has no per-server bandwidth cap or size-based send order to compare",
     };
     let doc = page(&rep, &a);
-    report::emit(
-        "priority",
-        &rep,
-        &doc,
-        a.common.json,
-        a.out.as_deref(),
-        |p| chart(p, &rep),
-    )
+    report::emit("priority", &rep, &doc, a.common.json, a.common.out(), |p| {
+        chart(p, &rep)
+    })
 }
 
 fn kib(bytes: usize) -> String {
@@ -352,7 +345,7 @@ fn page(r: &Report, a: &PriorityArgs) -> Doc {
         title: "priority: response time by file size under a bandwidth cap, per send order (TAP Fig. 6)".into(),
         command: format!(
             "omnistage exp priority --seconds {} --cap-mb {} --think-ms {} --orders {}",
-            a.seconds,
+            a.common.seconds,
             a.cap_mb,
             a.think_ms,
             r.runs.iter().map(|x| x.order).collect::<Vec<_>>().join(",")
@@ -366,7 +359,7 @@ fn page(r: &Report, a: &PriorityArgs) -> Doc {
                  large, and the clients offer far more than the cap, so a queue of responses waits at the cap. \
                  Files are cached in memory after the warmup ({:.1} s), so the cap, not the disk or the CPU, binds. \
                  Response time is measured at the client, request sent to last byte received, over {} s per order.",
-                a.cap_mb, a.think_ms, r.warmup_s, a.seconds
+                a.cap_mb, a.think_ms, r.warmup_s, a.common.seconds
             ),
             "Orders: `fair` (the server's default: byte round robin between the tenant's connections, \
              16 KiB quanta, like processor sharing), `fifo` (the response that became pending first goes out until done), \

@@ -16,17 +16,14 @@ use super::Common;
 use clap::Args;
 use omnistage::account::HistSnapshot;
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("20.0").help("Seconds of one run: 25 % low, 50 % spike, 25 % low again.")))]
+#[command(mut_arg("repeats", |a| a.default_value("3").help("Runs with admission (the median by settle time is reported); one run without.")))]
+#[command(mut_arg("out", |a| a.help("Write overload-spike.json, .md and .svg here.")))]
+#[command(mut_arg("nginx", |a| a.hide(true)))]
 pub struct SpikeArgs {
-    /// Seconds of one run: 25 % low, 50 % spike, 25 % low again.
-    #[arg(long, default_value_t = 20.0)]
-    seconds: f64,
-    /// Runs with admission (the median by settle time is reported); one run without.
-    #[arg(long, default_value_t = 3)]
-    repeats: usize,
     /// CPU per request, µs.
     #[arg(long, default_value_t = 500)]
     burn_us: u64,
@@ -39,9 +36,6 @@ pub struct SpikeArgs {
     /// Open-loop connection slots.
     #[arg(long, default_value_t = 256)]
     conns: usize,
-    /// Write overload-spike.json, .md and .svg here.
-    #[arg(long)]
-    out: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -214,7 +208,11 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
     let id = rt.activity_id("/tenants/a").ok_or("tenant activity")?;
     let work = server.work_stage();
     let rt_admission = rt.admission(work, id);
-    let lens = [a.seconds * 0.25, a.seconds * 0.5, a.seconds * 0.25];
+    let lens = [
+        a.common.seconds * 0.25,
+        a.common.seconds * 0.5,
+        a.common.seconds * 0.25,
+    ];
     let rates = [0.5 * cap, a.spike * cap, 0.5 * cap];
     let names = ["low", "spike", "low again"];
     let addr2 = addr.clone();
@@ -371,21 +369,21 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
 }
 
 pub fn run(a: SpikeArgs) -> Result<(), String> {
-    if !(1.0..=3600.0).contains(&a.seconds)
+    if !(1.0..=3600.0).contains(&a.common.seconds)
         || !(10..=100_000).contains(&a.burn_us)
         || !(1..=60_000).contains(&a.target_ms)
         || !(1.0..=50.0).contains(&a.spike)
         || !(1..=10_000).contains(&a.conns)
-        || !(1..=REPEATS_MAX).contains(&a.repeats)
+        || !(1..=REPEATS_MAX).contains(&a.common.repeats)
     {
         return Err(format!("--seconds 1..=3600, --burn-us 10..=100000, --target-ms 1..=60000, --spike 1..=50, --conns 1..=10000, --repeats 1..={REPEATS_MAX}"));
     }
-    let cap = capacity(&a, (a.seconds / 10.0).clamp(0.5, 2.0))?;
+    let cap = capacity(&a, (a.common.seconds / 10.0).clamp(0.5, 2.0))?;
     if cap <= 0.0 {
         return Err("capacity measured as 0 req/s".into());
     }
-    let mut with: Vec<Run> = Vec::with_capacity(a.repeats);
-    for _ in 0..a.repeats {
+    let mut with: Vec<Run> = Vec::with_capacity(a.common.repeats);
+    for _ in 0..a.common.repeats {
         with.push(one_run(&a, true, cap)?);
     }
     let settle_repeats: Vec<Option<f64>> = with.iter().map(|r| r.settle_after_step_up_s).collect();
@@ -513,7 +511,7 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
         ),
         command: format!(
             "omnistage exp overload-spike --seconds {} --repeats {} --burn-us {} --target-ms {} --spike {} --conns {}",
-            a.seconds, a.repeats, a.burn_us, a.target_ms, a.spike, a.conns
+            a.common.seconds, a.common.repeats, a.burn_us, a.target_ms, a.spike, a.conns
         ),
         machine: r.machine.clone(),
         intro: vec![
@@ -527,11 +525,11 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
                  of admitted requests — queueing inside the server, not the client's view).",
                 a.burn_us,
                 a.conns,
-                a.seconds * 0.25,
+                a.common.seconds * 0.25,
                 a.spike,
-                a.seconds * 0.5,
-                a.seconds * 0.25,
-                a.repeats,
+                a.common.seconds * 0.5,
+                a.common.seconds * 0.25,
+                a.common.repeats,
                 a.target_ms
             ),
             format!("Admission is SEDA's p90 controller (a token bucket whose rate falls ×1/1.2 per run over the target and rises \
@@ -575,7 +573,10 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
         })
         .chain(std::iter::once((
             format!("target {} ms", a.target_ms),
-            vec![(0.0, a.target_ms as f64), (a.seconds, a.target_ms as f64)],
+            vec![
+                (0.0, a.target_ms as f64),
+                (a.common.seconds, a.target_ms as f64),
+            ],
         )))
         .collect();
     report::emit(
@@ -583,7 +584,7 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
         &r,
         &doc,
         a.common.json,
-        a.out.as_deref(),
+        a.common.out(),
         |p| {
             report::svg_lines(
                 p,

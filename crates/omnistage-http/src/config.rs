@@ -65,6 +65,11 @@
 //! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
 //! connections_max = 2000            # optional, ≤ server.connections_max
 //! synthetic = true                  # enables /_burn?us=N and /_bytes?n=N (default false)
+//! fleet_rate_per_s = 1000           # optional, needs [cluster]: requests/s for this tenant
+//!                                   # across the fleet, 1..=10^9; leased from Redis in
+//!                                   # batches, refused with 503 + Retry-After past it
+//! fleet_net_cap = "50MB/s"          # optional, needs [cluster]: response bytes/s across the
+//!                                   # fleet, units as net_cap; leased likewise
 //! upstream = "app"                  # optional: requests are proxied to this [[upstream]]: all
 //!                                   # of them (docroot then optional), or with
 //! upstream_prefix = "/api/"         # only those whose target starts with this (the rest are
@@ -77,6 +82,14 @@
 //! priority = 0                      # optional, 0..=14 (0 highest): SEDA's class-based admission;
 //!                                   #   under overload lower priorities are cut first
 //! p90_target_ms = 20                # optional, this class's target (default: the tenant's)
+//!
+//! [cluster]                         # optional; without it a node is alone (crate
+//!                                   # omnistage-fleet, docs/fleet.md)
+//! redis = "redis://127.0.0.1:6379"  # the fleet's Redis (redis://[user:pass@]host:port[/db])
+//! node = "n1"                       # unique per node, [A-Za-z0-9_.-]{1,64}; default the host
+//!                                   # name
+//! sync_ms = 100                     # 10..=60000: how often the node publishes its demand and
+//!                                   # reads the fleet's (entries live 2 × sync_ms)
 //! ```
 //!
 //! Unknown keys are errors. Every error names the line and column of the offending value (or
@@ -166,6 +179,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// The tenants, in file order; [`Config::tenant_for`] returns indexes into this.
     pub tenants: Vec<TenantConfig>,
+    /// The fleet this node belongs to (`[cluster]`); `None`: a single node.
+    pub cluster: Option<ClusterConfig>,
     /// The upstreams (`[[upstream]]`), in file order; a tenant's `upstream` indexes this.
     pub upstreams: Vec<UpstreamConfig>,
 }
@@ -187,6 +202,39 @@ pub struct UpstreamConfig {
     pub idle_connections_max: usize,
     /// Per-tenant queues served by weight (true), or one FIFO queue (false).
     pub fair: bool,
+}
+
+/// Shortest `sync_ms`.
+pub const SYNC_MS_MIN: i64 = 10;
+/// Longest `sync_ms`.
+pub const SYNC_MS_MAX: i64 = 60_000;
+/// Default `sync_ms`.
+pub const SYNC_MS_DEFAULT: u64 = 100;
+/// Longest `redis` URL.
+pub const REDIS_URL_BYTES_MAX: usize = 1024;
+/// Longest node name.
+pub const NODE_NAME_BYTES_MAX: usize = 64;
+/// Largest `fleet_rate_per_s`.
+pub const FLEET_RATE_PER_S_MAX: i64 = 1_000_000_000;
+
+/// The fleet this node belongs to (`[cluster]`; crate `omnistage-fleet`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The Redis URL (`redis://...`).
+    pub redis: String,
+    /// This node's name, unique in the fleet; `None`: the host name (the fleet layer reads it).
+    pub node: Option<String>,
+    /// How often the node publishes and reads the fleet's state.
+    pub sync: Duration,
+}
+
+/// A tenant's caps across the fleet (enforced by the fleet layer with leases from Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TenantFleet {
+    /// Requests/s across the fleet.
+    pub rate_per_s: Option<u64>,
+    /// Response bytes/s across the fleet.
+    pub net_cap_bytes_per_s: Option<u64>,
 }
 
 /// Server-wide settings (`[server]`).
@@ -347,6 +395,8 @@ pub struct TenantConfig {
     pub synthetic: bool,
     /// Request classes within the tenant.
     pub classes: Vec<ClassConfig>,
+    /// Caps across the fleet (`fleet_rate_per_s`, `fleet_net_cap`).
+    pub fleet: TenantFleet,
     /// The upstream (index into [`Config::upstreams`]) this tenant's requests are proxied to.
     pub upstream: Option<usize>,
     /// Only targets starting with this are proxied (`None`: all of them).
@@ -482,9 +532,11 @@ pub fn default_config(cwd: &Path) -> Config {
             connections_max: None,
             synthetic: false,
             classes: Vec::new(),
-            upstream: None,
+            fleet: TenantFleet::default(),
+                    upstream: None,
             upstream_prefix: None,
         }],
+        cluster: None,
         upstreams: Vec::new(),
     }
 }
@@ -526,7 +578,16 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
 struct RawConfig {
     server: Option<Spanned<RawServer>>,
     tenant: Option<Spanned<Vec<Spanned<RawTenant>>>>,
+    cluster: Option<Spanned<RawCluster>>,
     upstream: Option<Spanned<Vec<Spanned<RawUpstream>>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    redis: Spanned<String>,
+    node: Option<Spanned<String>>,
+    sync_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -580,6 +641,8 @@ struct RawTenant {
     connections_max: Option<Spanned<i64>>,
     synthetic: Option<bool>,
     class: Option<Vec<Spanned<RawClass>>>,
+    fleet_rate_per_s: Option<Spanned<i64>>,
+    fleet_net_cap: Option<Spanned<String>>,
     upstream: Option<Spanned<String>>,
     upstream_prefix: Option<Spanned<String>>,
 }
@@ -800,6 +863,11 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
         ));
     }
 
+    let cluster = raw
+        .cluster
+        .as_ref()
+        .map(|r| cluster_config(&c, r.get_ref()))
+        .transpose()?;
     let mut upstreams: Vec<UpstreamConfig> = Vec::new();
     if let Some(list) = &raw.upstream {
         if list.get_ref().len() > UPSTREAMS_MAX {
@@ -825,6 +893,22 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
     for raw_tenant in raw_tenants.get_ref() {
         let t = tenant_config(&c, raw_tenant, &server, &upstreams, base)?;
         let rt = raw_tenant.get_ref();
+        if cluster.is_none() {
+            let key = (rt
+                .fleet_rate_per_s
+                .as_ref()
+                .map(|v| (v.span(), "fleet_rate_per_s")))
+            .or(rt
+                .fleet_net_cap
+                .as_ref()
+                .map(|v| (v.span(), "fleet_net_cap")));
+            if let Some((span, key)) = key {
+                return Err(c.err(
+                    span,
+                    format!("{key} needs a [cluster] section (a fleet to share it)"),
+                ));
+            }
+        }
         if !names.insert(t.name.clone()) {
             return Err(c.err(
                 rt.name.span(),
@@ -872,7 +956,54 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
     Ok(Config {
         server,
         tenants,
+        cluster,
         upstreams,
+    })
+}
+
+fn cluster_config(c: &Checker<'_>, r: &RawCluster) -> Result<ClusterConfig, ConfigError> {
+    let redis = r.redis.get_ref().trim();
+    if !redis.starts_with("redis://")
+        || redis.len() <= "redis://".len()
+        || redis.len() > REDIS_URL_BYTES_MAX
+        || redis
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        return Err(c.err(
+            r.redis.span(),
+            format!(
+                "redis {:?} must be a URL like \"redis://127.0.0.1:6379\" of at most {REDIS_URL_BYTES_MAX} bytes",
+                r.redis.get_ref()
+            ),
+        ));
+    }
+    let node = match &r.node {
+        None => None,
+        Some(v) => {
+            let s = v.get_ref();
+            let ok = !s.is_empty()
+                && s.len() <= NODE_NAME_BYTES_MAX
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+            if !ok {
+                return Err(c.err(
+                    v.span(),
+                    format!(
+                        "node {s:?} must be 1..={NODE_NAME_BYTES_MAX} characters of [A-Za-z0-9_.-]"
+                    ),
+                ));
+            }
+            Some(s.clone())
+        }
+    };
+    let sync_ms = c
+        .opt_int_in(&r.sync_ms, "sync_ms", SYNC_MS_MIN, SYNC_MS_MAX)?
+        .map_or(SYNC_MS_DEFAULT, |n| n as u64);
+    Ok(ClusterConfig {
+        redis: redis.to_string(),
+        node,
+        sync: Duration::from_millis(sync_ms),
     })
 }
 
@@ -1243,6 +1374,17 @@ fn tenant_config(
         upstream,
         upstream_prefix,
         name,
+        fleet: TenantFleet {
+            rate_per_s: c
+                .opt_int_in(
+                    &t.fleet_rate_per_s,
+                    "fleet_rate_per_s",
+                    1,
+                    FLEET_RATE_PER_S_MAX,
+                )?
+                .map(|n| n as u64),
+            net_cap_bytes_per_s: c.rate(&t.fleet_net_cap, "fleet_net_cap")?,
+        },
     })
 }
 
@@ -1767,5 +1909,128 @@ cpu_cap = 2
         assert_eq!(line_col("abc\ndef", 5), (2, 2));
         assert_eq!(line_col("é\nx", 2), (1, 2));
         assert_eq!(line_col("ab", 99), (1, 3));
+    }
+
+    const FLEET: &str = r#"
+[cluster]
+redis = "redis://127.0.0.1:6379"
+node = "n1"
+sync_ms = 100
+
+[[tenant]]
+name = "a"
+docroot = "."
+fleet_rate_per_s = 1000
+fleet_net_cap = "50MB/s"
+
+[[tenant]]
+name = "b"
+hosts = ["b.test"]
+docroot = "."
+"#;
+
+    #[test]
+    fn cluster_and_fleet_caps_are_read() {
+        let c = parse_config(FLEET).expect("valid");
+        assert_eq!(
+            c.cluster,
+            Some(ClusterConfig {
+                redis: "redis://127.0.0.1:6379".into(),
+                node: Some("n1".into()),
+                sync: Duration::from_millis(100),
+            })
+        );
+        assert_eq!(
+            c.tenants[0].fleet,
+            TenantFleet {
+                rate_per_s: Some(1000),
+                net_cap_bytes_per_s: Some(50_000_000),
+            }
+        );
+        assert_eq!(c.tenants[1].fleet, TenantFleet::default());
+        // Without [cluster]: a single node, no fleet caps.
+        assert_eq!(parse_config(FULL).expect("valid").cluster, None);
+        let c = parse_config(&FLEET.replace("node = \"n1\"\nsync_ms = 100\n", "")).expect("valid");
+        let cl = c.cluster.expect("cluster");
+        assert_eq!(
+            (cl.node, cl.sync),
+            (None, Duration::from_millis(SYNC_MS_DEFAULT))
+        );
+    }
+
+    #[test]
+    fn cluster_limits_are_crossed_with_an_error_on_the_line() {
+        let cases = [
+            (
+                "sync_ms = 100",
+                "sync_ms = 9",
+                "sync_ms 9 is outside 10..=60000",
+            ),
+            (
+                "sync_ms = 100",
+                "sync_ms = 60001",
+                "sync_ms 60001 is outside",
+            ),
+            ("node = \"n1\"", "node = \"\"", "node \"\" must be"),
+            (
+                "node = \"n1\"",
+                "node = \"a b\"",
+                "must be 1..=64 characters",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"http://x\"",
+                "must be a URL",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"redis://\"",
+                "must be a URL",
+            ),
+            (
+                "redis = \"redis://127.0.0.1:6379\"",
+                "redis = \"redis://a b\"",
+                "must be a URL",
+            ),
+            (
+                "fleet_rate_per_s = 1000",
+                "fleet_rate_per_s = 0",
+                "fleet_rate_per_s 0 is outside",
+            ),
+            (
+                "fleet_rate_per_s = 1000",
+                "fleet_rate_per_s = 1000000001",
+                "is outside 1..=1000000000",
+            ),
+            (
+                "fleet_net_cap = \"50MB/s\"",
+                "fleet_net_cap = \"50MB\"",
+                "fleet_net_cap: rate",
+            ),
+            ("sync_ms = 100", "sync_ms = 100\nport = 1", "unknown field"),
+        ];
+        for (from, to, want) in cases {
+            let text = FLEET.replace(from, to);
+            let e = err(&text);
+            assert!(e.message.contains(want), "{to}: {e}");
+            assert!(e.line.is_some(), "{to}: {e}");
+        }
+        let node = format!("node = \"{}\"", "n".repeat(NODE_NAME_BYTES_MAX));
+        assert!(parse_config(&FLEET.replace("node = \"n1\"", &node)).is_ok());
+        let node = format!("node = \"{}\"", "n".repeat(NODE_NAME_BYTES_MAX + 1));
+        assert!(parse_config(&FLEET.replace("node = \"n1\"", &node)).is_err());
+        // Fleet caps need a fleet.
+        let alone = FLEET.replace(
+            "[cluster]\nredis = \"redis://127.0.0.1:6379\"\nnode = \"n1\"\nsync_ms = 100\n",
+            "",
+        );
+        let e = err(&alone);
+        assert!(
+            e.message.contains("fleet_rate_per_s needs a [cluster]"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(6));
+        let e = err(&alone.replace("fleet_rate_per_s = 1000\n", ""));
+        assert!(e.message.contains("fleet_net_cap needs a [cluster]"), "{e}");
     }
 }

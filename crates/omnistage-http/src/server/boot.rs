@@ -57,6 +57,7 @@ pub(super) fn on_boot(
                     stages,
                     live,
                     live_version,
+                    send_version: 0,
                     conns: Vec::new(),
                     free: Vec::new(),
                     generations: Vec::new(),

@@ -438,6 +438,11 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let activity = class
         .and_then(|i| live.classes[t].get(i).copied())
         .unwrap_or(tr.activity);
+    // The tenant's fleet caps: a local lease pool, never a round trip to Redis.
+    if !tr.fleet.admit() {
+        recycle(request);
+        return answer_overload(ctx, cs, key, keep);
+    }
     let opts = SendOpts {
         activity: Some(activity),
         ..Default::default()
@@ -448,20 +453,7 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             Step::Idle
         }
         Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
-            // Overload: answer at once, cheaply, in the sender's context.
-            let date = cs.date();
-            let c = cs.conn(key).expect("live");
-            c.out.with_head(|b| {
-                response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
-            });
-            c.closing |= !keep;
-            cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
-            count_status(&cs.shared.stats, 503);
-            if flush(ctx, cs, key) {
-                Step::Answered
-            } else {
-                Step::Closed
-            }
+            answer_overload(ctx, cs, key, keep)
         }
         Err(_) => {
             let date = cs.date();
@@ -473,6 +465,24 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             flush(ctx, cs, key);
             Step::Closed
         }
+    }
+}
+
+/// Overload (an admission gate or a fleet cap said no): 503 + Retry-After at once, cheaply,
+/// in the sender's context.
+fn answer_overload(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, keep: bool) -> Step {
+    let date = cs.date();
+    let c = cs.conn(key).expect("live");
+    c.out.with_head(|b| {
+        response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
+    });
+    c.closing |= !keep;
+    cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
+    count_status(&cs.shared.stats, 503);
+    if flush(ctx, cs, key) {
+        Step::Answered
+    } else {
+        Step::Closed
     }
 }
 

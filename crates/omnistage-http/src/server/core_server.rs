@@ -65,6 +65,8 @@ pub(super) struct CoreServer {
     pub(super) stages: Stages,
     pub(super) live: Arc<Live>,
     pub(super) live_version: u64,
+    /// The `ServerShared::send_version` the send scheduler's weights follow.
+    pub(super) send_version: u64,
     pub(super) conns: Vec<Option<Conn>>,
     pub(super) free: Vec<u32>,
     pub(super) generations: Vec<u32>,
@@ -116,6 +118,13 @@ impl CoreServer {
             match &mut self.send {
                 Some(ss) => ss.configure(&self.live, 0),
                 None => self.send = SendSched::for_config(&self.live),
+            }
+        }
+        let sv = self.shared.send_version.load(Ordering::Acquire);
+        if sv != self.send_version {
+            self.send_version = sv;
+            if let Some(ss) = &mut self.send {
+                ss.reweight(&self.live);
             }
         }
     }

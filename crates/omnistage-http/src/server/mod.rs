@@ -55,6 +55,7 @@ mod cont;
 mod core_server;
 mod disk;
 mod file_cache;
+mod fleet;
 mod output;
 mod pool;
 mod proxy;
@@ -67,8 +68,9 @@ mod upstream;
 mod upstream_pool;
 mod work;
 
+pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 pub use shared::{ServerOptions, ServerStats};
-pub use tenants::UpdateError;
+pub use tenants::{FleetTenant, UpdateError};
 pub use upstream_pool::UpstreamTenantStats;
 pub use work::burn;
 
@@ -171,6 +173,8 @@ impl Server {
                 classes: Vec::new(),
             })),
             live_version: AtomicU64::new(0),
+            send_version: AtomicU64::new(0),
+            fleet_status: RwLock::new(None),
             stats: ServerStats::default(),
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),

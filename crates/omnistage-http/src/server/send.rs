@@ -48,7 +48,7 @@ pub(super) fn schedule_send(
                     else {
                         return false;
                     };
-                    let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+                    let Some(node) = ss.tenant_node(tr, tenant, now) else {
                         return false;
                     };
                     let Some(l) = ss.queue_leaf(tr.activity, node, order) else {
@@ -69,7 +69,7 @@ pub(super) fn schedule_send(
             let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
                 return false;
             };
-            let Some(node) = ss.tenant_node(tr.activity, tenant, now) else {
+            let Some(node) = ss.tenant_node(tr, tenant, now) else {
                 return false;
             };
             let Ok(l) = ss.tree.add_leaf(node, ClientParams::default()) else {
@@ -261,6 +261,12 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
             if !sent.more {
                 // The response is done: the next one arrives afresh.
                 ss.arrivals.remove(&key);
+            }
+            // The tenant's backlog on the link, for the fleet layer: whether its node (the
+            // leaf's parent) still has output waiting on this core after the pick.
+            let tenant_waits = ss.tree.parent(leaf).is_some_and(|n| ss.tree.has_work(n));
+            if let Some(t) = cs.conn(key).and_then(|c| c.tenant.as_ref()) {
+                t.fleet.note_pick(tenant_waits);
             }
             if sent.failed {
                 close(ctx, cs, key);

@@ -3,7 +3,7 @@
 //! tenant with a `send_order` other than `fair` one leaf whose ordered queue (FIFO, shortest or
 //! longest first, with aging) picks the response. Pure data: the `http.send` stage drives it.
 
-use super::tenants::{cap_kind, Live};
+use super::tenants::{cap_kind, Live, TenantRuntime};
 use crate::config::SendOrder;
 use omnistage::account::ActivityId;
 use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
@@ -140,6 +140,18 @@ impl SendSched {
         Some(s)
     }
 
+    /// Re-weights the tenants' nodes after a change of the fleet layer's send weights (caps,
+    /// orders and the link's bucket are left as they are).
+    pub(super) fn reweight(&mut self, live: &Live) {
+        for (t, tr) in live.config.tenants.iter().zip(&live.tenants) {
+            if let Some(&n) = self.tenants.get(&tr.activity) {
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
+            }
+        }
+    }
+
     /// Applies the link cap and the weight and cap of every tenant that has a node (after a
     /// reload, too).
     pub(super) fn configure(&mut self, live: &Live, now_ns: u64) {
@@ -156,7 +168,9 @@ impl SendSched {
                 let cap = t
                     .net_cap_bytes_per_s
                     .map(|r| bucket(cap_kind(t.cap_kind), r));
-                let _ = self.tree.set_params(n, ClientParams::weight(t.weight));
+                let _ = self
+                    .tree
+                    .set_params(n, ClientParams::weight(send_weight(t, tr)));
                 let _ = self.tree.set_shaper(n, cap, now_ns);
             }
             // A changed order ranks the entries pushed from now on; a tenant that went back to
@@ -268,11 +282,12 @@ impl SendSched {
     /// The tenant's node, created with its weight and cap on its first send.
     pub(super) fn tenant_node(
         &mut self,
-        activity: ActivityId,
+        tr: &TenantRuntime,
         t: &crate::config::TenantConfig,
         now_ns: u64,
     ) -> Option<NodeId> {
-        let params = ClientParams::weight(t.weight);
+        let activity = tr.activity;
+        let params = ClientParams::weight(send_weight(t, tr));
         let cap = t
             .net_cap_bytes_per_s
             .map(|r| bucket(cap_kind(t.cap_kind), r));
@@ -306,6 +321,11 @@ impl SendSched {
             let _ = self.tree.remove(leaf);
         }
     }
+}
+
+/// A tenant's weight in the send scheduler: the fleet layer's, else the configured one.
+fn send_weight(t: &crate::config::TenantConfig, tr: &TenantRuntime) -> u32 {
+    tr.fleet.send_weight().unwrap_or(t.weight)
 }
 
 #[cfg(test)]

@@ -41,6 +41,11 @@ pub(super) struct ServerShared {
     pub(super) disk: std::sync::OnceLock<Arc<disk::DiskPool>>,
     pub(super) live: RwLock<Arc<Live>>,
     pub(super) live_version: AtomicU64,
+    /// Bumped when a tenant's send weight override changes (the send schedulers re-weight
+    /// their tenant nodes, nothing else).
+    pub(super) send_version: AtomicU64,
+    /// What the fleet layer last computed, for the admin API.
+    pub(super) fleet_status: RwLock<Option<Arc<super::FleetStatus>>>,
     pub(super) stats: ServerStats,
     /// Listening sockets, per core, taken by that core's boot message.
     pub(super) listeners: Mutex<Vec<Vec<TcpListener>>>,

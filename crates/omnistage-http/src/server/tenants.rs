@@ -3,7 +3,7 @@
 //! predicates on `http.work` (p90 targets, class groups), and the reload and per-tenant update
 //! of a running server.
 
-use super::Server;
+use super::{FleetHooks, FleetStatus, Server};
 use crate::config::{CapKind, Config};
 use omnistage::account::{ActivityId, StageId};
 use omnistage::activity::ActivitySpec;
@@ -35,6 +35,22 @@ pub(super) struct TenantRuntime {
     pub(super) cache_bytes: AtomicU64,
     /// Bytes the disk stage read for this tenant.
     pub(super) disk_bytes: AtomicU64,
+    /// The fleet layer's hooks (lease pools, link backlog, link weight).
+    pub(super) fleet: Arc<FleetHooks>,
+}
+
+/// A tenant as the fleet layer sees it ([`Server::fleet_tenants`]).
+#[derive(Clone, Debug)]
+pub struct FleetTenant {
+    pub name: String,
+    /// `/tenants/<name>`.
+    pub path: String,
+    pub activity: ActivityId,
+    /// The weight in the running configuration.
+    pub weight: u32,
+    /// Its fleet caps.
+    pub caps: crate::config::TenantFleet,
+    pub hooks: Arc<FleetHooks>,
 }
 
 /// The configuration and its tenants, swapped as one by a reload (so an index into one always
@@ -241,6 +257,7 @@ pub(super) fn apply_tenants(
                 open: AtomicUsize::new(0),
                 cache_bytes: AtomicU64::new(0),
                 disk_bytes: AtomicU64::new(0),
+                fleet: Arc::new(FleetHooks::default()),
             })),
         }
         all_classes.push(classes);
@@ -253,6 +270,59 @@ pub(super) fn apply_tenants(
 }
 
 impl Server {
+    /// The running configuration (as last loaded or changed through [`Server::update_tenant`]).
+    pub fn config(&self) -> Config {
+        self.shared.live.read().expect("live lock").config.clone()
+    }
+
+    /// Every tenant of the running configuration with its fleet hooks, in config order.
+    pub fn fleet_tenants(&self) -> Vec<FleetTenant> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.config
+            .tenants
+            .iter()
+            .zip(&live.tenants)
+            .map(|(t, tr)| FleetTenant {
+                name: tr.name.clone(),
+                path: tr.path.clone(),
+                activity: tr.activity,
+                weight: t.weight,
+                caps: t.fleet,
+                hooks: tr.fleet.clone(),
+            })
+            .collect()
+    }
+
+    /// Sets the weights of tenants' nodes in the send scheduler (`None`: back to the
+    /// configured weight), by tenant name; unknown names are skipped. The cores re-weight at
+    /// their next dispatch; nothing else changes (no reload, the cache stays).
+    pub fn set_send_weights(&self, weights: &[(&str, Option<u32>)]) {
+        let live = self.shared.live.read().expect("live lock").clone();
+        let mut changed = false;
+        for &(name, w) in weights {
+            if let Some(tr) = live.tenants.iter().find(|t| t.name == name) {
+                changed |= tr.fleet.set_send_weight(w.map(|w| w.clamp(1, 10_000)));
+            }
+        }
+        if changed {
+            self.shared.send_version.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// Records what the fleet layer computed (`None`: not in a fleet).
+    pub fn set_fleet_status(&self, status: Option<Arc<FleetStatus>>) {
+        *self.shared.fleet_status.write().expect("fleet status lock") = status;
+    }
+
+    /// What the fleet layer last computed, if this server is a node of a fleet.
+    pub fn fleet_status(&self) -> Option<Arc<FleetStatus>> {
+        self.shared
+            .fleet_status
+            .read()
+            .expect("fleet status lock")
+            .clone()
+    }
+
     /// Bytes the disk stage read for each tenant, in config order.
     pub fn disk_bytes(&self) -> Vec<(String, u64)> {
         let live = self.shared.live.read().expect("live lock").clone();

@@ -1,0 +1,634 @@
+//! node: the thread that makes one server a node of the fleet.
+//!
+//! Every `sync_ms` it samples the server (the ledger's CPU and bytes per tenant, the work
+//! queues, the send scheduler's backlog counts, the lease pools' demand), publishes its entry
+//! and reads the fleet's ([`Store::sync`]), water-fills CPU and link bytes ([`water`]), sets
+//! the local weights (CPU through `Runtime::set_activity`, as the admin API does; link bytes
+//! through `Server::set_send_weights`), renews the fleet caps' leases, and records what it
+//! computed in the server's [`FleetStatus`] for the admin API.
+//!
+//! When a sync fails (Redis down, slow past the timeout, restarted, refusing), the node is in a
+//! *fallback episode*: the configured weights come back, each cap's pool is refilled locally
+//! at `fleet cap / nodes last seen`, one line is logged when the episode starts and one when
+//! it ends, and the episode is counted. The first sync that succeeds again resynchronises:
+//! entries are published and the fill and leases take over at once.
+//!
+//! Nothing here is on the request path: requests only read the pools' atomics.
+
+use crate::entry::{self, NodeEntry, TenantEntry};
+use crate::lease;
+use crate::store::Store;
+use crate::water::{self, Demand, NodeDemand};
+use omnistage::account::ActivityId;
+use omnistage::activity::DEPTH_MAX;
+use omnistage_http::config::{ClusterConfig, Config};
+use omnistage_http::server::{FleetStatus, FleetTenant, FleetTenantStatus, Server};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Key prefix of the fleet's state in Redis.
+pub const KEY_PREFIX: &str = "omnistage:fleet:";
+
+/// Settings of a fleet node (from `[cluster]`).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub redis: String,
+    /// This node's name (unique in the fleet).
+    pub node: String,
+    pub sync: Duration,
+    /// Prefix of every key (tests use their own).
+    pub prefix: String,
+}
+
+impl NodeConfig {
+    /// From the config's `[cluster]`; a missing node name is the host name.
+    pub fn from_cluster(c: &ClusterConfig) -> Result<NodeConfig, String> {
+        let node = match &c.node {
+            Some(n) => n.clone(),
+            None => host_name().ok_or(
+                "[cluster] has no node and the host name is not a valid node name; set node",
+            )?,
+        };
+        Ok(NodeConfig {
+            redis: c.redis.clone(),
+            node,
+            sync: c.sync,
+            prefix: KEY_PREFIX.to_string(),
+        })
+    }
+
+    /// Deadline of each Redis call (connect, read, write): half an interval, within 5 ms..=1 s.
+    pub fn timeout(&self) -> Duration {
+        (self.sync / 2).clamp(Duration::from_millis(5), Duration::from_secs(1))
+    }
+
+    /// TTL of the node's entry: 2 × sync_ms.
+    pub fn ttl_ms(&self) -> u64 {
+        2 * self.sync.as_millis() as u64
+    }
+}
+
+/// The host name, if it is a valid node name.
+pub fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into the buffer we own.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    let s = std::str::from_utf8(&buf[..end]).ok()?.to_string();
+    entry::valid_node(&s).then_some(s)
+}
+
+/// Counters of the node since it started (also in its [`FleetStatus`]).
+#[derive(Debug, Default)]
+pub struct NodeCounters {
+    pub syncs: AtomicU64,
+    pub episodes: AtomicU64,
+    pub garbage: AtomicU64,
+}
+
+/// A running fleet node; dropping it stops the thread.
+pub struct FleetNode {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    base: Arc<Mutex<HashMap<String, u32>>>,
+    counters: Arc<NodeCounters>,
+}
+
+impl FleetNode {
+    /// Starts the node's thread for `server` (it publishes within one interval).
+    pub fn start(server: Arc<Server>, cfg: NodeConfig) -> Result<FleetNode, String> {
+        if !entry::valid_node(&cfg.node) {
+            return Err(format!("node name {:?} is not valid", cfg.node));
+        }
+        let store = Store::new(&cfg.redis, cfg.timeout(), &cfg.prefix)?;
+        let base = Arc::new(Mutex::new(base_weights(&server.config())));
+        let counters = Arc::new(NodeCounters::default());
+        let (tx, rx) = mpsc::channel();
+        let mut state = State::new(server, cfg, store, base.clone(), counters.clone());
+        let thread = std::thread::Builder::new()
+            .name("fleet".into())
+            .spawn(move || {
+                let sync = state.cfg.sync;
+                let mut next = Instant::now();
+                loop {
+                    state.tick();
+                    next += sync;
+                    let now = Instant::now();
+                    if next < now {
+                        next = now + sync;
+                    }
+                    match rx.recv_timeout(next - now) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => break,
+                    }
+                }
+                state.leave();
+            })
+            .map_err(|e| format!("cannot start the fleet thread: {e}"))?;
+        Ok(FleetNode {
+            stop: Some(tx),
+            thread: Some(thread),
+            base,
+            counters,
+        })
+    }
+
+    /// Takes the configured weights of a reloaded configuration (the weights the node goes
+    /// back to without Redis, and the fill's weights).
+    pub fn reload(&self, config: &Config) {
+        *self.base.lock().expect("base lock") = base_weights(config);
+    }
+
+    pub fn counters(&self) -> &NodeCounters {
+        &self.counters
+    }
+
+    /// Stops the thread (its last act puts the configured weights back); idempotent.
+    pub fn stop(&mut self) {
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FleetNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn base_weights(config: &Config) -> HashMap<String, u32> {
+    config
+        .tenants
+        .iter()
+        .map(|t| (t.name.clone(), t.weight))
+        .collect()
+}
+
+/// A tenant's counters at the last sample.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    cpu_ns: u64,
+    bytes_out: u64,
+    picks: u64,
+    picks_backlogged: u64,
+    rejected: u64,
+    req_attempts: u64,
+    bytes_attempts: u64,
+    bytes_refused: u64,
+}
+
+struct State {
+    server: Arc<Server>,
+    cfg: NodeConfig,
+    store: Store,
+    base: Arc<Mutex<HashMap<String, u32>>>,
+    counters: Arc<NodeCounters>,
+    last: HashMap<String, Sample>,
+    last_at: Option<Instant>,
+    /// Whether each tenant had work queued at the last sample (backlog is taken over two).
+    queued_before: HashMap<String, bool>,
+    /// In a fallback episode since this instant.
+    down_since: Option<Instant>,
+    nodes_last_seen: usize,
+}
+
+/// What the node measured for one tenant over the interval.
+struct Measured {
+    t: FleetTenant,
+    weight: u32,
+    cpu: Demand,
+    link: Demand,
+    req_demand_per_s: f64,
+    bytes_demand_per_s: f64,
+    bytes_sent: u64,
+}
+
+impl State {
+    fn new(
+        server: Arc<Server>,
+        cfg: NodeConfig,
+        store: Store,
+        base: Arc<Mutex<HashMap<String, u32>>>,
+        counters: Arc<NodeCounters>,
+    ) -> State {
+        State {
+            server,
+            cfg,
+            store,
+            base,
+            counters,
+            last: HashMap::new(),
+            last_at: None,
+            queued_before: HashMap::new(),
+            down_since: None,
+            nodes_last_seen: 1,
+        }
+    }
+
+    fn cpu_capacity(&self) -> u64 {
+        self.server.runtime().workers() as u64 * 1_000_000_000
+    }
+
+    fn link_capacity(&self, config: &Config) -> u64 {
+        config.server.net_link_cap_bytes_per_s.unwrap_or(0)
+    }
+
+    /// Samples the server: per tenant, its use and backlog over the interval since the last
+    /// sample.
+    fn measure(&mut self, config: &Config) -> Vec<Measured> {
+        let server = self.server.clone();
+        let rt = server.runtime();
+        let now = Instant::now();
+        let dt = self
+            .last_at
+            .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+        self.last_at = Some(now);
+        let snap = rt.snapshot();
+        let rolled: HashMap<ActivityId, omnistage::account::Row> = rt.with_activities(|tab| {
+            snap.rolled_up(|a| tab.parent_of(a), DEPTH_MAX + 1)
+                .into_iter()
+                .collect()
+        });
+        let queues = rt.queues();
+        let cpu_cap = self.cpu_capacity();
+        let link_cap = self.link_capacity(config);
+        let base = self.base.lock().expect("base lock").clone();
+        let mut out = Vec::new();
+        for t in server.fleet_tenants() {
+            let row = rolled.get(&t.activity).copied().unwrap_or_default();
+            // The tenant's own queues and its classes' (their paths are below its own).
+            let class_prefix = format!("{}/", t.path);
+            let (queued, rejected) = rt.with_activities(|tab| {
+                queues
+                    .iter()
+                    .filter(|q| {
+                        q.activity == t.activity
+                            || tab
+                                .get(q.activity)
+                                .is_some_and(|a| a.path.starts_with(&class_prefix))
+                    })
+                    .fold((0usize, 0u64), |(n, r), q| (n + q.queued, r + q.rejected))
+            });
+            let (picks, picks_backlogged) = t.hooks.send_picks();
+            let s = Sample {
+                cpu_ns: row.cpu_ns,
+                bytes_out: row.bytes_out,
+                picks,
+                picks_backlogged,
+                rejected,
+                req_attempts: t.hooks.requests.attempts(),
+                bytes_attempts: t.hooks.bytes.attempts(),
+                bytes_refused: t.hooks.bytes.refused(),
+            };
+            let p = self.last.insert(t.name.clone(), s).unwrap_or(s);
+            let per_s = |now: u64, before: u64| {
+                if dt > 0.0 {
+                    (now.saturating_sub(before) as f64 / dt) as u64
+                } else {
+                    0
+                }
+            };
+            let cpu_used = per_s(s.cpu_ns, p.cpu_ns);
+            let link_used = per_s(s.bytes_out, p.bytes_out);
+            let was_queued = self.queued_before.insert(t.name.clone(), queued > 0);
+            let cpu_backlogged = queued > 0 || was_queued == Some(true) || s.rejected > p.rejected;
+            let d_picks = s.picks.saturating_sub(p.picks);
+            let d_backlogged = s.picks_backlogged.saturating_sub(p.picks_backlogged);
+            let link_backlogged = d_picks > 0 && 2 * d_backlogged >= d_picks;
+            let req_demand_per_s = per_s(s.req_attempts, p.req_attempts) as f64;
+            // Bytes wanted: what was sent, scaled up by the share of requests the byte pool
+            // refused (they would have sent about as much each).
+            let d_att = s.bytes_attempts.saturating_sub(p.bytes_attempts);
+            let d_ref = s.bytes_refused.saturating_sub(p.bytes_refused).min(d_att);
+            let served = d_att - d_ref;
+            let bytes_demand_per_s = if d_ref > 0 {
+                link_used as f64 * d_att as f64 / served.max(1) as f64
+            } else {
+                link_used as f64
+            };
+            out.push(Measured {
+                weight: base.get(&t.name).copied().unwrap_or(t.weight),
+                cpu: Demand {
+                    backlogged: cpu_backlogged,
+                    want: if cpu_backlogged { cpu_cap } else { cpu_used },
+                    used: cpu_used,
+                },
+                link: Demand {
+                    backlogged: link_backlogged && link_cap > 0,
+                    want: if link_backlogged { link_cap } else { link_used },
+                    used: link_used,
+                },
+                req_demand_per_s,
+                bytes_demand_per_s,
+                bytes_sent: s.bytes_out.saturating_sub(p.bytes_out),
+                t,
+            });
+        }
+        out
+    }
+
+    fn own_entry(&self, m: &[Measured], config: &Config) -> NodeEntry {
+        NodeEntry {
+            node: self.cfg.node.clone(),
+            cpu_capacity: self.cpu_capacity(),
+            link_capacity: self.link_capacity(config),
+            tenants: m
+                .iter()
+                .filter(|x| {
+                    x.cpu.backlogged || x.cpu.used > 0 || x.link.backlogged || x.link.used > 0
+                })
+                .map(|x| TenantEntry {
+                    name: x.t.name.clone(),
+                    weight: x.weight,
+                    cpu: x.cpu,
+                    link: x.link,
+                })
+                .collect(),
+        }
+    }
+
+    fn tick(&mut self) {
+        let config = self.server.config();
+        let measured = self.measure(&config);
+        let own = self.own_entry(&measured, &config);
+        let text = entry::encode(&own);
+        let mut read = self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms());
+        if read
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("WRONGTYPE"))
+        {
+            // The nodes set's key holds another type: garbage, removed, and the sync tried
+            // again (Redis itself answered: this is no fallback episode).
+            self.counters.garbage.fetch_add(1, Ordering::Relaxed);
+            let _ = self.store.delete_nodes_set();
+            read = self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms());
+        }
+        let read = match read {
+            Ok(r) => Some(r),
+            Err(e) => {
+                self.episode(Err(e.to_string()));
+                None
+            }
+        };
+        let Some(read) = read else {
+            self.fallback(&measured);
+            return;
+        };
+        let mut garbage = read.garbage;
+        let mut entries: Vec<NodeEntry> = vec![own];
+        for (node, value) in &read.entries {
+            if *node == self.cfg.node {
+                continue;
+            }
+            let p = entry::parse(node, value);
+            garbage += p.garbage;
+            entries.extend(p.entry);
+        }
+        self.counters.garbage.fetch_add(garbage, Ordering::Relaxed);
+        self.nodes_last_seen = entries.len();
+        let status = self.apply_fill(&measured, &entries);
+        if let Err(e) = self.renew_leases(&measured) {
+            self.episode(Err(e));
+            self.fallback(&measured);
+            return;
+        }
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        self.episode(Ok(()));
+        self.publish_status(status, &measured, true);
+    }
+
+    /// Water-fills both resources over `entries` (this node's first) and sets the local
+    /// weights; returns the per-tenant status rows (leases filled in later).
+    fn apply_fill(
+        &mut self,
+        measured: &[Measured],
+        entries: &[NodeEntry],
+    ) -> Vec<FleetTenantStatus> {
+        // Tenants: this node's in config order, then others seen in the entries.
+        let mut names: Vec<String> = measured.iter().map(|m| m.t.name.clone()).collect();
+        let mut weights: Vec<u32> = measured.iter().map(|m| m.weight).collect();
+        let mut index: HashMap<String, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        for e in entries {
+            for t in &e.tenants {
+                if !index.contains_key(&t.name) {
+                    index.insert(t.name.clone(), names.len());
+                    names.push(t.name.clone());
+                    weights.push(t.weight.clamp(1, water::WEIGHT_SCALE));
+                }
+            }
+        }
+        let demands = |pick: fn(&TenantEntry) -> Demand, cap: fn(&NodeEntry) -> u64| {
+            entries
+                .iter()
+                .map(|e| NodeDemand {
+                    capacity: cap(e),
+                    tenants: e
+                        .tenants
+                        .iter()
+                        .map(|t| (index[&t.name], pick(t)))
+                        .collect(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let cpu_nodes = demands(|t| t.cpu, |e| e.cpu_capacity);
+        let link_nodes = demands(|t| t.link, |e| e.link_capacity);
+        let cpu = water::water_fill(&weights, &cpu_nodes);
+        let link = water::water_fill(&weights, &link_nodes);
+        let cpu_total: u64 = entries.iter().map(|e| e.cpu_capacity).sum();
+        let link_total: u64 = entries.iter().map(|e| e.link_capacity).sum();
+        let cpu_w = water::local_weights(&weights, cpu_nodes[0].capacity, &cpu.alloc[0]);
+        let link_w = water::local_weights(&weights, link_nodes[0].capacity, &link.alloc[0]);
+        let mut send = Vec::new();
+        let mut rows = Vec::with_capacity(measured.len());
+        for (i, m) in measured.iter().enumerate() {
+            self.set_cpu_weight(&m.t.path, cpu_w[i]);
+            let lw = (link_nodes[0].capacity > 0).then_some(link_w[i]);
+            send.push((m.t.name.as_str(), lw));
+            rows.push(FleetTenantStatus {
+                name: m.t.name.clone(),
+                cpu_share_target: cpu.share_target(i, cpu_total),
+                link_share_target: link.share_target(i, link_total),
+                cpu_fleet_used_ns_per_s: cpu.used[i],
+                link_fleet_used_bytes_per_s: link.used[i],
+                cpu_weight: cpu_w[i],
+                link_weight: lw.unwrap_or(m.weight),
+                ..Default::default()
+            });
+        }
+        self.server.set_send_weights(&send);
+        rows
+    }
+
+    /// Sets an activity's weight through the runtime (as the admin API does), if it differs.
+    fn set_cpu_weight(&self, path: &str, weight: u32) {
+        let rt = self.server.runtime();
+        let spec = rt.with_activities(|tab| {
+            tab.lookup(path)
+                .and_then(|id| tab.get(id))
+                .map(|a| a.spec.clone())
+        });
+        if let Some(mut spec) = spec {
+            if spec.weight != weight {
+                spec.weight = weight;
+                if let Err(e) = rt.set_activity(path, spec) {
+                    eprintln!("omnistage: fleet: cannot set the weight of {path}: {e}");
+                }
+            }
+        }
+    }
+
+    /// Renews every fleet cap's lease through Redis.
+    fn renew_leases(&mut self, measured: &[Measured]) -> Result<(), String> {
+        let sync_ms = self.cfg.sync.as_millis() as u64;
+        for m in measured {
+            let h = &m.t.hooks;
+            h.bytes.add(-(m.bytes_sent.min(i64::MAX as u64) as i64));
+            for (cap, pool, demand, kind) in [
+                (m.t.caps.rate_per_s, &h.requests, m.req_demand_per_s, "req"),
+                (
+                    m.t.caps.net_cap_bytes_per_s,
+                    &h.bytes,
+                    m.bytes_demand_per_s,
+                    "bytes",
+                ),
+            ] {
+                let Some(cap) = cap else {
+                    pool.set_limited(false);
+                    continue;
+                };
+                pool.set_limited(true);
+                let target = lease::lease_target(demand, cap, sync_ms);
+                let ask = lease::lease_delta(target, pool.tokens());
+                if ask == 0 {
+                    continue;
+                }
+                let key = self.store.cap_key(&m.t.name, kind);
+                let burst = lease::bucket_burst(cap, sync_ms);
+                match self.store.lease(&key, cap, burst, ask) {
+                    Ok((granted, garbage)) => {
+                        if garbage {
+                            self.counters.garbage.fetch_add(1, Ordering::Relaxed);
+                        }
+                        pool.add(granted);
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Without Redis: configured weights, and each cap's pool refilled locally at
+    /// `cap / nodes last seen`.
+    fn fallback(&mut self, measured: &[Measured]) {
+        let sync_ms = self.cfg.sync.as_millis() as u64;
+        let elapsed_ns = self.cfg.sync.as_nanos() as u64;
+        let mut send = Vec::new();
+        let mut rows = Vec::new();
+        for m in measured {
+            self.set_cpu_weight(&m.t.path, m.weight);
+            send.push((m.t.name.as_str(), None));
+            let h = &m.t.hooks;
+            h.bytes.add(-(m.bytes_sent.min(i64::MAX as u64) as i64));
+            for (cap, pool) in [
+                (m.t.caps.rate_per_s, &h.requests),
+                (m.t.caps.net_cap_bytes_per_s, &h.bytes),
+            ] {
+                let Some(cap) = cap else {
+                    pool.set_limited(false);
+                    continue;
+                };
+                pool.set_limited(true);
+                let rate = lease::fallback_rate(cap, self.nodes_last_seen);
+                let ceiling = lease::bucket_burst(rate.ceil() as u64, sync_ms);
+                pool.add(lease::fallback_refill(
+                    rate,
+                    elapsed_ns,
+                    pool.tokens(),
+                    ceiling,
+                ));
+            }
+            rows.push(FleetTenantStatus {
+                name: m.t.name.clone(),
+                cpu_weight: m.weight,
+                link_weight: m.weight,
+                cpu_fleet_used_ns_per_s: m.cpu.used,
+                link_fleet_used_bytes_per_s: m.link.used,
+                ..Default::default()
+            });
+        }
+        self.server.set_send_weights(&send);
+        self.publish_status(rows, measured, false);
+    }
+
+    /// Starts or ends a fallback episode (logged once each way, counted when it starts).
+    fn episode(&mut self, r: Result<(), String>) {
+        match (r, self.down_since) {
+            (Err(e), None) => {
+                self.down_since = Some(Instant::now());
+                self.counters.episodes.fetch_add(1, Ordering::Relaxed);
+                self.store.reset();
+                eprintln!(
+                    "omnistage: fleet: node {}: redis {} unreachable ({e}); local weights and \
+                     fleet caps / {} node(s) until it answers",
+                    self.cfg.node, self.cfg.redis, self.nodes_last_seen
+                );
+            }
+            (Err(_), Some(_)) => self.store.reset(),
+            (Ok(()), Some(since)) => {
+                self.down_since = None;
+                eprintln!(
+                    "omnistage: fleet: node {}: redis answers again after {:.1} s; resynchronised",
+                    self.cfg.node,
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            (Ok(()), None) => {}
+        }
+    }
+
+    fn publish_status(&self, mut rows: Vec<FleetTenantStatus>, measured: &[Measured], ok: bool) {
+        for (r, m) in rows.iter_mut().zip(measured) {
+            r.lease_requests = m.t.hooks.requests.tokens();
+            r.lease_bytes = m.t.hooks.bytes.tokens();
+        }
+        self.server.set_fleet_status(Some(Arc::new(FleetStatus {
+            node: self.cfg.node.clone(),
+            connected: ok,
+            episodes: self.counters.episodes.load(Ordering::Relaxed),
+            garbage: self.counters.garbage.load(Ordering::Relaxed),
+            syncs: self.counters.syncs.load(Ordering::Relaxed),
+            nodes_seen: self.nodes_last_seen,
+            tenants: rows,
+        })));
+    }
+
+    /// On stop: the configured weights back, caps off, and the entry withdrawn (best effort).
+    fn leave(&mut self) {
+        let base = self.base.lock().expect("base lock").clone();
+        let mut send = Vec::new();
+        for t in self.server.fleet_tenants() {
+            self.set_cpu_weight(&t.path, base.get(&t.name).copied().unwrap_or(t.weight));
+            send.push((t.name.clone(), None));
+            t.hooks.requests.set_limited(false);
+            t.hooks.bytes.set_limited(false);
+        }
+        let send: Vec<(&str, Option<u32>)> = send.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        self.server.set_send_weights(&send);
+        let _ = self.store.withdraw(&self.cfg.node);
+        self.server.set_fleet_status(None);
+    }
+}

@@ -1,0 +1,370 @@
+//! A node against a real `redis-server` of the test's own (skipped with a message when it is
+//! not installed): its entry is published with a TTL of 2 × sync_ms, garbage in Redis is
+//! ignored and counted, the lease script grants and takes back tokens atomically, a fleet
+//! cap's pool is filled from Redis, other nodes' entries move the local weights and a dead
+//! node's share comes back when its entry expires, and with Redis killed the node falls back
+//! (configured weights, one episode) and resynchronises when Redis is back.
+//!
+//! Assertions are on states, each awaited with a bounded timeout; no speed is asserted.
+
+mod common;
+
+use common::{redis_installed, wait_for, Redis};
+use omnistage_fleet::entry::{self, NodeEntry, TenantEntry};
+use omnistage_fleet::store::Store;
+use omnistage_fleet::water::{Demand, WEIGHT_FLOOR, WEIGHT_SCALE};
+use omnistage_fleet::{FleetNode, NodeConfig};
+use omnistage_http::config::parse_config;
+use omnistage_http::server::{Server, ServerOptions};
+use redis::Commands;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+const SYNC: Duration = Duration::from_millis(50);
+
+fn server(redis_url: &str) -> Arc<Server> {
+    let text = format!(
+        r#"
+[server]
+listen = ["127.0.0.1:0"]
+workers = 1
+
+[cluster]
+redis = "{redis_url}"
+node = "t1"
+sync_ms = 50
+
+[[tenant]]
+name = "a"
+hosts = ["a.test"]
+docroot = "."
+synthetic = true
+weight = 4
+
+[[tenant]]
+name = "b"
+hosts = ["b.test"]
+docroot = "."
+synthetic = true
+weight = 1
+
+[[tenant]]
+name = "c"
+hosts = ["c.test"]
+docroot = "."
+synthetic = true
+weight = 1
+fleet_rate_per_s = 100
+"#
+    );
+    Arc::new(
+        Server::start(
+            parse_config(&text).expect("config"),
+            ServerOptions::default(),
+        )
+        .expect("start"),
+    )
+}
+
+fn node_config(url: &str, prefix: &str) -> NodeConfig {
+    NodeConfig {
+        redis: url.to_string(),
+        node: "t1".into(),
+        sync: SYNC,
+        prefix: prefix.to_string(),
+    }
+}
+
+fn weight(server: &Server, path: &str) -> u32 {
+    server.runtime().with_activities(|t| {
+        t.lookup(path)
+            .and_then(|id| t.get(id))
+            .map(|a| a.spec.weight)
+            .expect("activity")
+    })
+}
+
+/// Another node's entry: one core, tenant b backlogged on CPU using `used` ns/s.
+fn b_backlogged_on(name: &str, used: u64) -> NodeEntry {
+    NodeEntry {
+        node: name.into(),
+        cpu_capacity: 1_000_000_000,
+        link_capacity: 0,
+        tenants: vec![TenantEntry {
+            name: "b".into(),
+            weight: 1,
+            cpu: Demand {
+                backlogged: true,
+                want: 1_000_000_000,
+                used,
+            },
+            link: Demand::default(),
+        }],
+    }
+}
+
+/// Publishes `e` as a node would (refreshed while it lives, a TTL of 2 intervals).
+fn publish(con: &mut redis::Connection, prefix: &str, e: &NodeEntry) {
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}node:{}", e.node))
+        .arg(entry::encode(e))
+        .arg("PX")
+        .arg(2 * SYNC.as_millis() as u64)
+        .query(con)
+        .unwrap();
+    let _: () = con.sadd(format!("{prefix}nodes"), &e.node).unwrap();
+}
+
+fn stop(mut node: FleetNode, server: Arc<Server>) {
+    node.stop();
+    if let Ok(s) = Arc::try_unwrap(server) {
+        s.drain(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn the_entry_is_published_with_a_ttl_of_at_most_two_intervals_and_withdrawn_on_stop() {
+    if !redis_installed("entry_ttl") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p1:")).expect("node");
+    let mut con = r.con();
+    wait_for("the entry", || con.exists::<_, bool>("p1:node:t1").unwrap());
+    let ttl: i64 = con.pttl("p1:node:t1").unwrap();
+    assert!(ttl > 0 && ttl <= 2 * SYNC.as_millis() as i64, "pttl {ttl}");
+    let value: Vec<u8> = con.get("p1:node:t1").unwrap();
+    let parsed = entry::parse("t1", &value);
+    assert_eq!(parsed.garbage, 0);
+    let e = parsed.entry.expect("an entry");
+    assert_eq!(e.cpu_capacity, 1_000_000_000);
+    assert_eq!(e.link_capacity, 0);
+    let members: Vec<String> = con.smembers("p1:nodes").unwrap();
+    assert_eq!(members, ["t1"]);
+    wait_for("a status", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| s.connected && s.syncs > 0)
+    });
+    let s = server.fleet_status().unwrap();
+    assert_eq!((s.node.as_str(), s.nodes_seen, s.episodes), ("t1", 1, 0));
+    stop(node, server);
+    assert!(!con.exists::<_, bool>("p1:node:t1").unwrap(), "withdrawn");
+}
+
+#[test]
+fn garbage_in_redis_is_ignored_and_counted() {
+    if !redis_installed("garbage") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p2:")).expect("node");
+    let mut con = r.con();
+    // An entry that is not one, a set member that is no node name, a bucket of another type.
+    let _: () = con.set("p2:node:junk", "hello").unwrap();
+    let _: () = con.sadd("p2:nodes", &["junk", "not a node!"]).unwrap();
+    let _: () = con.set("p2:cap:c:req", "not a hash").unwrap();
+    wait_for("three pieces of garbage", || {
+        node.counters().garbage.load(Ordering::Relaxed) >= 3
+    });
+    wait_for("the node carries on", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| s.connected && s.nodes_seen == 1)
+    });
+    // The bad member was removed; the bad bucket was replaced by a bucket.
+    let members: Vec<String> = con.smembers("p2:nodes").unwrap();
+    assert!(!members.iter().any(|m| m == "not a node!"), "{members:?}");
+    let kind: String = redis::cmd("TYPE")
+        .arg("p2:cap:c:req")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(kind, "hash");
+    // A wrong-typed nodes set is removed too.
+    let before = node.counters().garbage.load(Ordering::Relaxed);
+    let _: () = con.del("p2:nodes").unwrap();
+    let _: () = con.set("p2:nodes", "x").unwrap();
+    wait_for("the nodes set replaced", || {
+        node.counters().garbage.load(Ordering::Relaxed) > before
+            && redis::cmd("TYPE")
+                .arg("p2:nodes")
+                .query::<String>(&mut con)
+                .is_ok_and(|t| t == "set")
+    });
+    stop(node, server);
+}
+
+#[test]
+fn the_lease_script_grants_within_the_bucket_and_takes_tokens_back() {
+    if !redis_installed("lease_script") {
+        return;
+    }
+    let r = Redis::start();
+    let mut st = Store::new(&r.url(), Duration::from_secs(1), "p3:").expect("store");
+    let key = st.cap_key("x", "req");
+    // A new bucket is full (burst 10): an ask of 4 gets 4, one of 100 the rest (6, and at
+    // most what 1 token/s refilled meanwhile).
+    assert_eq!(st.lease(&key, 1, 10, 4).unwrap(), (4, false));
+    let (g, garbage) = st.lease(&key, 1, 10, 100).unwrap();
+    assert!((6..=7).contains(&g) && !garbage, "{g}");
+    // Empty: nothing more (bar a refill), and a give-back is taken.
+    let (g, _) = st.lease(&key, 1, 10, 5).unwrap();
+    assert!(g <= 1, "{g}");
+    assert_eq!(st.lease(&key, 1, 10, -3).unwrap(), (-3, false));
+    let (g, _) = st.lease(&key, 1, 10, 3).unwrap();
+    assert!((3..=4).contains(&g), "{g}");
+    // A bucket whose fields are not numbers is garbage, reset to full.
+    let mut con = r.con();
+    let _: () = con.hset(&key, "tokens", "lots").unwrap();
+    assert_eq!(st.lease(&key, 1, 10, 2).unwrap(), (2, true));
+    // Redis down: an error, at once (no hang), and the store reconnects afterwards.
+    let port = r.port;
+    drop(r);
+    assert!(st.lease(&key, 1, 10, 1).is_err());
+    let _r = Redis::start_on(port);
+    assert_eq!(st.lease(&key, 1, 10, 1).unwrap(), (1, false));
+}
+
+#[test]
+fn other_nodes_entries_move_the_local_weights_and_a_dead_nodes_share_comes_back() {
+    if !redis_installed("fill") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p4:")).expect("node");
+    let mut con = r.con();
+    // Two other nodes where b is backlogged on CPU and a is absent; this node has no demand
+    // of its own, so its weights are the configured shares (a 4 : b 1 : c 1 of 10,000).
+    wait_for("configured shares", || {
+        weight(&server, "/tenants/a") == 6667 && weight(&server, "/tenants/b") == 1667
+    });
+    let (n2, n3) = (
+        b_backlogged_on("n2", 900_000_000),
+        b_backlogged_on("n3", 900_000_000),
+    );
+    wait_for("three nodes seen", || {
+        publish(&mut con, "p4:", &n2);
+        publish(&mut con, "p4:", &n3);
+        server.fleet_status().is_some_and(|s| s.nodes_seen == 3)
+    });
+    let s = server.fleet_status().unwrap();
+    let b = s.tenants.iter().find(|t| t.name == "b").unwrap();
+    // b has two thirds of the fleet's CPU as its target, and 1.8 cores of use seen.
+    assert!((b.cpu_share_target - 2.0 / 3.0).abs() < 1e-9, "{b:?}");
+    assert_eq!(b.cpu_fleet_used_ns_per_s, 1_800_000_000);
+    // Node n3 dies: its entry expires and its part of b's target goes with it.
+    wait_for("n3 reclaimed", || {
+        publish(&mut con, "p4:", &n2);
+        server.fleet_status().is_some_and(|s| {
+            s.nodes_seen == 2
+                && s.tenants
+                    .iter()
+                    .any(|t| t.name == "b" && (t.cpu_share_target - 0.5).abs() < 1e-9)
+        })
+    });
+    stop(node, server);
+}
+
+#[test]
+fn skewed_cpu_demand_gives_the_confined_tenant_this_node() {
+    if !redis_installed("skew") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let addr = server.local_addrs()[0];
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p5:")).expect("node");
+    let mut con = r.con();
+    // a and b both backlogged here (closed-loop CPU burners), b also backlogged on two other
+    // nodes: the fill gives this node to a, and b keeps the floor.
+    let stop_load = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for host in ["a.test", "a.test", "b.test", "b.test"] {
+        let stop_load = stop_load.clone();
+        clients.push(std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut buf = [0u8; 4096];
+            while !stop_load.load(Ordering::Relaxed) {
+                write!(s, "GET /_burn?us=2000 HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+                let mut got = Vec::new();
+                while !got.ends_with(b"burned\n") {
+                    let n = s.read(&mut buf).expect("read");
+                    assert!(n > 0);
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+        }));
+    }
+    let others = [
+        b_backlogged_on("n2", 1_000_000_000),
+        b_backlogged_on("n3", 1_000_000_000),
+    ];
+    wait_for("a gets this node, b the floor", || {
+        for e in &others {
+            publish(&mut con, "p5:", e);
+        }
+        weight(&server, "/tenants/a") == WEIGHT_SCALE
+            && weight(&server, "/tenants/b") == WEIGHT_FLOOR
+    });
+    stop_load.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    stop(node, server);
+}
+
+#[test]
+fn redis_killed_falls_back_and_restarted_resyncs() {
+    if !redis_installed("fallback") {
+        return;
+    }
+    let mut r = Redis::start();
+    let port = r.port;
+    let server = server(&r.url());
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p6:")).expect("node");
+    let c = server.fleet_tenants()[2].hooks.clone();
+    // The capped tenant's pool is limited and filled from Redis (its first lease: 1 token,
+    // no demand yet).
+    wait_for("a lease", || {
+        c.requests.is_limited() && c.requests.tokens() >= 1
+    });
+    let mut con = r.con();
+    assert!(con.exists::<_, bool>("p6:cap:c:req").unwrap());
+    // Move a weight away from the configured one, as a fill would, to see it come back.
+    server
+        .runtime()
+        .set_activity(
+            "/tenants/a",
+            omnistage::activity::ActivitySpec::weight(1234),
+        )
+        .unwrap();
+    r.kill();
+    wait_for("fallback", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| !s.connected && s.episodes == 1)
+    });
+    // Configured shares again, and the cap refilled locally (cap / 1 node seen).
+    wait_for("configured weight", || weight(&server, "/tenants/a") == 4);
+    assert!(c.requests.is_limited());
+    let syncs = node.counters().syncs.load(Ordering::Relaxed);
+    let _r = Redis::start_on(port);
+    wait_for("resync", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| s.connected && s.syncs > syncs)
+    });
+    // One episode for the whole outage, and the state is back in the new Redis.
+    assert_eq!(node.counters().episodes.load(Ordering::Relaxed), 1);
+    let mut con = _r.con();
+    wait_for("entry republished", || {
+        con.exists::<_, bool>("p6:node:t1").unwrap()
+    });
+    stop(node, server);
+}
