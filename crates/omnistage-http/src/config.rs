@@ -533,7 +533,7 @@ pub fn default_config(cwd: &Path) -> Config {
             synthetic: false,
             classes: Vec::new(),
             fleet: TenantFleet::default(),
-                    upstream: None,
+            upstream: None,
             upstream_prefix: None,
         }],
         cluster: None,
