@@ -1773,6 +1773,81 @@ cpu_cap = 2
     }
 
     #[test]
+    fn upstreams_defaults_and_rules() {
+        let up = "[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:9101\"]\n";
+        let c = parse_config(&format!(
+            "{up}[[tenant]]\nname = \"a\"\nupstream = \"app\"\n"
+        ))
+        .unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(
+            (u.concurrency_max, u.idle_connections_max, u.fair),
+            (256, 64, true)
+        );
+        assert_eq!(u.connect_timeout, Duration::from_millis(1000));
+        assert_eq!(u.response_timeout, Duration::from_millis(30_000));
+        assert_eq!(c.server.body_bytes_max, 10 << 20);
+        let t = &c.tenants[0];
+        assert_eq!((t.upstream, t.upstream_for("/x")), (Some(0), Some(0)));
+        let c = parse_config(&format!(
+            "{up}[[tenant]]\nname = \"a\"\ndocroot = \".\"\nupstream = \"app\"\nupstream_prefix = \"/api/\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tenants[0].upstream_for("/api/x"), Some(0));
+        assert_eq!(c.tenants[0].upstream_for("/x"), None);
+        for (text, want) in [
+            (
+                format!("{up}[[tenant]]\nname = \"a\"\nupstream = \"nope\"\n"),
+                "no [[upstream]] named",
+            ),
+            (
+                format!("{up}[[tenant]]\nname = \"a\"\ndocroot = \".\"\nupstream_prefix = \"/a\"\n"),
+                "needs an upstream",
+            ),
+            (
+                format!("{up}[[tenant]]\nname = \"a\"\nupstream = \"app\"\nupstream_prefix = \"/a\"\n"),
+                "no docroot",
+            ),
+            (
+                format!("{up}[[tenant]]\nname = \"a\"\ndocroot = \".\"\nupstream = \"app\"\nupstream_prefix = \"a\"\n"),
+                "must start with",
+            ),
+            (
+                format!("{up}{up}[[tenant]]\nname = \"a\"\ndocroot = \".\"\n"),
+                "used twice",
+            ),
+            (
+                "[[upstream]]\nname = \"app\"\nservers = []\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
+                "servers must have",
+            ),
+            (
+                "[[upstream]]\nname = \"app\"\nservers = [\"127.0.0.1:1\", \"127.0.0.1:1\"]\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
+                "given twice",
+            ),
+            (
+                format!("{up}concurrency_max = 0\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n"),
+                "concurrency_max 0 is outside",
+            ),
+            (
+                format!("{up}response_timeout_ms = 0\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n"),
+                "response_timeout_ms 0 is outside",
+            ),
+            (
+                format!("{up}retries = 3\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n"),
+                "unknown field",
+            ),
+            (
+                "[server]\nbody_bytes_max = -1\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
+                "body_bytes_max -1 is outside",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.message.contains(want), "{e} for\n{text}");
+            assert!(e.line.is_some(), "{e}");
+        }
+    }
+
+    #[test]
     fn validation_rules() {
         let tenant = |extra: &str| format!("[[tenant]]\nname = \"a\"\ndocroot = \".\"\n{extra}\n");
         let cases: Vec<(String, usize, &str)> = vec![

@@ -790,3 +790,20 @@ fn a_client_that_does_not_read_holds_the_backend_back() {
     );
     drop(s);
 }
+
+#[test]
+fn the_readme_proxy_config_parses_as_it_is() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let start = readme
+        .find("<!-- proxy-config -->")
+        .expect("the proxy config's marker");
+    let rest = &readme[start..];
+    let body = &rest[rest.find("```toml\n").expect("a toml block") + 8..];
+    let toml = &body[..body.find("```").expect("the block's end")];
+    let c = parse_config(toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+    assert_eq!(c.upstreams.len(), 1);
+    assert_eq!(c.upstreams[0].servers.len(), 2);
+    assert_eq!(c.tenants[0].upstream, Some(0));
+    assert_eq!(c.tenants[1].upstream_prefix.as_deref(), Some("/api/"));
+}
