@@ -150,6 +150,10 @@ pub trait Tenants: Send + Sync {
     fn cache_bytes(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// What the fleet layer last computed, when the server is a node of a fleet.
+    fn fleet(&self) -> Option<model::Fleet> {
+        None
+    }
 }
 
 /// Why a tenant change was refused.
@@ -293,6 +297,10 @@ impl Tenants for omnistage_http::server::Server {
             omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
             omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
         })
+    }
+
+    fn fleet(&self) -> Option<model::Fleet> {
+        self.fleet_status().map(|s| model::Fleet::of(&s))
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

@@ -239,7 +239,8 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let body = metrics::render(rt, &Sample::take(rt));
+            let fleet = shared.source.tenants().and_then(|t| t.fleet());
+            let body = metrics::render(rt, &Sample::take(rt), fleet.as_ref());
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {
@@ -249,6 +250,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             let mut t = view::tree(rt, &Sample::take(rt), window().as_ref());
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
+                t.fleet = ten.fleet();
             }
             Response::json(200, &t)
         }),

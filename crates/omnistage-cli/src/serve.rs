@@ -1,9 +1,11 @@
 //! `omnistage serve`: runs the multi-tenant HTTP server until SIGTERM or SIGINT (graceful drain),
 //! reloading its config on SIGHUP, with the admin API and dashboard on a separate listener
-//! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it).
+//! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it), and, with a `[cluster]`
+//! section, as a node of a fleet (crate omnistage-fleet, docs/fleet.md).
 
 use clap::Args;
 use omnistage_admin::{start_admin_with_tenants, AdminConfig, TOKEN_ENV};
+use omnistage_fleet::{FleetNode, NodeConfig};
 use omnistage_http::config::{default_config, load_config};
 use omnistage_http::server::{Server, ServerOptions};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -68,6 +70,8 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         }
     };
     let admin_cfg = admin_config(&a)?;
+    let cluster = config.cluster.clone();
+    let node_cfg = cluster.as_ref().map(NodeConfig::from_cluster).transpose()?;
     let tenants: Vec<String> = config.tenants.iter().map(|t| t.name.clone()).collect();
     let server = Server::start(
         config,
@@ -85,8 +89,21 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             server.runtime().workers()
         );
     }
-    // The admin server shares the server (and through it the runtime) until it is stopped.
+    // The admin server and the fleet thread share the server (and through it the runtime)
+    // until they are stopped.
     let server = Arc::new(server);
+    let mut fleet = match node_cfg {
+        None => None,
+        Some(cfg) => {
+            eprintln!(
+                "omnistage: node {} of the fleet at {}, syncing every {} ms",
+                cfg.node,
+                cfg.redis,
+                cfg.sync.as_millis()
+            );
+            Some(FleetNode::start(server.clone(), cfg)?)
+        }
+    };
     let mut admin = match admin_cfg {
         None => None,
         Some(cfg) => {
@@ -109,16 +126,28 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                     Err(e) => {
                         eprintln!("omnistage: reload refused, the old config keeps serving: {e}")
                     }
-                    Ok(c) => match server.reload(c) {
-                        Ok(()) => eprintln!("omnistage: reloaded {}", p.display()),
-                        Err(e) => eprintln!("omnistage: reload: {e}"),
-                    },
+                    Ok(c) => {
+                        if c.cluster != cluster {
+                            eprintln!("omnistage: reload: [cluster] changes only on restart");
+                        }
+                        let for_fleet = c.clone();
+                        match server.reload(c) {
+                            Ok(()) => eprintln!("omnistage: reloaded {}", p.display()),
+                            Err(e) => eprintln!("omnistage: reload: {e}"),
+                        }
+                        if let Some(f) = &fleet {
+                            f.reload(&for_fleet);
+                        }
+                    }
                 },
             },
             _ => {
                 eprintln!("omnistage: draining (up to {} s)", a.drain_s);
                 if let Some(h) = admin.as_mut() {
                     h.stop();
+                }
+                if let Some(f) = fleet.as_mut() {
+                    f.stop();
                 }
                 let server = match Arc::try_unwrap(server) {
                     Ok(s) => s,
