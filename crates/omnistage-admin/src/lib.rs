@@ -300,7 +300,7 @@ impl Tenants for omnistage_http::server::Server {
     }
 
     fn fleet(&self) -> Option<model::Fleet> {
-        self.fleet_status().map(|s| model::Fleet::of(&s))
+        self.fleet_status().map(|s| (*s).clone())
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

@@ -495,7 +495,7 @@ fn fleet_families(sc: &mut Scrape, fl: &Fleet) {
             f.series.push((
                 vec![
                     ("node", fl.node.clone()),
-                    ("activity", t.activity.clone()),
+                    ("activity", format!("/tenants/{}", t.name)),
                     (label, res.to_string()),
                 ],
                 Value::Gauge(pick(t)),
@@ -538,7 +538,7 @@ mod tests {
             syncs: 40,
             nodes_seen: 3,
             tenants: vec![crate::model::FleetTenant {
-                activity: "/tenants/a".into(),
+                name: "a".into(),
                 cpu_share_target: 0.25,
                 link_share_target: 0.5,
                 cpu_fleet_used_ns_per_s: 1_500_000_000,

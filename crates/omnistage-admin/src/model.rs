@@ -148,71 +148,8 @@ pub struct Tree {
     pub fleet: Option<Fleet>,
 }
 
-/// A node of a fleet (crate `omnistage-fleet`): what it last computed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Fleet {
-    /// This node's name.
-    pub node: String,
-    /// The last sync reached Redis (false: local weights and `cap / nodes` until it does).
-    pub connected: bool,
-    /// Episodes of Redis being unreachable.
-    pub episodes: u64,
-    /// Bad entries read from Redis, ignored.
-    pub garbage: u64,
-    /// Syncs that reached Redis.
-    pub syncs: u64,
-    /// Nodes seen at the last good sync (this one included).
-    pub nodes_seen: usize,
-    pub tenants: Vec<FleetTenant>,
-}
-
-/// One tenant's fleet figures on this node.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FleetTenant {
-    /// The tenant's activity path.
-    pub activity: String,
-    /// Fleet-wide share targets this node computed (0..=1).
-    pub cpu_share_target: f64,
-    pub link_share_target: f64,
-    /// Fleet-wide use the nodes reported: CPU ns/s, link bytes/s.
-    pub cpu_fleet_used_ns_per_s: u64,
-    pub link_fleet_used_bytes_per_s: u64,
-    /// The local weights set from the fill.
-    pub cpu_weight: u32,
-    pub link_weight: u32,
-    /// Lease tokens held: requests, bytes (negative: a debt).
-    pub lease_requests: i64,
-    pub lease_bytes: i64,
-}
-
-impl Fleet {
-    /// The model of a server's [`omnistage_http::server::FleetStatus`].
-    pub fn of(s: &omnistage_http::server::FleetStatus) -> Fleet {
-        Fleet {
-            node: s.node.clone(),
-            connected: s.connected,
-            episodes: s.episodes,
-            garbage: s.garbage,
-            syncs: s.syncs,
-            nodes_seen: s.nodes_seen,
-            tenants: s
-                .tenants
-                .iter()
-                .map(|t| FleetTenant {
-                    activity: format!("/tenants/{}", t.name),
-                    cpu_share_target: t.cpu_share_target,
-                    link_share_target: t.link_share_target,
-                    cpu_fleet_used_ns_per_s: t.cpu_fleet_used_ns_per_s,
-                    link_fleet_used_bytes_per_s: t.link_fleet_used_bytes_per_s,
-                    cpu_weight: t.cpu_weight,
-                    link_weight: t.link_weight,
-                    lease_requests: t.lease_requests,
-                    lease_bytes: t.lease_bytes,
-                })
-                .collect(),
-        }
-    }
-}
+/// A node of a fleet (crate `omnistage-fleet`): what it last computed, as the server keeps it.
+pub use omnistage_http::server::{FleetStatus as Fleet, FleetTenantStatus as FleetTenant};
 
 /// The admission predicate of a queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
