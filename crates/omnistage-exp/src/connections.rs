@@ -14,8 +14,9 @@
 //! reading (the page reports it per connection slot).
 
 use super::cfgweb;
-use super::nginx;
+use super::nginx::{self, TuningChoice};
 use super::report::{self, Doc, Table};
+use super::rounds::{self, Spread};
 use super::util::machine;
 use super::Common;
 use clap::Args;
@@ -41,6 +42,10 @@ pub struct ConnectionsArgs {
 struct Level {
     server: &'static str,
     connections: usize,
+    /// The round (1-based) of this run; in `levels`, the round of the median run.
+    round: usize,
+    /// req/s over the rounds of this server and level (in `levels`).
+    req_per_s_spread: Option<Spread>,
     /// Connections the server held open when the idle memory was read.
     open_at_reading: usize,
     rss_before_kib: u64,
@@ -75,7 +80,14 @@ struct Report {
     fd_soft_limit: Option<u64>,
     fd_note: Option<String>,
     skipped_levels: Vec<usize>,
+    repeats: usize,
+    /// Per server and level, the run with the median req/s.
     levels: Vec<Level>,
+    /// Every run, in the order run (servers alternate within a level, round by round).
+    runs: Vec<Level>,
+    /// The CPUs nginx's worker was allowed, read from /proc after each nginx run.
+    peer_cpus: Vec<String>,
+    nginx_tuning: Option<TuningChoice>,
     nginx_note: Option<String>,
     /// req/s at the largest level run / req/s at the smallest.
     throughput_ratio: Option<f64>,
@@ -92,6 +104,8 @@ struct Report {
 }
 
 const FILE: &str = "one.bin";
+/// Seconds of each configuration's pre-run that picks nginx's configuration.
+const PICK_SECONDS: f64 = 1.0;
 const FILE_BYTES: usize = 128;
 const FD_SLACK: u64 = 200;
 /// Name of the server's one worker thread (set by the runtime).
@@ -312,6 +326,8 @@ fn measure(
     Ok(Level {
         server,
         connections: n,
+        round: 0,
+        req_per_s_spread: None,
         open_at_reading: open_n,
         rss_before_kib: before,
         rss_idle_kib: idle_rss,
@@ -404,70 +420,66 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
     std::fs::write(root.join(FILE), vec![b'x'; FILE_BYTES]).map_err(|e| e.to_string())?;
     let max_n = run_levels.iter().copied().max().unwrap_or(100);
-    let mut levels = Vec::new();
-    let result = (|| -> Result<Option<String>, String> {
-        for &n in &run_levels {
-            let tenant = format!(
-                "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"{}\"\n",
-                root.display()
-            );
-            let (server, addr) = cfgweb::start(
-                &format!(
-                    "connections_max = {}\nkeepalive_timeout_ms = 120000\n",
-                    max_n + 100
-                ),
-                &tenant,
-            )?;
-            let stats = server.stats();
-            // The one worker thread serves everything (this process's other threads are the
-            // experiment's own); looked up when read, as it may not be named yet at start.
-            let lv = measure(
-                "omnistage",
-                &addr,
-                n,
-                &a,
-                &Probe {
-                    rss: &|| cfgweb::rss_kib("self").unwrap_or(0),
-                    open: &|| {
-                        stats
-                            .open_connections
-                            .load(std::sync::atomic::Ordering::Relaxed)
-                    },
-                    cpu_ticks: &|| thread_stat_path(WORKER_THREAD).and_then(|p| stat_ticks(&p)),
-                    trim: &|| {
-                        sys::trim();
-                        true
-                    },
+    let tenant = format!(
+        "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"{}\"\n",
+        root.display()
+    );
+    // One omnistage run at `n` connections (a fresh server each run).
+    let ours = |n: usize, a: &ConnectionsArgs| -> Result<Level, String> {
+        let (server, addr) = cfgweb::start(
+            &format!(
+                "connections_max = {}\nkeepalive_timeout_ms = 120000\n",
+                max_n + 100
+            ),
+            &tenant,
+        )?;
+        let stats = server.stats();
+        // The one worker thread serves everything (this process's other threads are the
+        // experiment's own); looked up when read, as it may not be named yet at start.
+        let lv = measure(
+            "omnistage",
+            &addr,
+            n,
+            a,
+            &Probe {
+                rss: &|| cfgweb::rss_kib("self").unwrap_or(0),
+                open: &|| {
+                    stats
+                        .open_connections
+                        .load(std::sync::atomic::Ordering::Relaxed)
                 },
-            );
-            server.drain(Duration::from_millis(300));
-            levels.push(lv?);
-        }
-        if !a.common.nginx.exists() {
-            return Ok(Some(format!("{} not installed", a.common.nginx.display())));
-        }
-        for &n in &run_levels {
+                cpu_ticks: &|| thread_stat_path(WORKER_THREAD).and_then(|p| stat_ticks(&p)),
+                trim: &|| {
+                    sys::trim();
+                    true
+                },
+            },
+        );
+        server.drain(Duration::from_millis(300));
+        lv
+    };
+    // One nginx run at `n` connections (a fresh nginx each run, `worker_connections` twice
+    // `n`), and where its worker was allowed to run, read after the run.
+    let theirs =
+        |n: usize, a: &ConnectionsArgs, tuning: nginx::Tuning| -> Result<(Level, String), String> {
             let dir = root.join(format!("nginx-{n}"));
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
             let port = nginx::free_port()?;
-            let ng = match nginx::start(
+            let ng = nginx::start(
                 &a.common.nginx,
                 &dir,
                 port,
                 n,
-                nginx::Tuning::default(),
+                tuning,
                 &nginx::server_block(port, &root, None, ""),
-            ) {
-                Ok(ng) => ng,
-                Err(e) => return Ok(Some(e)),
-            };
+            )?;
             let pid = ng.pid();
             let stat = format!("/proc/{pid}/stat");
             let lv = measure(
                 "nginx",
                 &format!("127.0.0.1:{port}"),
                 n,
-                &a,
+                a,
                 &Probe {
                     rss: &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
                     open: &|| sockets_of(pid),
@@ -475,13 +487,65 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                     trim: &|| false,
                 },
             )?;
-            drop(ng);
-            levels.push(lv);
+            let cpus = ng.serving_cpus()?;
+            Ok((lv, cpus))
+        };
+    let mut runs = Vec::new();
+    let mut peer_cpus = Vec::new();
+    let mut tuning = None;
+    let result = (|| -> Result<Option<String>, String> {
+        let mut nginx_note = None;
+        if !a.common.nginx.exists() {
+            nginx_note = Some(format!("{} not installed", a.common.nginx.display()));
+        } else {
+            // The pre-run: each standard configuration at the smallest level, briefly.
+            let pre = ConnectionsArgs {
+                common: Common {
+                    seconds: PICK_SECONDS,
+                    ..a.common.clone()
+                },
+                ..a.clone()
+            };
+            match nginx::best_tuning(PICK_SECONDS, |t| {
+                theirs(run_levels[0], &pre, t).map(|(l, _)| l.req_per_s)
+            }) {
+                Ok(c) => tuning = Some(c),
+                Err(e) => nginx_note = Some(e),
+            }
         }
-        Ok(None)
+        let servers: &[&'static str] = if tuning.is_some() {
+            &["omnistage", "nginx"]
+        } else {
+            &["omnistage"]
+        };
+        for &n in &run_levels {
+            let r = rounds::alternate(a.common.repeats, servers, |round, s| {
+                let mut l = match (s, &tuning) {
+                    ("nginx", Some(t)) => {
+                        let (l, cpus) = theirs(n, &a, t.picked)?;
+                        peer_cpus.push(cpus);
+                        l
+                    }
+                    _ => ours(n, &a)?,
+                };
+                l.round = round + 1;
+                Ok(l)
+            })?;
+            runs.extend(r.into_iter().map(|(_, _, l)| l));
+        }
+        Ok(nginx_note)
     })();
     let _ = std::fs::remove_dir_all(&root);
     let nginx_note = result?;
+    // Per server and level, the run with the median req/s (its spread over the rounds beside).
+    let levels: Vec<Level> =
+        rounds::median_runs(&runs, |l| (l.server, l.connections), |l| l.req_per_s)
+            .into_iter()
+            .map(|(mut l, spread)| {
+                l.req_per_s_spread = Some(spread);
+                l
+            })
+            .collect();
     let ours: Vec<&Level> = levels.iter().filter(|l| l.server == "omnistage").collect();
     let throughput_ratio = match (ours.first(), ours.last()) {
         (Some(f), Some(l)) if ours.len() >= 2 && f.req_per_s > 0.0 => {
@@ -507,7 +571,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     let nginx_kib_per_slot_at_start = match (ng.first(), ng.last()) {
         (Some(f), Some(l)) if l.connections > f.connections => Some(
             (l.rss_before_kib as f64 - f.rss_before_kib as f64)
-                / (l.connections - f.connections) as f64,
+                / (nginx::SLOTS_PER_CONNECTION * (l.connections - f.connections)) as f64,
         ),
         _ => None,
     };
@@ -525,7 +589,11 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         fd_soft_limit: soft,
         fd_note,
         skipped_levels: skipped,
+        repeats: a.common.repeats,
         levels,
+        runs,
+        peer_cpus,
+        nginx_tuning: tuning,
         nginx_note,
         throughput_ratio,
         memory_ratio_vs_nginx,
@@ -553,7 +621,9 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             l.server.into(),
             l.connections.to_string(),
             l.open_at_reading.to_string(),
-            format!("{:.0}", l.req_per_s),
+            l.req_per_s_spread
+                .map(|s| s.show(0))
+                .unwrap_or_else(|| format!("{:.0}", l.req_per_s)),
             format!("{:.2}", l.p99_ms),
             l.errors.to_string(),
             l.server_cpu_us_per_req
@@ -578,6 +648,17 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     }
     if let Some(n) = &r.nginx_note {
         notes.push(format!("nginx not measured: {n}."));
+    }
+    if let Some(c) = &r.nginx_tuning {
+        notes.push(c.describe());
+        let mut cpus = r.peer_cpus.clone();
+        cpus.dedup();
+        notes.push(format!(
+            "nginx's worker was confined to CPU {} as read from /proc/PID/status (Cpus_allowed_list) after each of its {} runs: {}.",
+            nginx::SERVER_CPU,
+            r.peer_cpus.len(),
+            cpus.join(", ")
+        ));
     }
     for l in &r.levels {
         if l.open_at_reading < l.connections {
@@ -613,7 +694,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     }
     if let Some(k) = r.nginx_kib_per_slot_at_start {
         notes.push(format!(
-            "nginx allocates its connection table for worker_connections (set to the level + 100) at start: \
+            "nginx allocates its connection table for worker_connections (set to twice the level, at least 1,024) at start: \
              its RSS before grows by {k:.2} KiB per connection slot over the levels. That memory is in its \
              \"before\" reading, so it is not in its KiB per idle connection; omnistage allocates a connection's \
              slot when it accepts, so its figure includes it."
@@ -622,15 +703,19 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     let doc = Doc {
         title: "connections: requests/s and memory per connection, 100 to 10,000 keep-alive connections (SEDA Fig. 7)".into(),
         command: format!(
-            "omnistage exp connections --seconds {} --levels {} --think-ms {}",
+            "omnistage exp connections --seconds {} --repeats {} --levels {} --think-ms {}",
             a.common.seconds,
+            a.common.repeats,
             a.levels.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
             a.think_ms
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
-            "The HTTP server in this process (1 worker on CPU 0, a fresh server per level) and, where installed, nginx \
-             (one worker on CPU 0). The load generator runs as a child process on CPU 1 so its memory is not counted. \
+            "The HTTP server in this process (1 worker on CPU 0, a fresh server per run) and, where installed, nginx \
+             (master and one worker, the worker under worker_cpu_affinity on CPU 0, a fresh nginx per run with \
+             worker_connections twice the level, its configuration picked by a pre-run). Per level the two servers \
+             alternate for {} rounds (the first server alternating); the table shows per server and level the run with \
+             the median req/s, req/s as median (min–max). The load generator runs as a child process on CPU 1 so its memory is not counted. \
              Per level: an idle run opens every connection, sends one request on each and then thinks for 60 s; the \
              server's VmRSS once all connections are open and their first requests answered, minus its VmRSS before \
              (after malloc_trim), over the connections it held, is the memory per idle connection (the goal's figure; \
@@ -639,7 +724,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
              time for {} s (after 0.5 s warmup); the server's CPU time (its worker thread, or nginx's one process, \
              from /proc) over the requests in that window is its CPU per request. Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
              per idle connection ≤ nginx's.",
-            a.think_ms, a.common.seconds
+            a.common.repeats, a.think_ms, a.common.seconds
         )],
         tables: vec![(String::new(), t)],
         notes,

@@ -23,6 +23,7 @@ pub(crate) mod report;
 mod rounds;
 mod sched_cost;
 mod shaping;
+mod share;
 mod specweb;
 mod spike;
 pub(crate) mod util;

@@ -6,6 +6,7 @@
 
 use super::harness;
 use super::report::{self, Doc, Table};
+use super::rounds;
 use super::util::machine;
 use super::Common;
 use clap::Args;
@@ -47,8 +48,10 @@ struct FileResult {
     bypass_req_per_s: f64,
     /// (scheduled − bypass) / bypass, medians.
     fraction: f64,
-    /// `None`: inconclusive — the scheduled run came out cheaper than the bypass by more than
-    /// the goal, which is noise, not a gain, so it shows nothing about the overhead.
+    /// The bypass's own run-to-run spread, (max − min) / median of its rounds.
+    bypass_spread: f64,
+    /// Met when fraction + spread ≤ the goal, missed when fraction − spread > the goal, `None`
+    /// (inconclusive) otherwise, whatever the sign of the difference.
     goal_met: Option<bool>,
 }
 
@@ -63,6 +66,13 @@ struct Report {
 }
 
 const WARMUP_S: f64 = 0.5;
+/// What the baseline still does per dispatch (so the overhead is a lower bound of the cost of
+/// scheduling and accounting against a loop that does nothing per dispatch).
+pub const BYPASS_STILL_DOES: &str = "What the bypass still does: it skips the scheduler tree (a \
+     FIFO of ready queues) and all charging (no ledger cells, no histograms), but it still reads \
+     the clock twice per dispatch (the dispatch's cost feeds the batch-size controller and the \
+     loop's infra time), stamps each message's enqueue time, and keeps the per-core time split. \
+     So it is not a loop without clock reads; the overhead measured here leaves out those reads.";
 const GOAL: f64 = 0.03;
 const CONNS: usize = 16;
 
@@ -129,6 +139,13 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
             let s = med(bytes, false, |r| r.cpu_ns_per_request);
             let b = med(bytes, true, |r| r.cpu_ns_per_request);
             let fraction = overhead_fraction(s, b);
+            let bypass_spread = rounds::relative_spread(
+                &rounds
+                    .iter()
+                    .filter(|r| r.file_bytes == bytes && r.bypass)
+                    .map(|r| r.cpu_ns_per_request)
+                    .collect::<Vec<_>>(),
+            );
             FileResult {
                 file_bytes: bytes,
                 rate_per_s: rate,
@@ -137,11 +154,8 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
                 scheduled_req_per_s: med(bytes, false, |r| r.req_per_s),
                 bypass_req_per_s: med(bytes, true, |r| r.req_per_s),
                 fraction,
-                goal_met: if fraction < -GOAL {
-                    None
-                } else {
-                    Some(fraction <= GOAL)
-                },
+                bypass_spread,
+                goal_met: rounds::within_goal(fraction, bypass_spread, GOAL),
             }
         })
         .collect();
@@ -161,6 +175,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
         "scheduled CPU µs/req",
         "bypass CPU µs/req",
         "overhead",
+        "bypass spread",
         "goal ≤ 3 %",
     ]);
     for f in &r.files {
@@ -172,10 +187,11 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
             format!("{:.2}", f.scheduled_ns_per_request / 1000.0),
             format!("{:.2}", f.bypass_ns_per_request / 1000.0),
             format!("{:+.2} %", f.fraction * 100.0),
+            format!("{:.1} %", f.bypass_spread * 100.0),
             match f.goal_met {
                 Some(true) => "met",
                 Some(false) => "not met",
-                None => "inconclusive (noise)",
+                None => "inconclusive (inside the bypass's spread)",
             }
             .into(),
         ]);
@@ -201,9 +217,12 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
             "The HTTP server (1 worker on CPU 0, 1 tenant) with full scheduling and accounting, and with the FIFO bypass \
              (no scheduler tree, no accounting), each offered the same open-loop rate by the load generator on CPU 1 \
              ({CONNS} connections). CPU per request = the worker thread's CPU time as the OS counts it / requests answered, \
-             {} alternating rounds of {} s per mode and file; medians. Goal: overhead ≤ 3 %.",
+             {} alternating rounds of {} s per mode and file; medians. Goal: overhead ≤ 3 %, judged against the \
+             bypass's own run-to-run spread: a difference inside that spread is inconclusive whatever its sign; \
+             otherwise met when overhead + spread ≤ 3 %, missed when overhead − spread > 3 %, \
+             inconclusive otherwise (whatever the sign).",
             a.common.repeats, a.common.seconds
-        )],
+        ), BYPASS_STILL_DOES.into()],
         tables: vec![
             (String::new(), t),
             ("Rounds:".into(), rt),

@@ -74,6 +74,31 @@ pub fn alternate<T>(
     Ok(out)
 }
 
+/// Groups `runs` by `key` (groups in the order first seen) and returns, per group, the run
+/// whose `value` is the median (the lower middle for an even count) with the spread of `value`
+/// over the group.
+pub fn median_runs<T: Clone, K: PartialEq>(
+    runs: &[T],
+    key: impl Fn(&T) -> K,
+    value: impl Fn(&T) -> f64,
+) -> Vec<(T, Spread)> {
+    let mut keys: Vec<K> = Vec::new();
+    for r in runs {
+        let k = key(r);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|k| {
+            let mut mine: Vec<&T> = runs.iter().filter(|r| key(r) == k).collect();
+            mine.sort_by(|a, b| value(a).total_cmp(&value(b)));
+            let spread = Spread::of(&mine.iter().map(|r| value(r)).collect::<Vec<_>>());
+            (mine[(mine.len() - 1) / 2].clone(), spread)
+        })
+        .collect()
+}
+
 /// How a comparison of ours against a baseline came out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -116,6 +141,37 @@ pub fn compare(ours: &[f64], base: &[f64], higher_is_better: bool) -> Verdict {
     }
 }
 
+/// Judges a measured relative cost `fraction` (e.g. +0.02 = 2 % more than the baseline) against
+/// a goal of at most `goal`, given the baseline's own run-to-run spread relative to its median
+/// (`spread`, e.g. 0.05). A difference inside the spread (|fraction| ≤ spread) is `None`
+/// (inconclusive) whatever its sign; otherwise met when even `fraction + spread` is inside the
+/// goal, missed when even `fraction − spread` is outside it, inconclusive in between.
+pub fn within_goal(fraction: f64, spread: f64, goal: f64) -> Option<bool> {
+    if !fraction.is_finite() || !spread.is_finite() {
+        return None;
+    }
+    let spread = spread.abs();
+    if fraction.abs() <= spread {
+        None
+    } else if fraction + spread <= goal {
+        Some(true)
+    } else if fraction - spread > goal {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// (max − min) / median of `v`: a run-to-run spread relative to the median (infinite for one
+/// run: one run says nothing about its own noise).
+pub fn relative_spread(v: &[f64]) -> f64 {
+    let s = Spread::of(v);
+    if s.n < 2 || s.median == 0.0 {
+        return f64::INFINITY;
+    }
+    (s.max - s.min) / s.median.abs()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +185,29 @@ mod tests {
         assert_eq!(Spread::of(&[f64::NAN, 1.0]).n, 1);
         assert_eq!(Spread::of(&[1.0, 3.0, 2.0]).show(1), "2.0 (1.0–3.0)");
         assert_eq!(Spread::of(&[1.0]).show(0), "1");
+    }
+
+    #[test]
+    fn bounded_goals_are_judged_by_the_interval() {
+        // 0.69 % with a 10 % spread: inconclusive, as is −8.4 % with the same spread.
+        assert_eq!(within_goal(0.0069, 0.10, 0.03), None);
+        assert_eq!(within_goal(-0.084, 0.10, 0.03), None);
+        assert_eq!(within_goal(-0.084, 0.05, 0.03), Some(true));
+        assert_eq!(within_goal(0.015, 0.01, 0.03), Some(true));
+        assert_eq!(within_goal(0.025, 0.01, 0.03), None);
+        assert_eq!(within_goal(0.10, 0.05, 0.03), Some(false));
+        assert_eq!(within_goal(0.0, f64::INFINITY, 0.03), None);
+        assert_eq!(relative_spread(&[9.0, 10.0, 11.0]), 0.2);
+        assert!(relative_spread(&[1.0]).is_infinite());
+    }
+
+    #[test]
+    fn the_median_run_of_each_group() {
+        let runs = [("a", 3.0), ("b", 1.0), ("a", 1.0), ("a", 2.0), ("b", 5.0)];
+        let m = median_runs(&runs, |r| r.0, |r| r.1);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].0, m[0].1.min, m[0].1.max), (("a", 2.0), 1.0, 3.0));
+        assert_eq!(m[1].0, ("b", 1.0)); // lower middle of two
     }
 
     #[test]

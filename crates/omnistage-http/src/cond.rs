@@ -16,6 +16,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::ascii::strip_prefix_ignore_ascii_case;
 use crate::request::Request;
 
 /// Longest `Range` header looked at; longer ones are ignored (whole body).
@@ -142,11 +143,10 @@ pub fn range(header: Option<&str>, len: u64) -> RangeOutcome {
         return RangeOutcome::Full;
     }
     let header = header.trim();
-    let unit = "bytes=";
-    if header.len() < unit.len() || !header[..unit.len()].eq_ignore_ascii_case(unit) {
+    let Some(spec) = strip_prefix_ignore_ascii_case(header, "bytes=") else {
         return RangeOutcome::Full;
-    }
-    let spec = header[unit.len()..].trim();
+    };
+    let spec = spec.trim();
     if spec.contains(',') {
         return RangeOutcome::Full;
     }
@@ -325,6 +325,19 @@ mod tests {
         assert!(!check("Sun, 06 Nov 1994 08:49:36 GMT"));
         assert!(!check("yesterday"));
         assert!(!not_modified(&req(), &tag, m));
+    }
+
+    /// Once panicked (a `str` sliced inside 'ÿ' at byte 6), found by a mutation fuzzer.
+    #[test]
+    fn a_range_with_a_multibyte_char_at_the_unit_is_ignored_not_a_panic() {
+        for h in [
+            "bytes\u{ff}0-2",
+            "byte\u{e9}=0-2",
+            "\u{1f600}\u{1f600}",
+            "bytes=\u{ff}-1",
+        ] {
+            assert_eq!(range(Some(h), 10), RangeOutcome::Full, "{h:?}");
+        }
     }
 
     #[test]

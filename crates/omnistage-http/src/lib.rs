@@ -5,6 +5,7 @@
 //! input. `server` is the glue: the stages, connections and sockets on the omnistage runtime.
 //!
 //! ```text
+//! ascii ────── byte-safe prefix checks on untrusted strs (no slicing inside a character)
 //! request ──── request heads: bytes → Request | Partial | HttpError (httparse)
 //! path ─────── request target → decoded, normalized path → a file inside the docroot
 //! mime ─────── file extension → Content-Type
@@ -19,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ascii;
 pub mod cond;
 pub mod config;
 pub mod error;

@@ -37,6 +37,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use crate::ascii::strip_prefix_ignore_ascii_case;
 use crate::error::HttpError;
 
 /// Longest request target accepted by [`decode_target`] (the parser's `uri_bytes_max` is
@@ -80,11 +81,9 @@ pub fn decode_target_into<'t>(
     let rest = if target.starts_with('/') {
         target
     } else {
-        let scheme = "http://";
-        if target.len() < scheme.len() || !target[..scheme.len()].eq_ignore_ascii_case(scheme) {
+        let Some(after) = strip_prefix_ignore_ascii_case(target, "http://") else {
             return Err(HttpError::BadTarget("unsupported request-target form"));
-        }
-        let after = &target[scheme.len()..];
+        };
         let authority_end = after.find(['/', '?', '#']).unwrap_or(after.len());
         if authority_end == 0 {
             return Err(HttpError::BadTarget("absolute-form target without host"));
@@ -280,6 +279,18 @@ mod tests {
 
     fn path_of(t: &str) -> String {
         dec(t).unwrap_or_else(|e| panic!("{t}: {e}")).0
+    }
+
+    /// An absolute-form check once sliced the target at byte 7 whatever it held.
+    #[test]
+    fn a_multibyte_char_across_the_scheme_is_refused_not_a_panic() {
+        for t in ["http:/\u{e9}x", "abcdef\u{e9}", "\u{1f600}\u{1f600}"] {
+            assert!(
+                matches!(dec(t), Err(HttpError::BadTarget(_))),
+                "{t:?}: {:?}",
+                dec(t)
+            );
+        }
     }
 
     #[test]

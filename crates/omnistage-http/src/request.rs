@@ -34,6 +34,7 @@
 //! Every error returned by [`parse`] is a framing error: answer it and close the connection
 //! ([`HttpError::closes_connection`] is true for all of them).
 
+use crate::ascii::strip_prefix_ignore_ascii_case;
 pub use crate::error::HttpError;
 
 /// Longest method token accepted; a longer one is answered 501 without waiting for the rest.
@@ -593,11 +594,7 @@ fn parse_content_length(value: &[u8]) -> Result<u64, HttpError> {
 
 /// The authority of an `http://` absolute-form target, if the target has that form.
 fn absolute_form_authority(target: &str) -> Option<&str> {
-    let scheme = "http://";
-    if target.len() < scheme.len() || !target[..scheme.len()].eq_ignore_ascii_case(scheme) {
-        return None;
-    }
-    let rest = &target[scheme.len()..];
+    let rest = strip_prefix_ignore_ascii_case(target, "http://")?;
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     Some(&rest[..end])
 }
@@ -767,6 +764,21 @@ mod tests {
                 String::from_utf8_lossy(bytes)
             ),
         }
+    }
+
+    /// The absolute-form check once sliced the target at byte 7 whatever it held: a target of
+    /// non-ASCII bytes must parse (origin-form is checked later, by `path`) or be refused.
+    #[test]
+    fn a_multibyte_char_across_the_scheme_is_no_panic() {
+        for target in ["http:/\u{e9}x", "abcdef\u{e9}", "\u{1f600}\u{1f600}"] {
+            let bytes = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
+            match parse(bytes.as_bytes(), &lim()) {
+                ParseOutcome::Complete { request, .. } => assert_eq!(request.host(), Some("a")),
+                ParseOutcome::Error(_) => {}
+                ParseOutcome::Partial => panic!("{target:?}: a whole head is not partial"),
+            }
+        }
+        assert_eq!(absolute_form_authority("http:/\u{e9}x"), None);
     }
 
     #[test]

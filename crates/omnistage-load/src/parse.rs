@@ -314,6 +314,12 @@ impl ResponseReader {
             Err(e) => return Err(ParseError::BadHead(e.to_string())),
         }
         let status = parsed.code.unwrap_or(0);
+        // httparse takes any three digits; a status below 100 is not HTTP (RFC 9110 §15).
+        if status < 100 {
+            return Err(ParseError::BadHead(format!(
+                "status {status:03} is not 100..=999"
+            )));
+        }
         let http10 = parsed.version == Some(0);
         let mut content_length: Option<u64> = None;
         let mut chunked = false;
@@ -496,6 +502,21 @@ HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConn
                 ..ok(404, 2)
             },
         ]
+    }
+
+    /// Found by AFL++ (omnistage-fuzz, target `chunked`): httparse takes any three digits.
+    #[test]
+    fn a_status_below_100_is_a_bad_head() {
+        for head in ["HTTP/1.1 000 OK", "HTTP/1.1 053 Service Unavailable"] {
+            let bytes = format!("{head}\r\nContent-Length: 0\r\n\r\n");
+            assert!(
+                matches!(
+                    feed_in_pieces(bytes.as_bytes(), 64),
+                    Err(ParseError::BadHead(_))
+                ),
+                "{head}"
+            );
+        }
     }
 
     #[test]

@@ -19,3 +19,5 @@ pub mod activity;
 pub mod admit;
 pub mod exec;
 pub mod sched;
+
+pub use exec::task;

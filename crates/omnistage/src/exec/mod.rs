@@ -33,6 +33,8 @@
 
 mod gate;
 mod sys;
+pub mod task;
+mod task_io;
 mod worker;
 
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
@@ -330,6 +332,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
     pub(crate) min_cost_ns: u64,
+    /// The task stage and its settings, if the runtime runs tasks ([`Builder::tasks`]).
+    pub(crate) tasks: Option<task::TaskShared>,
 }
 
 /// An `AtomicUsize` on its own cache line, so cores do not share lines of each other's counts.
@@ -512,6 +516,7 @@ pub struct Builder {
     stages: Vec<StageMeta>,
     factories: Vec<HandlerFactory>,
     activities: ActivityTable,
+    tasks: Option<task::TaskShared>,
 }
 
 impl Default for Builder {
@@ -527,6 +532,7 @@ impl Default for Builder {
             stages: Vec::new(),
             factories: Vec::new(),
             activities: ActivityTable::new(),
+            tasks: None,
         }
     }
 }
@@ -659,6 +665,7 @@ impl Builder {
             stopping: AtomicBool::new(false),
             bypass: self.bypass,
             min_cost_ns: self.min_cost_ns,
+            tasks: self.tasks,
         });
         let factories = Arc::new(self.factories);
         let ncpu = sys::cpu_count();

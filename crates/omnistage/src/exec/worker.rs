@@ -83,6 +83,8 @@ impl ActivityInfo {
 pub(crate) enum Control {
     Upsert(ActivityInfo),
     Remove(ActivityId),
+    /// A task of this core was woken on another thread (its packed location; see `task`).
+    WakeTask(u64),
     Stop,
 }
 
@@ -445,6 +447,11 @@ impl CoreState {
             if token == WAKE_TOKEN || token == TIMER_TOKEN {
                 continue;
             }
+            if token.0 >= super::task::IO_TOKEN_BASE {
+                // A task's socket: readiness wakes the task, which is queued in its activity.
+                super::task::io_event(ev);
+                continue;
+            }
             let Some(reg) = self.io.get_mut(token.0) else {
                 continue;
             };
@@ -489,24 +496,54 @@ impl CoreState {
         activity: ActivityId,
         event: IoEvent,
     ) -> bool {
-        let Ok(q) = self.queue_index::<IoEvent>(shared, stage, activity) else {
+        let pushed = self.push_forced(shared, stage, activity, event, false);
+        if pushed {
+            shared.edges.record(self.core, EdgeFrom::Io, stage);
+        }
+        pushed
+    }
+
+    /// Queues `msg` for (stage, activity) on this core without asking the gate (readiness and
+    /// task wakes cannot be refused: losing one would strand its source or task). The gate
+    /// still counts it, unless `admitted` says it already did. False if no queue can be had
+    /// (the activity is gone). Allocates nothing once the queue has grown to its backlog.
+    pub(super) fn push_forced<M: 'static>(
+        &mut self,
+        shared: &Shared,
+        stage: StageId,
+        activity: ActivityId,
+        msg: M,
+        admitted: bool,
+    ) -> bool {
+        let Ok(q) = self.queue_index::<M>(shared, stage, activity) else {
             return false;
         };
-        let gate = &self.queues::<IoEvent>(stage).qs[q as usize].gate;
-        gate.force_admit(&shared.stages[stage as usize].load);
+        if !admitted {
+            let gate = &self.queues::<M>(stage).qs[q as usize].gate;
+            gate.force_admit(&shared.stages[stage as usize].load);
+        }
         shared.core_pending[self.core]
             .0
             .fetch_add(1, Ordering::AcqRel);
-        shared.edges.record(self.core, EdgeFrom::Io, stage);
-        self.push::<IoEvent>(
+        self.push::<M>(
             stage,
             q,
             Envelope {
-                msg: event,
+                msg,
                 enq_ns: self.now_ns,
             },
         );
         true
+    }
+
+    /// This worker's core index.
+    pub(super) fn core(&self) -> usize {
+        self.core
+    }
+
+    /// The loop's clock, ns since the runtime started (as of the last read).
+    pub(super) fn now_ns(&self) -> u64 {
+        self.now_ns
     }
 
     /// Fills a dequeued `IoEvent` with the readiness merged since it was queued.
@@ -797,8 +834,8 @@ impl CoreState {
 
 /// What a handler can do while it runs.
 pub struct Ctx<'a> {
-    st: &'a mut CoreState,
-    shared: &'a Shared,
+    pub(super) st: &'a mut CoreState,
+    pub(super) shared: &'a Shared,
 }
 
 impl Ctx<'_> {
@@ -1067,6 +1104,14 @@ pub(crate) fn run(
     factories: &[HandlerFactory],
     mut poll: mio::Poll,
 ) {
+    // Tasks on this core live in this thread's task state until the worker ends.
+    let _tasks = match super::task::enter_worker(core, &shared, poll.registry()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("omnistage: worker {core}: cannot set up tasks: {e}");
+            return;
+        }
+    };
     if let Some(cpu) = pin {
         if let Err(e) = sys::pin_to(cpu) {
             eprintln!("omnistage: worker {core}: cannot pin to CPU {cpu}: {e}");
@@ -1163,6 +1208,7 @@ pub(crate) fn run(
                 match c {
                     Control::Upsert(info) => st.upsert(info),
                     Control::Remove(id) => st.remove_activity(id),
+                    Control::WakeTask(loc) => super::task::wake_from_remote(loc),
                     Control::Stop => stop = true,
                 }
             }
@@ -1177,7 +1223,7 @@ pub(crate) fn run(
         }
         let mut now_raw = clock.raw();
         st.now_ns = shared.ns_of_raw(now_raw);
-        if st.io_live > 0
+        if (st.io_live > 0 || super::task::io_live())
             && (dispatches_since_poll >= IO_POLL_EVERY_DISPATCHES
                 || st.now_ns.saturating_sub(last_poll_ns) >= IO_POLL_INTERVAL_NS)
         {
@@ -1197,8 +1243,9 @@ pub(crate) fn run(
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
-        if st.fire_timers(shared) {
-            // Delivering timers is the loop's work (infra), not the next dispatch's.
+        if st.fire_timers(shared) | super::task::turn(&mut st, shared) {
+            // Delivering timers and queueing woken tasks is the loop's work (infra), not the
+            // next dispatch's.
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
@@ -1263,10 +1310,14 @@ pub(crate) fn run(
             seg_start = end_raw;
         } else {
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
-            let wait_ns = match (st.next_timer_ns(), st.tree.next_decision_ns(st.now_ns)) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let wait_ns = [
+                st.next_timer_ns(),
+                st.tree.next_decision_ns(st.now_ns),
+                super::task::next_timer_ns(st.now_ns),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
             mailbox.sleeping.store(true, Ordering::SeqCst);
             if !mailbox.messages.is_empty() || mailbox.control_pending.load(Ordering::SeqCst) {
                 mailbox.sleeping.store(false, Ordering::SeqCst);
