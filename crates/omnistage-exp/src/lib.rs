@@ -13,6 +13,7 @@ mod cfgweb;
 mod classes;
 mod connections;
 mod cpu;
+mod fleet;
 mod harness;
 mod http_vs_nginx;
 mod isolation;
@@ -73,6 +74,8 @@ enum Which {
     Priority(priority::PriorityArgs),
     /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
     Adversary(adversary::AdversaryArgs),
+    /// Three nodes and a Redis: fleet-wide shares under skewed ingress, a fleet cap, faults.
+    Fleet(fleet::FleetArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -95,6 +98,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
+        Which::Fleet(a) => fleet::run(a),
         Which::All(a) => all::run(a),
     }
 }
