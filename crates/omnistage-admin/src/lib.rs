@@ -10,6 +10,8 @@
 //! GET    /api/v1/graph[?format=dot]          the stage graph as measured (JSON, or Graphviz)
 //! GET    /api/v1/graph.dot                   the same as Graphviz dot
 //! GET    /api/v1/history                     shares of the last minutes (for charts)
+//! GET    /api/v1/upstreams                   per upstream and tenant: proxied requests in
+//!                                            flight, queued, refused; slot-time; bytes
 //! GET    /api/v1/activities/{path}           one node of the tree
 //! PUT    /api/v1/activities/{path}           create or change (weight, cap, policy, admission)
 //! DELETE /api/v1/activities/{path}           remove one without children
@@ -153,6 +155,10 @@ pub trait Tenants: Send + Sync {
     /// What the fleet layer last computed, when the server is a node of a fleet.
     fn fleet(&self) -> Option<model::Fleet> {
         None
+    }
+    /// Per upstream and tenant: requests in flight, queued, refused, slot-time and bytes.
+    fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
+        Vec::new()
     }
 }
 
@@ -301,6 +307,10 @@ impl Tenants for omnistage_http::server::Server {
 
     fn fleet(&self) -> Option<model::Fleet> {
         self.fleet_status().map(|s| (*s).clone())
+    }
+
+    fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
+        self.upstream_stats()
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

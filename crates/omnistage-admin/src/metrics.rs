@@ -15,6 +15,7 @@ use crate::sampler::Sample;
 use crate::view::{self, Agg};
 use omnistage::account::{HistSnapshot, Histogram, HIST_BUCKETS};
 use omnistage::exec::Runtime;
+use omnistage_http::server::UpstreamTenantStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -128,9 +129,14 @@ fn secs(ns: u64) -> Value {
     Value::Counter(ns as f64 / 1e9)
 }
 
-/// Encodes one fresh sample of `rt` (and, for a node of a fleet, what its fleet thread last
-/// computed).
-pub(crate) fn render(rt: &Runtime, s: &Sample, fleet: Option<&Fleet>) -> String {
+/// Encodes one fresh sample of `rt`, the server's upstreams, and, for a node of a fleet, what
+/// its fleet thread last computed.
+pub(crate) fn render(
+    rt: &Runtime,
+    s: &Sample,
+    upstreams: &[UpstreamTenantStats],
+    fleet: Option<&Fleet>,
+) -> String {
     let (_, acts) = view::activities(rt);
     let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
     let mut sc = Scrape::default();
@@ -390,6 +396,73 @@ pub(crate) fn render(rt: &Runtime, s: &Sample, fleet: Option<&Fleet>) -> String 
         let f = sc.family(name, help, kind);
         for c in &s.snap.cores {
             f.series.push((vec![("core", c.core.to_string())], pick(c)));
+        }
+    }
+    type UpPick = fn(&UpstreamTenantStats) -> Value;
+    let upstream_families: [(&'static str, &'static str, MetricType, UpPick); 9] = [
+        (
+            "omnistage_upstream_in_flight",
+            "Proxied requests of the tenant holding one of the upstream's slots now.",
+            MetricType::Gauge,
+            |u| Value::Gauge(u.in_flight as f64),
+        ),
+        (
+            "omnistage_upstream_queued",
+            "Proxied requests of the tenant waiting for one of the upstream's slots now.",
+            MetricType::Gauge,
+            |u| Value::Gauge(u.queued as f64),
+        ),
+        (
+            "omnistage_upstream_refused",
+            "Proxied requests of the tenant refused (503) for a full or too slow queue.",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.refused),
+        ),
+        (
+            "omnistage_upstream_requests",
+            "Proxied requests of the tenant that got a slot.",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.requests),
+        ),
+        (
+            "omnistage_upstream_slot_seconds",
+            "Time the tenant's requests held the upstream's slots.",
+            MetricType::Counter,
+            |u| secs(u.slot_ns),
+        ),
+        (
+            "omnistage_upstream_sent_bytes",
+            "Bytes sent to the upstream's servers for the tenant.",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.bytes_to_backend),
+        ),
+        (
+            "omnistage_upstream_received_bytes",
+            "Bytes received from the upstream's servers for the tenant.",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.bytes_from_backend),
+        ),
+        (
+            "omnistage_upstream_bad_gateway",
+            "Proxied requests answered 502 (unreachable, invalid response).",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.errors_502),
+        ),
+        (
+            "omnistage_upstream_gateway_timeout",
+            "Proxied requests answered 504 (no response head in time).",
+            MetricType::Counter,
+            |u| Value::CounterInt(u.errors_504),
+        ),
+    ];
+    for (name, help, kind, pick) in &upstream_families {
+        let f = sc.family(name, help, *kind);
+        for u in upstreams {
+            let labels = vec![
+                ("upstream", u.upstream.clone()),
+                ("activity", format!("/tenants/{}", u.tenant)),
+            ];
+            f.series.push((labels, pick(u)));
         }
     }
     if let Some(fl) = fleet {

@@ -222,6 +222,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             | "/api/v1/graph"
             | "/api/v1/graph.dot"
             | "/api/v1/history"
+            | "/api/v1/upstreams"
     ) || path == ACTIVITIES
         || path.starts_with("/api/v1/activities/");
     if !known {
@@ -234,13 +235,21 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
     }
     let rt = shared.source.runtime();
     let window = || shared.state.lock().expect("sampler lock").window();
+    // The proxy's counters, when the owner is an HTTP server.
+    let upstreams = || {
+        shared
+            .source
+            .tenants()
+            .map(|t| t.upstreams())
+            .unwrap_or_default()
+    };
     match path {
         "/metrics" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
             let fleet = shared.source.tenants().and_then(|t| t.fleet());
-            let body = metrics::render(rt, &Sample::take(rt), fleet.as_ref());
+            let body = metrics::render(rt, &Sample::take(rt), &upstreams(), fleet.as_ref());
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {
@@ -279,6 +288,12 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 ),
                 other => Response::error(400, &format!("format {other:?}: want json or dot")),
             }
+        }),
+        "/api/v1/upstreams" => get_only(&|| {
+            if let Err(r) = check_query(&req.query, &[]) {
+                return r;
+            }
+            Response::json(200, &upstreams())
         }),
         "/api/v1/history" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {

@@ -1,5 +1,6 @@
 //! The `omnistage` command: the server, the load generator, experiments, and the admin
-//! commands (`top`, `tree`, `set`, `graph`) that watch and steer a running server.
+//! commands (`top`, `tree`, `set`, `graph`) that watch and steer a running server, and `shape`,
+//! which runs an unmodified program with its I/O shaped.
 
 mod admin_cli;
 mod serve;
@@ -35,6 +36,8 @@ enum Command {
     Set(admin_cli::SetArgs),
     /// Print a running server's stage graph as measured (Graphviz dot, or --json).
     Graph(admin_cli::GraphArgs),
+    /// Run an unmodified program with its network and disk I/O shaped (a preload library, TAP).
+    Shape(omnistage_shape::launch::ShapeArgs),
 }
 
 fn main() {
@@ -46,6 +49,10 @@ fn main() {
         Command::Tree(args) => admin_cli::tree(args),
         Command::Set(args) => admin_cli::set(args),
         Command::Graph(args) => admin_cli::graph(args),
+        Command::Shape(args) => match omnistage_shape::launch::run(&args) {
+            Ok(code) => std::process::exit(code),
+            Err(e) => Err(format!("shape: {e}")),
+        },
         Command::Load(args) => omnistage_load::run(&args).map(|r| {
             if args.json {
                 println!("{}", serde_json::to_string(&r).expect("report serializes"));

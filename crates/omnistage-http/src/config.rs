@@ -26,6 +26,21 @@
 //! net_link_cap = "100MB/s"          # optional: the link rate all tenants share (as net_cap);
 //!                                   # with it, or any tenant's net_cap, sends go through the
 //!                                   # byte-fair send scheduler
+//! body_bytes_max = 10485760         # 0..=1 TiB; a request body larger than this (on a proxied
+//!                                   # route) is answered 413 before it reaches a backend
+//!
+//! [[upstream]]                      # optional, ≤ 256: backends that tenants are proxied to
+//! name = "app"                      # [a-z0-9_-]{1,64}, unique; named by a tenant's `upstream`
+//! servers = ["127.0.0.1:9101"]      # 1..=64 addresses, each once; least-in-flight choice, a
+//!                                   # server that refuses or fails is skipped for a back-off
+//! concurrency_max = 256             # 1..=100,000 requests in flight to this upstream, all
+//!                                   # tenants together (split evenly between the workers);
+//!                                   # beyond it requests wait in per-tenant queues
+//! connect_timeout_ms = 1000         # 1 ms..=1 h; then the next server, or 502
+//! response_timeout_ms = 30000       # 1 ms..=1 h until the response head arrives: then 504
+//! idle_connections_max = 64         # 0..=10,000 keep-alive connections kept per worker
+//! fair = true                       # true: a freed slot goes to the waiting tenants by weight
+//!                                   # (SFQ); false: one FIFO queue for all (a baseline)
 //!
 //! [[tenant]]                        # at least one, at most 10,000
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
@@ -55,6 +70,10 @@
 //!                                   # batches, refused with 503 + Retry-After past it
 //! fleet_net_cap = "50MB/s"          # optional, needs [cluster]: response bytes/s across the
 //!                                   # fleet, units as net_cap; leased likewise
+//! upstream = "app"                  # optional: requests are proxied to this [[upstream]]: all
+//!                                   # of them (docroot then optional), or with
+//! upstream_prefix = "/api/"         # only those whose target starts with this (the rest are
+//!                                   # files from docroot); requires upstream
 //!
 //! [[tenant.class]]                  # optional classes within a tenant, ≤ 64
 //! name = "gold"                     # [a-z0-9_-]{1,64}, unique within the tenant
@@ -140,6 +159,16 @@ pub const WEIGHT_DEFAULT: u32 = 100;
 pub const CPU_CAP_MAX: f64 = 1024.0;
 /// Largest rate cap: 1 TB/s.
 pub const RATE_BYTES_PER_S_MAX: u64 = 1_000_000_000_000;
+/// Most `[[upstream]]` tables.
+pub const UPSTREAMS_MAX: usize = 256;
+/// Most servers of one upstream.
+pub const UPSTREAM_SERVERS_MAX: usize = 64;
+/// Largest `concurrency_max` of an upstream.
+pub const UPSTREAM_CONCURRENCY_MAX: i64 = 100_000;
+/// Largest `idle_connections_max` of an upstream.
+pub const UPSTREAM_IDLE_CONNECTIONS_MAX: i64 = 10_000;
+/// Largest `body_bytes_max`: 1 TiB.
+pub const BODY_BYTES_MAX: i64 = 1 << 40;
 /// Largest config file [`load_config`] reads: 4 MiB.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
@@ -152,6 +181,27 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// The fleet this node belongs to (`[cluster]`); `None`: a single node.
     pub cluster: Option<ClusterConfig>,
+    /// The upstreams (`[[upstream]]`), in file order; a tenant's `upstream` indexes this.
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+/// A group of backend servers that tenants are proxied to (`[[upstream]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Unique name.
+    pub name: String,
+    /// The backends, each once.
+    pub servers: Vec<SocketAddr>,
+    /// Requests in flight to this upstream, all tenants together.
+    pub concurrency_max: usize,
+    /// Time allowed to connect to a server.
+    pub connect_timeout: Duration,
+    /// Time allowed from sending a request until its response head arrives (then 504).
+    pub response_timeout: Duration,
+    /// Idle keep-alive connections kept per worker.
+    pub idle_connections_max: usize,
+    /// Per-tenant queues served by weight (true), or one FIFO queue (false).
+    pub fair: bool,
 }
 
 /// Shortest `sync_ms`.
@@ -218,6 +268,8 @@ pub struct ServerConfig {
     pub sendfile: bool,
     /// Files at least this long go out with `sendfile` (and are not kept in the cache).
     pub sendfile_min_bytes: u64,
+    /// Largest request body accepted on a proxied route (413 beyond).
+    pub body_bytes_max: u64,
 }
 
 impl Default for ServerConfig {
@@ -237,6 +289,7 @@ impl Default for ServerConfig {
             disk_cap_bytes_per_s: None,
             sendfile: false,
             sendfile_min_bytes: 16 * 1024,
+            body_bytes_max: 10 << 20,
         }
     }
 }
@@ -344,9 +397,22 @@ pub struct TenantConfig {
     pub classes: Vec<ClassConfig>,
     /// Caps across the fleet (`fleet_rate_per_s`, `fleet_net_cap`).
     pub fleet: TenantFleet,
+    /// The upstream (index into [`Config::upstreams`]) this tenant's requests are proxied to.
+    pub upstream: Option<usize>,
+    /// Only targets starting with this are proxied (`None`: all of them).
+    pub upstream_prefix: Option<String>,
 }
 
 impl TenantConfig {
+    /// The upstream a request for `target` is proxied to, if any.
+    pub fn upstream_for(&self, target: &str) -> Option<usize> {
+        let u = self.upstream?;
+        match &self.upstream_prefix {
+            Some(p) if !target.starts_with(p.as_str()) => None,
+            _ => Some(u),
+        }
+    }
+
     /// The tenant's activity path, `/tenants/<name>`.
     pub fn activity(&self) -> String {
         format!("/tenants/{}", self.name)
@@ -467,8 +533,11 @@ pub fn default_config(cwd: &Path) -> Config {
             synthetic: false,
             classes: Vec::new(),
             fleet: TenantFleet::default(),
+            upstream: None,
+            upstream_prefix: None,
         }],
         cluster: None,
+        upstreams: Vec::new(),
     }
 }
 
@@ -510,6 +579,7 @@ struct RawConfig {
     server: Option<Spanned<RawServer>>,
     tenant: Option<Spanned<Vec<Spanned<RawTenant>>>>,
     cluster: Option<Spanned<RawCluster>>,
+    upstream: Option<Spanned<Vec<Spanned<RawUpstream>>>>,
 }
 
 #[derive(Deserialize)]
@@ -518,6 +588,18 @@ struct RawCluster {
     redis: Spanned<String>,
     node: Option<Spanned<String>>,
     sync_ms: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstream {
+    name: Spanned<String>,
+    servers: Spanned<Vec<Spanned<String>>>,
+    concurrency_max: Option<Spanned<i64>>,
+    connect_timeout_ms: Option<Spanned<i64>>,
+    response_timeout_ms: Option<Spanned<i64>>,
+    idle_connections_max: Option<Spanned<i64>>,
+    fair: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -537,6 +619,7 @@ struct RawServer {
     disk_cap: Option<Spanned<String>>,
     sendfile: Option<bool>,
     sendfile_min_bytes: Option<Spanned<i64>>,
+    body_bytes_max: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -546,7 +629,7 @@ struct RawTenant {
     hosts: Option<Spanned<Vec<Spanned<String>>>>,
     listen: Option<Spanned<Vec<Spanned<String>>>>,
     weight: Option<Spanned<i64>>,
-    docroot: Spanned<String>,
+    docroot: Option<Spanned<String>>,
     index: Option<Spanned<Vec<Spanned<String>>>>,
     cpu_cap: Option<Spanned<NumberOrString>>,
     net_cap: Option<Spanned<String>>,
@@ -560,6 +643,8 @@ struct RawTenant {
     class: Option<Vec<Spanned<RawClass>>>,
     fleet_rate_per_s: Option<Spanned<i64>>,
     fleet_net_cap: Option<Spanned<String>>,
+    upstream: Option<Spanned<String>>,
+    upstream_prefix: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -783,6 +868,22 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
         .as_ref()
         .map(|r| cluster_config(&c, r.get_ref()))
         .transpose()?;
+    let mut upstreams: Vec<UpstreamConfig> = Vec::new();
+    if let Some(list) = &raw.upstream {
+        if list.get_ref().len() > UPSTREAMS_MAX {
+            return Err(c.err(list.span(), format!("more than {UPSTREAMS_MAX} upstreams")));
+        }
+        for ru in list.get_ref() {
+            let u = upstream_config(&c, ru.get_ref())?;
+            if upstreams.iter().any(|x| x.name == u.name) {
+                return Err(c.err(
+                    ru.get_ref().name.span(),
+                    format!("upstream name {:?} is used twice", u.name),
+                ));
+            }
+            upstreams.push(u);
+        }
+    }
 
     let mut tenants = Vec::with_capacity(raw_tenants.get_ref().len());
     let mut names = HashSet::new();
@@ -790,7 +891,7 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
     let mut listeners_taken: HashSet<SocketAddr> = HashSet::new();
     let mut catch_all_seen = false;
     for raw_tenant in raw_tenants.get_ref() {
-        let t = tenant_config(&c, raw_tenant.get_ref(), &server, base)?;
+        let t = tenant_config(&c, raw_tenant, &server, &upstreams, base)?;
         let rt = raw_tenant.get_ref();
         if cluster.is_none() {
             let key = (rt
@@ -856,6 +957,7 @@ fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config, ConfigErro
         server,
         tenants,
         cluster,
+        upstreams,
     })
 }
 
@@ -988,6 +1090,58 @@ fn server_config(
                 SENDFILE_MIN_BYTES_MAX,
             )?
             .map_or(d.sendfile_min_bytes, |n| n as u64),
+        body_bytes_max: c
+            .opt_int_in(&s.body_bytes_max, "body_bytes_max", 0, BODY_BYTES_MAX)?
+            .map_or(d.body_bytes_max, |n| n as u64),
+    })
+}
+
+fn upstream_config(c: &Checker<'_>, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    let name = c.name(&u.name, "upstream")?;
+    let list = &u.servers;
+    if list.get_ref().is_empty() || list.get_ref().len() > UPSTREAM_SERVERS_MAX {
+        return Err(c.err(
+            list.span(),
+            format!("servers must have 1..={UPSTREAM_SERVERS_MAX} addresses"),
+        ));
+    }
+    let mut servers = Vec::new();
+    for a in list.get_ref() {
+        let addr = c.addr(a)?;
+        if servers.contains(&addr) {
+            return Err(c.err(a.span(), format!("server {addr} is given twice")));
+        }
+        servers.push(addr);
+    }
+    let ms =
+        |v: &Option<Spanned<i64>>, key: &str, default_ms: u64| -> Result<Duration, ConfigError> {
+            Ok(Duration::from_millis(
+                c.opt_int_in(v, key, 1, TIMEOUT_MS_MAX)?
+                    .map_or(default_ms, |n| n as u64),
+            ))
+        };
+    Ok(UpstreamConfig {
+        servers,
+        concurrency_max: c
+            .opt_int_in(
+                &u.concurrency_max,
+                "concurrency_max",
+                1,
+                UPSTREAM_CONCURRENCY_MAX,
+            )?
+            .map_or(256, |n| n as usize),
+        connect_timeout: ms(&u.connect_timeout_ms, "connect_timeout_ms", 1000)?,
+        response_timeout: ms(&u.response_timeout_ms, "response_timeout_ms", 30_000)?,
+        idle_connections_max: c
+            .opt_int_in(
+                &u.idle_connections_max,
+                "idle_connections_max",
+                0,
+                UPSTREAM_IDLE_CONNECTIONS_MAX,
+            )?
+            .map_or(64, |n| n as usize),
+        fair: u.fair.unwrap_or(true),
+        name,
     })
 }
 
@@ -1000,10 +1154,12 @@ fn rebase(base: Option<&Path>, p: &Path) -> PathBuf {
 
 fn tenant_config(
     c: &Checker<'_>,
-    t: &RawTenant,
+    table: &Spanned<RawTenant>,
     server: &ServerConfig,
+    upstreams: &[UpstreamConfig],
     base: Option<&Path>,
 ) -> Result<TenantConfig, ConfigError> {
+    let t = table.get_ref();
     let name = c.name(&t.name, "tenant")?;
 
     let mut hosts = Vec::new();
@@ -1039,24 +1195,58 @@ fn tenant_config(
         .opt_int_in(&t.weight, "weight", WEIGHT_MIN, WEIGHT_MAX)?
         .map_or(WEIGHT_DEFAULT, |n| n as u32);
 
-    let docroot_raw = t.docroot.get_ref();
-    if docroot_raw.trim().is_empty() {
-        return Err(c.err(t.docroot.span(), "docroot is empty"));
-    }
-    let mut docroot = rebase(base, Path::new(docroot_raw));
-    if base.is_some() {
-        let canonical = docroot
-            .canonicalize()
-            .ok()
-            .filter(|p| p.is_dir())
-            .ok_or_else(|| {
-                c.err(
-                    t.docroot.span(),
-                    format!("docroot {} is not a directory", docroot.display()),
-                )
-            })?;
-        docroot = canonical;
-    }
+    let upstream = match &t.upstream {
+        None => None,
+        Some(v) => Some(
+            upstreams
+                .iter()
+                .position(|u| &u.name == v.get_ref())
+                .ok_or_else(|| {
+                    c.err(v.span(), format!("no [[upstream]] named {:?}", v.get_ref()))
+                })?,
+        ),
+    };
+    let upstream_prefix = match &t.upstream_prefix {
+        None => None,
+        Some(v) if upstream.is_none() => {
+            return Err(c.err(v.span(), "upstream_prefix needs an upstream"));
+        }
+        Some(v) if !v.get_ref().starts_with('/') => {
+            return Err(c.err(v.span(), "upstream_prefix must start with \"/\""));
+        }
+        Some(v) => Some(v.get_ref().clone()),
+    };
+    // A tenant proxied whole needs no docroot; any other does.
+    let docroot = match &t.docroot {
+        None if upstream.is_some() && upstream_prefix.is_none() => PathBuf::new(),
+        None => {
+            return Err(c.err(
+                table.span(),
+                format!("tenant {name:?} has no docroot (only a tenant proxied whole may omit it)"),
+            ))
+        }
+        Some(d) => {
+            let docroot_raw = d.get_ref();
+            if docroot_raw.trim().is_empty() {
+                return Err(c.err(d.span(), "docroot is empty"));
+            }
+            let mut docroot = rebase(base, Path::new(docroot_raw));
+            if base.is_some() {
+                let canonical = docroot
+                    .canonicalize()
+                    .ok()
+                    .filter(|p| p.is_dir())
+                    .ok_or_else(|| {
+                        c.err(
+                            d.span(),
+                            format!("docroot {} is not a directory", docroot.display()),
+                        )
+                    })?;
+                docroot = canonical;
+            }
+            docroot
+        }
+    };
 
     let index = match &t.index {
         None => vec!["index.html".to_string()],
@@ -1181,6 +1371,8 @@ fn tenant_config(
             .map(|n| n as usize),
         synthetic: t.synthetic.unwrap_or(false),
         classes,
+        upstream,
+        upstream_prefix,
         name,
         fleet: TenantFleet {
             rate_per_s: c

@@ -34,6 +34,9 @@ pub enum HttpError {
     /// than `request::METHOD_BYTES_MAX`. (A body-less unknown method parses as `Method::Other`;
     /// the caller answers 501 itself and may keep the connection.)
     NotImplemented,
+    /// 413, framing: a request body (on a proxied route) longer than `body_bytes_max`; its bytes
+    /// are not read, so the connection closes.
+    PayloadTooLarge,
     /// 400, request: the target cannot be decoded (bad percent escape, NUL, invalid UTF-8,
     /// a form other than origin-form or `http://` absolute-form).
     BadTarget(&'static str),
@@ -62,6 +65,7 @@ impl HttpError {
             HttpError::UriTooLong => 414,
             HttpError::VersionNotSupported => 505,
             HttpError::NotImplemented => 501,
+            HttpError::PayloadTooLarge => 413,
             HttpError::NotFound => 404,
             HttpError::MovedPermanently { .. } => 301,
         }
@@ -83,7 +87,8 @@ impl HttpError {
             | HttpError::TooManyHeaders
             | HttpError::UriTooLong
             | HttpError::VersionNotSupported
-            | HttpError::NotImplemented => true,
+            | HttpError::NotImplemented
+            | HttpError::PayloadTooLarge => true,
             HttpError::BadTarget(_)
             | HttpError::BadParameter(_)
             | HttpError::NotFound
@@ -122,7 +127,8 @@ mod tests {
 
     #[test]
     fn statuses_reasons_and_closing() {
-        let cases: [(HttpError, u16, bool); 12] = [
+        let cases: [(HttpError, u16, bool); 13] = [
+            (HttpError::PayloadTooLarge, 413, true),
             (HttpError::BadRequest("x"), 400, true),
             (HttpError::BadFraming("x"), 400, true),
             (HttpError::BodyNotAllowed, 400, true),

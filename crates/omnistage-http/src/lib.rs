@@ -13,6 +13,9 @@
 //! response ─── status lines and headers, error responses, the cached Date header
 //! config ───── the server and its tenants from TOML; Host/listener → tenant
 //! synthetic ── the /_burn and /_bytes test endpoints
+//! proxy ────── the reverse proxy's intermediary rules: upstream response heads (httparse),
+//!              chunked bodies, the heads forwarded each way
+//! fair_slots ─ an upstream's concurrency slots shared by tenants: per-tenant queues, SFQ by weight
 //! log ──────── access log lines (Common Log Format plus the activity)
 //! error ────── HttpError: status, reason, and whether the connection must close
 //! server ───── the running server: listeners, connections, stages (uses all of the above)
@@ -24,9 +27,11 @@ pub mod ascii;
 pub mod cond;
 pub mod config;
 pub mod error;
+pub mod fair_slots;
 pub mod log;
 pub mod mime;
 pub mod path;
+pub mod proxy;
 pub mod request;
 pub mod response;
 pub mod server;

@@ -83,6 +83,21 @@ pub enum Method {
     Other,
 }
 
+/// How a request's body is framed (RFC 9112 §6). [`parse_with`] refuses every body; only
+/// [`parse_with_body`] (for the proxy) returns requests with one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// No body (no `Content-Length`, or `Content-Length: 0`, and no `Transfer-Encoding`).
+    None,
+    /// `Content-Length` bytes follow the head.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// A `Transfer-Encoding` other than exactly one `chunked`: a body nobody here can frame
+    /// (the proxy answers 501 and closes).
+    UnknownCoding,
+}
+
 /// Where a piece of a [`Request`] lies in its head buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Span {
@@ -103,6 +118,8 @@ pub struct Request {
     pub version_minor: u8,
     /// Whether the connection may carry another request after this one.
     pub keep_alive: bool,
+    /// The body's framing (always `None` from [`parse_with`]).
+    pub body: BodyFraming,
     /// The raw head (`head_len` bytes), then the derived values.
     buf: HeadBuf,
     head_len: u32,
@@ -196,6 +213,16 @@ impl Request {
         match self.buf {
             HeadBuf::Inline { .. } => Vec::new(),
             HeadBuf::Heap(v) => v,
+        }
+    }
+
+    /// The error [`parse_with`] gives this request for its body, if it has one: for a route
+    /// that serves no bodies.
+    pub fn body_refusal(&self) -> Option<HttpError> {
+        match (self.body, self.method) {
+            (BodyFraming::None, _) => None,
+            (_, Method::Get | Method::Head) => Some(HttpError::BodyNotAllowed),
+            (_, Method::Other) => Some(HttpError::NotImplemented),
         }
     }
 
@@ -337,7 +364,23 @@ pub fn parse(buf: &[u8], limits: &Limits) -> ParseOutcome {
 /// gives (called only then, for a complete, valid head; cleared first), so a caller that
 /// recycles buffers parses without allocating.
 pub fn parse_with(buf: &[u8], limits: &Limits, take_buf: impl FnOnce() -> Vec<u8>) -> ParseOutcome {
-    match parse_inner(buf, limits, take_buf) {
+    match parse_inner(buf, limits, take_buf, false) {
+        Ok(Some((request, consumed))) => ParseOutcome::Complete { request, consumed },
+        Ok(None) => ParseOutcome::Partial,
+        Err(e) => ParseOutcome::Error(e),
+    }
+}
+
+/// As [`parse_with`], but a request may carry a body (any method): its framing is in
+/// [`Request::body`] and its bytes follow `consumed`. The framing rules stay: CL with TE, two
+/// CLs, an invalid CL → 400. The caller refuses a body where it serves none
+/// ([`Request::body_refusal`]) and a coding it cannot frame ([`BodyFraming::UnknownCoding`]).
+pub fn parse_with_body(
+    buf: &[u8],
+    limits: &Limits,
+    take_buf: impl FnOnce() -> Vec<u8>,
+) -> ParseOutcome {
+    match parse_inner(buf, limits, take_buf, true) {
         Ok(Some((request, consumed))) => ParseOutcome::Complete { request, consumed },
         Ok(None) => ParseOutcome::Partial,
         Err(e) => ParseOutcome::Error(e),
@@ -373,6 +416,7 @@ fn parse_inner(
     buf: &[u8],
     limits: &Limits,
     take_buf: impl FnOnce() -> Vec<u8>,
+    allow_body: bool,
 ) -> Result<Option<(Request, usize)>, HttpError> {
     let headers_max = limits.headers_max.min(HEADERS_CAP);
     let mut slots = [httparse::EMPTY_HEADER; HEADERS_CAP];
@@ -422,6 +466,7 @@ fn parse_inner(
     let mut host_count = 0usize;
     let mut content_length: Option<u64> = None;
     let mut transfer_encoding = false;
+    let mut te_chunked_only = true;
     let mut conn_close = false;
     let mut conn_keep_alive = false;
     let mut if_none_match = Seen::default();
@@ -442,6 +487,8 @@ fn parse_inner(
             }
             content_length = Some(parse_content_length(value)?);
         } else if is("transfer-encoding") {
+            // Only one field, whose value is exactly `chunked`, is a body we can frame.
+            te_chunked_only &= !transfer_encoding && value.eq_ignore_ascii_case(b"chunked");
             transfer_encoding = true;
         } else if is("connection") {
             for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
@@ -468,7 +515,17 @@ fn parse_inner(
         ));
     }
     let has_body = transfer_encoding || content_length.is_some_and(|n| n > 0);
-    if has_body {
+    let body = if transfer_encoding && te_chunked_only {
+        BodyFraming::Chunked
+    } else if transfer_encoding {
+        BodyFraming::UnknownCoding
+    } else {
+        match content_length {
+            Some(n) if n > 0 => BodyFraming::Length(n),
+            _ => BodyFraming::None,
+        }
+    };
+    if has_body && !allow_body {
         return Err(match method {
             Method::Get | Method::Head => HttpError::BodyNotAllowed,
             Method::Other => HttpError::NotImplemented,
@@ -563,6 +620,7 @@ fn parse_inner(
         method,
         version_minor,
         keep_alive,
+        body,
         head_len: consumed as u32,
         method_raw: raw(method_raw.as_bytes()),
         target: raw(target.as_bytes()),

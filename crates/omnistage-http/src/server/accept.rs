@@ -91,6 +91,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 last_progress_ns: now,
                 last_active_ns: now,
                 requests: 0,
+                proxy: None,
             });
             let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
             let _ = ctx.send_after(&cs.stages.timer, timeout_ns, Tick::Deadline { key });

@@ -50,6 +50,7 @@ pub(super) fn on_boot(
                     }
                 }
             }
+            let proxy = super::upstream_pool::ProxyCore::new(&live.config, shared.workers);
             CORE.with(|c| {
                 *c.borrow_mut() = Some(CoreServer {
                     shared: shared.clone(),
@@ -66,6 +67,7 @@ pub(super) fn on_boot(
                     limits: Limits::default(),
                     files: HashMap::new(),
                     serve_scratch: ServeScratch::default(),
+                    proxy,
                     send: SendSched::for_config(&shared.live.read().expect("live lock")),
                     cache_used: 0,
                     cache_by_activity: HashMap::new(),

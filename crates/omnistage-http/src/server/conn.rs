@@ -15,7 +15,7 @@ use super::shared::ServerStats;
 use super::tenants::TenantRuntime;
 use super::work::Work;
 use crate::config::ClassSelector;
-use crate::request::{Method, ParseOutcome, Request};
+use crate::request::{BodyFraming, Method, ParseOutcome, Request};
 use crate::{request, response, HttpError};
 use omnistage::account::ActivityId;
 use omnistage::exec::{Ctx, IoEvent, IoHandle, SendError, SendOpts};
@@ -98,6 +98,8 @@ pub(super) struct Conn {
     pub(super) last_progress_ns: u64,
     pub(super) last_active_ns: u64,
     pub(super) requests: u64,
+    /// Its request is proxied to an upstream (boxed: most connections have none).
+    pub(super) proxy: Option<Box<super::proxy::Proxied>>,
 }
 
 /// Closes a connection and forgets it.
@@ -122,10 +124,13 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     if let Some(t) = c.tenant {
         t.open.fetch_sub(1, Ordering::AcqRel);
     }
+    if let Some(p) = c.proxy {
+        super::proxy::client_gone(ctx, cs, key, p);
+    }
 }
 
 /// Reads what the socket holds, up to the input limit. Returns false if the connection closed.
-fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
     let now = ctx.now_ns();
     let CoreServer { conns, scratch, .. } = &mut *cs;
@@ -336,7 +341,8 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     {
         return Step::Idle;
     }
-    let (request, consumed) = match request::parse_with(&c.inbuf, &limits, pool::take_buf) {
+    // Bodies are framed here and refused below where the route is not proxied.
+    let (request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf) {
         ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {
             pool::give_buf(std::mem::take(&mut c.inbuf));
@@ -365,9 +371,31 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     if stalled && !read_more(ctx, cs, key) {
         return Step::Closed;
     }
-    let keep = request.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
     let live = cs.live.clone();
-    let Some(t) = live.config.tenant_for(request.host(), local) else {
+    let tenant = live.config.tenant_for(request.host(), local);
+    let proxied = tenant.and_then(|t| live.config.tenants[t].upstream_for(request.target()));
+    if proxied.is_none() {
+        if let Some(e) = request.body_refusal() {
+            // A body where none is served: we cannot step over it, so answer and close (what
+            // the parser answers on a server without a proxy).
+            let c = cs.conn(key).expect("live");
+            pool::give_buf(std::mem::take(&mut c.inbuf));
+            c.closing = true;
+            let date = cs.date();
+            let c = cs.conn(key).expect("live");
+            c.out
+                .with_head(|b| response::error_response(b, e.status(), false, &date, &[]));
+            count_status(&cs.shared.stats, e.status());
+            recycle(request);
+            flush(ctx, cs, key);
+            return Step::Closed;
+        }
+    }
+    // Answered here with a body still unread, the stream is out of step: close after.
+    let keep = request.keep_alive
+        && request.body == BodyFraming::None
+        && !cs.shared.draining.load(Ordering::Relaxed);
+    let Some(t) = tenant else {
         // No tenant serves this Host here.
         let step = answer_status(ctx, cs, key, &request, 421, keep);
         recycle(request);
@@ -540,6 +568,22 @@ pub(super) fn finish(
     status: u16,
     bytes: u64,
 ) -> Step {
+    let (method, target, minor) = (req.method_raw(), req.target(), req.version_minor);
+    finish_logged(ctx, cs, key, method, target, minor, status, bytes)
+}
+
+/// [`finish`] for a request known by its method, target and version.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn finish_logged(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    method: &str,
+    target: &str,
+    version_minor: u8,
+    status: u16,
+    bytes: u64,
+) -> Step {
     count_status(&cs.shared.stats, status);
     if cs.shared.log.is_some() {
         if let Some(c) = cs.conn(key) {
@@ -550,9 +594,9 @@ pub(super) fn finish(
                 &mut cs.log,
                 peer,
                 SystemTime::now(),
-                req.method_raw(),
-                req.target(),
-                req.version_minor,
+                method,
+                target,
+                version_minor,
                 status,
                 bytes,
                 path,
@@ -589,6 +633,11 @@ pub(super) fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
             }
         }
         if flush(ctx, cs, key) {
+            if cs.conn(key).is_some_and(|c| c.proxy.is_some()) {
+                // Its request is proxied: move its body on, or the response once the client
+                // made room.
+                super::proxy::pump(ctx, cs, key);
+            }
             drive(ctx, cs, key);
         }
     });

@@ -30,6 +30,9 @@ pub(super) fn on_cont(ctx: &mut Ctx<'_>, Cont { key }: Cont) {
     with_core(|cs| {
         cs.refresh();
         if flush(ctx, cs, key) {
+            if cs.conn(key).is_some_and(|c| c.proxy.is_some()) {
+                super::proxy::pump(ctx, cs, key);
+            }
             drive(ctx, cs, key);
         }
     });

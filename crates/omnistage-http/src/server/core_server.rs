@@ -79,6 +79,8 @@ pub(super) struct CoreServer {
     pub(super) files: HashMap<(ActivityId, String), CachedFile>,
     /// Reused by every request served here: its file-cache key and decoding buffer.
     pub(super) serve_scratch: ServeScratch,
+    /// This core's upstreams and its connections to them.
+    pub(super) proxy: super::upstream_pool::ProxyCore,
     /// The send scheduler, when caps are configured; otherwise connections write directly.
     pub(super) send: Option<SendSched>,
     /// Bytes of file content cached on this core, and per activity.
@@ -112,6 +114,7 @@ impl CoreServer {
             self.cache_clear();
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
+            self.proxy.configure(&self.live.config, self.workers);
             match &mut self.send {
                 Some(ss) => ss.configure(&self.live, 0),
                 None => self.send = SendSched::for_config(&self.live),

@@ -23,12 +23,17 @@
 //!                requests) after it yielded; never refused
 //! http.disk ──── a disk read coming back from the disk stage's reader     disk.rs    (tenant)
 //!                threads
+//! http.proxy ─── a proxied request granted an upstream slot after it      proxy.rs   (tenant)
+//!                waited; proxy.rs also owns the proxied request's life
+//!                (slot, server choice, bytes both ways, 502/504)
+//! http.upstream  readiness of the connections to backend servers        upstream.rs (tenant)
 //! ```
 //!
 //! Shared state: `shared.rs` (server-wide state and counters), `tenants.rs` (the live
 //! configuration, tenants' activities and admission, reload), `core_server.rs` (the per-core
 //! state: connection table, listeners), `file_cache.rs` (the per-core open-file cache),
-//! `output.rs` (a connection's pending output), `pool.rs` (per-thread buffer pools).
+//! `output.rs` (a connection's pending output), `pool.rs` (per-thread buffer pools),
+//! `upstream_pool.rs` (per core: each upstream's slots, servers' health, idle connections).
 //!
 //! Output is a queue of segments written with `writev`, and with `sendfile` for large file
 //! bodies when the `sendfile` key is on (`output.rs`); the disk stage is a pool of reader
@@ -53,16 +58,20 @@ mod file_cache;
 mod fleet;
 mod output;
 mod pool;
+mod proxy;
 mod send;
 mod send_sched;
 mod shared;
 mod tenants;
 mod timer;
+mod upstream;
+mod upstream_pool;
 mod work;
 
 pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 pub use shared::{ServerOptions, ServerStats};
 pub use tenants::{FleetTenant, UpdateError};
+pub use upstream_pool::UpstreamTenantStats;
 pub use work::burn;
 
 use accept::{bind_reuseport, on_accept};
@@ -70,10 +79,12 @@ use boot::{on_boot, Boot};
 use conn::on_conn;
 use cont::{on_cont, Cont};
 use disk::{on_disk, DiskDone};
+use proxy::{on_proxy, ProxyGo};
 use send::{on_send, Pump};
 use shared::ServerShared;
 use tenants::{apply_tenants, Live};
 use timer::{on_tick, Tick};
+use upstream::on_upstream;
 use work::{calibrate_burn, on_work, Work};
 
 use crate::config::{AccessLog, Config};
@@ -101,6 +112,10 @@ struct Stages {
     /// Continuations of a connection (more body, more pipelined requests): a stage whose
     /// queues hold one per connection and never refuse, unlike `work`'s admission gates.
     cont: StageRef<Cont>,
+    /// Readiness of the connections to upstream servers.
+    upstream: StageRef<IoEvent>,
+    /// A proxied request granted a slot after it waited (never refuses, like `cont`).
+    proxy: StageRef<ProxyGo>,
 }
 
 /// A running server.
@@ -164,6 +179,7 @@ impl Server {
             listeners: Mutex::new(per_core),
             burn_iters_per_us: calibrate_burn(),
             draining: AtomicBool::new(false),
+            upstream_counters: Default::default(),
             log,
         });
         let mut b = Runtime::builder()
@@ -228,7 +244,28 @@ impl Server {
         let cont = b
             .stage::<Cont, _, _>("http.cont", cont_cfg, |_| on_cont)
             .map_err(|e| e.to_string())?;
+        let upstream = b
+            .stage::<IoEvent, _, _>(
+                "http.upstream",
+                StageConfig {
+                    batch_max: 4,
+                    ..Default::default()
+                },
+                |_| on_upstream,
+            )
+            .map_err(|e| e.to_string())?;
+        let proxy_cfg = StageConfig {
+            batch_max: 4,
+            // At most one message per waiting request, and those are bounded by connections.
+            queue_limit: omnistage::exec::QUEUE_LIMIT_MAX,
+            ..Default::default()
+        };
+        let proxy = b
+            .stage::<ProxyGo, _, _>("http.proxy", proxy_cfg, |_| on_proxy)
+            .map_err(|e| e.to_string())?;
         let stages = Stages {
+            upstream,
+            proxy,
             accept,
             conn,
             work,
@@ -281,6 +318,12 @@ impl Server {
     /// The stage that answers requests (its gates hold the tenants' admission control).
     pub fn work_stage(&self) -> StageId {
         self.work
+    }
+
+    /// Per upstream and tenant: requests in flight, queued and refused, slot-time and bytes
+    /// to and from the backends (all cores), sorted by upstream then tenant.
+    pub fn upstream_stats(&self) -> Vec<UpstreamTenantStats> {
+        upstream_pool::snapshot(&self.shared.upstream_counters)
     }
 
     /// Stops accepting, lets open connections finish for up to `grace`, writes out the access

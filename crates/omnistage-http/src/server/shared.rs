@@ -52,4 +52,6 @@ pub(super) struct ServerShared {
     pub(super) burn_iters_per_us: f64,
     pub(super) draining: AtomicBool,
     pub(super) log: Option<Mutex<Box<dyn Write + Send>>>,
+    /// Per (upstream, tenant): slots, queues, refusals, bytes (all cores).
+    pub(super) upstream_counters: super::upstream_pool::CounterTable,
 }

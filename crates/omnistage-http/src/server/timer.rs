@@ -9,7 +9,14 @@ use omnistage::exec::Ctx;
 use std::sync::atomic::Ordering;
 
 pub(super) enum Tick {
-    Deadline { key: u64 },
+    Deadline {
+        key: u64,
+    },
+    /// A proxied request's connect or response deadline (`seq` names the latest one armed).
+    Proxy {
+        key: u64,
+        seq: u64,
+    },
     LogFlush,
 }
 
@@ -21,6 +28,7 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 cs.flush_log();
                 let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
             }
+            Tick::Proxy { key, seq } => super::proxy::on_deadline(ctx, cs, key, seq),
             Tick::Deadline { key } => {
                 let now = ctx.now_ns();
                 let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
@@ -32,6 +40,9 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 let deadline = if sending {
                     // Bytes wait for the client: it must keep reading.
                     c.last_progress_ns + idle_ns
+                } else if c.proxy.as_ref().is_some_and(|p| !p.body_done) {
+                    // Sending a proxied request's body: it must keep sending.
+                    c.last_active_ns + idle_ns
                 } else if c.busy || c.body.is_some() {
                     // The server is working on it (a queued request, a disk read): look again.
                     now + idle_ns

@@ -116,6 +116,18 @@ fn serve_with(
     req: &Request,
     scratch: &mut ServeScratch,
 ) -> Step {
+    let live = cs.live.clone();
+    let tr = cs.conn(key).and_then(|c| c.tenant.clone());
+    let upstream = tr
+        .and_then(|tr| live.config.tenants.iter().find(|t| t.name == tr.name))
+        .and_then(|t| t.upstream_for(req.target()));
+    if let Some(u) = upstream {
+        return super::proxy::start(ctx, cs, key, req, u);
+    }
+    if let Some(e) = req.body_refusal() {
+        // Routed to a proxy when it was parsed, not now (a reload): the body cannot be read.
+        return answer_error(ctx, cs, key, req, &e, false);
+    }
     let keep = req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed);
     if req.method == Method::Other {
         // A body-less unknown method: the stream is still in step, so the connection may stay.

@@ -135,6 +135,42 @@ impl Shaper {
         self.refill(now_ns);
         self.balance -= i128::from(cost) * NS_PER_S;
     }
+
+    /// Whole units in the bucket at `now_ns` (0 while in debt): what a caller that knows its cost
+    /// in advance may take without going into debt.
+    pub fn available(&mut self, now_ns: u64) -> u64 {
+        self.refill(now_ns);
+        u64::try_from(self.balance.max(0) / NS_PER_S).unwrap_or(u64::MAX)
+    }
+
+    /// Gives back `units` charged in advance but not spent (a transfer that moved fewer bytes than
+    /// it reserved). The balance never rises above the bucket's depth.
+    pub fn refund(&mut self, units: u64, now_ns: u64) {
+        self.refill(now_ns);
+        self.balance = (self.balance + i128::from(units) * NS_PER_S).min(self.depth());
+    }
+
+    /// The running state `(balance in unit-ns, time of the last refill)`, for a caller that keeps
+    /// the bucket outside this struct (in memory shared between processes) and rebuilds it with
+    /// [`Shaper::from_state`].
+    pub fn state(&self) -> (i128, u64) {
+        (self.balance, self.last_ns)
+    }
+
+    /// A bucket rebuilt from [`Shaper::state`]. The spec is validated; the balance is clamped to
+    /// the bucket's depth (state from another process is not trusted to be in range).
+    pub fn from_state(spec: ShaperSpec, balance: i128, last_ns: u64) -> Result<Self, String> {
+        spec.validate()?;
+        let mut s = Shaper {
+            spec,
+            balance: 0,
+            last_ns,
+        };
+        // A debt deeper than an hour at the rate is not a state any caller produces.
+        let floor = -i128::from(spec.rate_per_s) * 3600 * NS_PER_S;
+        s.balance = balance.clamp(floor, s.depth());
+        Ok(s)
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +201,30 @@ mod tests {
         assert_eq!(s.eligible_at(10_000_000_000), 10_000_000_000);
         s.charge(1, 10_000_000_000);
         assert!(s.eligible_at(10_000_000_000) > 10_000_000_000);
+    }
+
+    #[test]
+    fn available_refund_and_state_round_trip() {
+        let mut s = Shaper::new(ShaperSpec::token(1000, 100), 0);
+        assert_eq!(s.available(0), 100);
+        s.charge(60, 0);
+        assert_eq!(s.available(0), 40);
+        // 5 ms at 1000/s earns 5 units.
+        assert_eq!(s.available(5_000_000), 45);
+        s.refund(30, 5_000_000);
+        assert_eq!(s.available(5_000_000), 75);
+        // A refund never fills beyond the depth.
+        s.refund(1000, 5_000_000);
+        assert_eq!(s.available(5_000_000), 100);
+        s.charge(150, 5_000_000);
+        assert_eq!(s.available(5_000_000), 0);
+        let (balance, last) = s.state();
+        let mut t = Shaper::from_state(s.spec(), balance, last).unwrap();
+        assert_eq!(t.eligible_at(5_000_000), s.eligible_at(5_000_000));
+        // Out-of-range state is clamped, an invalid spec refused.
+        let mut u = Shaper::from_state(s.spec(), i128::MAX, 0).unwrap();
+        assert_eq!(u.available(0), 100);
+        assert!(Shaper::from_state(ShaperSpec::token(0, 1), 0, 0).is_err());
     }
 
     #[test]

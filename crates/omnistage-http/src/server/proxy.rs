@@ -1,0 +1,970 @@
+//! `http.proxy`: a proxied request's life on the client's side, in its tenant's activity.
+//!
+//! A request whose tenant routes it to an `[[upstream]]` comes from `http.work` (so it passed
+//! the tenant's admission gate) to [`start`]: it takes one of the upstream's slots on this core
+//! or waits for one in its tenant's queue ([`FairSlots`](crate::fair_slots::FairSlots): freed
+//! slots go to tenants by weight); a refused one is answered 503 with `Retry-After`. A granted
+//! waiter is resumed by a [`ProxyGo`] message to this stage, sent in its own tenant's activity
+//! (the tenant releasing the slot does not pay for it). [`dispatch`] picks a server (least in
+//! flight, skipping those backing off), takes an idle keep-alive connection to it or opens one
+//! (on this worker's poller, stage `http.upstream`), and [`pump`] moves bytes both ways under a
+//! credit window: at most [`WINDOW_BYTES`] of request body wait for the backend and at most as
+//! many of response wait for the client, whatever the bodies' sizes; a full window stops
+//! reading that side (TCP flow control then holds the sender).
+//!
+//! Failures: unreachable (refused, connect timeout) → the next server, else 502 at once; an
+//! invalid or oversized response head → 502, that upstream connection closed; no head within
+//! `response_timeout_ms` → 504; the upstream closing mid-body → the client's connection is
+//! closed (its framing shows the body incomplete). A request retried on another connection
+//! never lost body bytes: only requests none of whose body was sent are retried.
+
+use super::conn::{
+    answer_error, answer_status, drive, finish_logged, flush, read_more, Conn, Step,
+};
+use super::core_server::{with_core, CoreServer};
+use super::output::Output;
+use super::timer::Tick;
+use super::upstream_pool::{UpConn, UpState, UpstreamCounters};
+use crate::proxy::{
+    parse_response_head, write_client_head, write_upstream_head, ChunkedDecoder, HeadOutcome,
+    ResponseFraming,
+};
+use crate::request::{BodyFraming, Method, Request};
+use crate::{response, HttpError};
+use omnistage::account::ActivityId;
+use omnistage::activity::INFRA;
+use omnistage::exec::{Ctx, SendOpts};
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The credit window of each direction of a proxied request, bytes.
+pub(super) const WINDOW_BYTES: usize = 64 * 1024;
+/// Most requests of one tenant waiting for one upstream's slots on one core.
+const QUEUE_PER_TENANT_MAX: usize = 1024;
+/// Most rounds of [`pump`] per call (each moves up to a window each way), so a fast pair of
+/// sockets cannot hold the worker; the next readiness event goes on.
+const PUMP_ROUNDS_MAX: usize = 16;
+
+/// Resume a request that was granted a slot while it waited.
+pub(super) struct ProxyGo {
+    pub(super) key: u64,
+}
+
+/// Where a proxied request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// In its tenant's queue for a slot.
+    Waiting,
+    /// Holds a slot; a [`ProxyGo`] is on its way (or a retry is about to dispatch).
+    Granted,
+    /// On the upstream connection `up`.
+    Active { up: u64 },
+}
+
+/// The response as it comes from the upstream.
+struct Resp {
+    status: u16,
+    framing: ResponseFraming,
+    /// Bytes of a `Length` body still to come.
+    left: u64,
+    chunks: ChunkedDecoder,
+    /// The chunked body goes to the client as it is (an HTTP/1.1 client); else it is
+    /// de-chunked and the end is the connection's close.
+    chunked_to_client: bool,
+    upstream_keep_alive: bool,
+}
+
+/// A connection's proxied request.
+pub(super) struct Proxied {
+    /// Index into the core's upstreams.
+    upstream: usize,
+    server: usize,
+    activity: ActivityId,
+    counters: Arc<UpstreamCounters>,
+    pub(super) phase: Phase,
+    /// The request head for the backend (kept until a response head arrives, for a retry).
+    head: Vec<u8>,
+    body: BodyFraming,
+    /// Bytes of a `Length` body still to forward.
+    body_left: u64,
+    body_chunks: ChunkedDecoder,
+    /// Bytes of body taken from the client so far.
+    body_forwarded: u64,
+    pub(super) body_done: bool,
+    expect_continue: bool,
+    is_head: bool,
+    client_minor: u8,
+    client_keep: bool,
+    resp: Option<Resp>,
+    granted_ns: u64,
+    attempts: usize,
+    /// Names the latest deadline armed; older ones are stale.
+    deadline_seq: u64,
+    /// Method and target, for the access log (only when it is on).
+    log: Option<(String, String)>,
+    response_bytes: u64,
+}
+
+/// Starts a proxied request (from `http.work`): checks its body, then takes a slot or queues.
+pub(super) fn start(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    req: &Request,
+    upstream_in_config: usize,
+) -> Step {
+    match req.body {
+        BodyFraming::UnknownCoding => {
+            return answer_error(ctx, cs, key, req, &HttpError::NotImplemented, false)
+        }
+        BodyFraming::Length(n) if n > cs.live.config.server.body_bytes_max => {
+            return answer_error(ctx, cs, key, req, &HttpError::PayloadTooLarge, false)
+        }
+        _ => {}
+    }
+    let now = ctx.now_ns();
+    let Some(&up_i) = cs.proxy.by_config.get(upstream_in_config) else {
+        return answer_status(ctx, cs, key, req, 502, false);
+    };
+    let live = cs.live.clone();
+    let Some(c) = cs.conn(key) else {
+        return Step::Closed;
+    };
+    let Some(tr) = c.tenant.clone() else {
+        return Step::Closed;
+    };
+    let peer = c.peer.ip();
+    let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
+        return answer_status(ctx, cs, key, req, 421, false);
+    };
+    let mut head = Vec::with_capacity(256 + req.head().len());
+    write_upstream_head(&mut head, req, peer, "http");
+    let counters =
+        cs.proxy.upstreams[up_i].counters(&cs.shared.upstream_counters, tr.activity, &tr.name);
+    let body_left = match req.body {
+        BodyFraming::Length(n) => n,
+        _ => 0,
+    };
+    let p = Proxied {
+        upstream: up_i,
+        server: 0,
+        activity: tr.activity,
+        counters: counters.clone(),
+        phase: Phase::Waiting,
+        head,
+        body: req.body,
+        body_left,
+        body_chunks: ChunkedDecoder::default(),
+        body_forwarded: 0,
+        body_done: req.body == BodyFraming::None,
+        expect_continue: req
+            .header("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue")),
+        is_head: req.method == Method::Head,
+        client_minor: req.version_minor,
+        client_keep: req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed),
+        resp: None,
+        granted_ns: now,
+        attempts: 0,
+        deadline_seq: 0,
+        log: cs
+            .shared
+            .log
+            .is_some()
+            .then(|| (req.method_raw().to_string(), req.target().to_string())),
+        response_bytes: 0,
+    };
+    let wait_max_ns = tenant.p90_target.map(|d| d.as_nanos() as u64);
+    let outcome = cs.proxy.upstreams[up_i].slots.acquire(
+        tr.activity,
+        tenant.weight,
+        key,
+        QUEUE_PER_TENANT_MAX,
+        wait_max_ns,
+        now,
+    );
+    match outcome {
+        crate::fair_slots::Acquire::Refused => {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            // With a body still unread the stream is out of step: close after the answer.
+            let keep = req.keep_alive && req.body == BodyFraming::None;
+            answer_status(ctx, cs, key, req, 503, keep)
+        }
+        crate::fair_slots::Acquire::Queued => {
+            counters.queued.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = cs.conn(key) {
+                c.proxy = Some(Box::new(p));
+            }
+            Step::Idle
+        }
+        crate::fair_slots::Acquire::Granted => {
+            counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = cs.conn(key) {
+                let mut p = p;
+                p.phase = Phase::Granted;
+                c.proxy = Some(Box::new(p));
+            }
+            dispatch(ctx, cs, key);
+            Step::Idle
+        }
+    }
+}
+
+/// `http.proxy`: a waiter was granted a slot.
+pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key }: ProxyGo) {
+    with_core(|cs| {
+        cs.refresh();
+        if cs
+            .conn(key)
+            .and_then(|c| c.proxy.as_ref())
+            .is_some_and(|p| p.phase == Phase::Granted)
+        {
+            dispatch(ctx, cs, key);
+        }
+    });
+}
+
+/// Gives a slot back and hands it to the next waiter, who resumes in its own activity.
+fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
+    let now = ctx.now_ns();
+    let held = now.saturating_sub(p.granted_ns);
+    p.counters.slot_ns.fetch_add(held, Ordering::Relaxed);
+    p.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let mut next = cs.proxy.upstreams[p.upstream]
+        .slots
+        .release(p.activity, held, now);
+    // Bounded: each round grants a slot to a waiter or ends.
+    while let Some((tenant, waiter)) = next {
+        let proxy_stage = cs.stages.proxy;
+        let granted = match cs.conn(waiter).and_then(|c| c.proxy.as_mut()) {
+            Some(w) if w.phase == Phase::Waiting => {
+                w.phase = Phase::Granted;
+                w.granted_ns = now;
+                w.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                w.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+                w.counters.requests.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        };
+        let sent = granted
+            && ctx
+                .send_with(
+                    &proxy_stage,
+                    SendOpts {
+                        activity: Some(tenant),
+                        ..Default::default()
+                    },
+                    ProxyGo { key: waiter },
+                )
+                .is_ok();
+        if sent {
+            return;
+        }
+        if granted {
+            // The message was refused (cannot be: the stage never refuses): answer 502
+            // rather than leave the request holding a slot.
+            fail(ctx, cs, waiter, 502);
+            return;
+        }
+        next = cs.proxy.upstreams[p.upstream].slots.release(tenant, 0, now);
+    }
+}
+
+/// Sends the request to a server of its upstream (it holds a slot).
+fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let now = ctx.now_ns();
+    let (up_i, activity, head, attempts) = match cs.conn(key).and_then(|c| c.proxy.as_mut()) {
+        Some(p) => {
+            p.attempts += 1;
+            (p.upstream, p.activity, p.head.clone(), p.attempts)
+        }
+        None => return,
+    };
+    let upc = &mut cs.proxy.upstreams[up_i];
+    let Some(server) = upc.choose(now) else {
+        fail(ctx, cs, key, 502);
+        return;
+    };
+    let addr = upc.servers[server].addr;
+    let idle_pos = upc.idle.iter().rposition(|&k| {
+        cs.proxy.conns[(k & 0xFFFF_FFFF) as usize]
+            .as_ref()
+            .is_some_and(|u| u.addr == addr)
+    });
+    let upstream_stage = cs.stages.upstream;
+    let ukey = match idle_pos {
+        Some(pos) => {
+            let ukey = cs.proxy.upstreams[up_i].idle.remove(pos);
+            let Some(u) = cs.proxy.conn(ukey) else {
+                fail(ctx, cs, key, 502);
+                return;
+            };
+            u.state = UpState::Busy;
+            u.client = key;
+            u.reused = true;
+            u.server = server;
+            u.out = head;
+            u.out_pos = 0;
+            let _ = ctx.io_set_activity(u.handle, activity);
+            ukey
+        }
+        None => {
+            let mut stream = match mio::net::TcpStream::connect(addr) {
+                Ok(s) => s,
+                Err(_) => {
+                    cs.proxy.upstreams[up_i].failed(server, now);
+                    retry_or_fail(ctx, cs, key, 502);
+                    return;
+                }
+            };
+            let (slot, generation) = cs.proxy.reserve();
+            let ukey = super::core_server::key_of(slot, generation);
+            let interest = mio::Interest::READABLE | mio::Interest::WRITABLE;
+            let handle = match ctx.io_register(&mut stream, interest, &upstream_stage, ukey) {
+                Ok(h) => h,
+                Err(_) => {
+                    cs.proxy.free.push(slot);
+                    fail(ctx, cs, key, 502);
+                    return;
+                }
+            };
+            cs.proxy.conns[slot as usize] = Some(UpConn {
+                stream,
+                addr,
+                handle,
+                generation,
+                upstream: up_i,
+                server,
+                state: UpState::Connecting,
+                client: key,
+                reused: false,
+                inbuf: Vec::new(),
+                out: head,
+                out_pos: 0,
+            });
+            ukey
+        }
+    };
+    cs.proxy.upstreams[up_i].servers[server].in_flight += 1;
+    let connecting = cs
+        .proxy
+        .conn(ukey)
+        .is_some_and(|u| u.state == UpState::Connecting);
+    let cfg = cs.proxy.upstreams[up_i].config.clone();
+    let Some(c) = cs.conn(key) else { return };
+    let Some(p) = c.proxy.as_mut() else { return };
+    p.phase = Phase::Active { up: ukey };
+    p.server = server;
+    let send_continue = attempts == 1
+        && p.expect_continue
+        && p.client_minor == 1
+        && !p.body_done
+        && c.inbuf.is_empty();
+    if send_continue {
+        // The client waits for this before it sends its body (RFC 9110 §10.1.1); `Expect`
+        // itself is not forwarded.
+        c.out
+            .with_head(|b| b.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n"));
+    }
+    let timeout = if connecting {
+        cfg.connect_timeout
+    } else {
+        cfg.response_timeout
+    };
+    arm(ctx, cs, key, timeout.as_nanos() as u64);
+    if !connecting {
+        pump(ctx, cs, key);
+    } else if send_continue {
+        flush(ctx, cs, key);
+    }
+}
+
+/// Arms the request's deadline `ns` from now (a new one makes the older ones stale).
+fn arm(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, ns: u64) {
+    let timer = cs.stages.timer;
+    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) else {
+        return;
+    };
+    p.deadline_seq += 1;
+    let seq = p.deadline_seq;
+    let _ = ctx.send_after(&timer, ns, Tick::Proxy { key, seq });
+}
+
+/// A proxied request's deadline fired: a connect that did not finish, or a head that did not
+/// come.
+pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, seq: u64) {
+    let now = ctx.now_ns();
+    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_ref()) else {
+        return;
+    };
+    if p.deadline_seq != seq || p.resp.is_some() {
+        return;
+    }
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
+    let (up_i, server) = (p.upstream, p.server);
+    let connecting = cs
+        .proxy
+        .conn(up)
+        .is_some_and(|u| u.state == UpState::Connecting);
+    drop_upstream(ctx, cs, key, false);
+    if connecting {
+        cs.proxy.upstreams[up_i].failed(server, now);
+        retry_or_fail(ctx, cs, key, 502);
+    } else {
+        fail(ctx, cs, key, 504);
+    }
+}
+
+/// The request's upstream connection is connected: the response deadline starts, the request
+/// goes out.
+pub(super) fn on_connected(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let Some(up_i) = cs
+        .conn(key)
+        .and_then(|c| c.proxy.as_ref())
+        .map(|p| p.upstream)
+    else {
+        return;
+    };
+    let timeout = cs.proxy.upstreams[up_i].config.response_timeout;
+    arm(ctx, cs, key, timeout.as_nanos() as u64);
+    pump(ctx, cs, key);
+}
+
+/// The request's upstream connection could not connect: the server backs off, the request
+/// goes to another one or is answered 502.
+pub(super) fn on_connect_failed(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let now = ctx.now_ns();
+    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_ref()) else {
+        return;
+    };
+    let (up_i, server) = (p.upstream, p.server);
+    drop_upstream(ctx, cs, key, false);
+    cs.proxy.upstreams[up_i].failed(server, now);
+    retry_or_fail(ctx, cs, key, 502);
+}
+
+/// Closes the request's upstream connection (or pools it, with `reuse`) and counts it out of
+/// its server.
+fn drop_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, reuse: bool) {
+    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) else {
+        return;
+    };
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
+    p.phase = Phase::Granted;
+    let (up_i, server) = (p.upstream, p.server);
+    let draining = cs.shared.draining.load(Ordering::Relaxed);
+    let upc = &mut cs.proxy.upstreams[up_i];
+    if let Some(s) = upc.servers.get_mut(server) {
+        s.in_flight = s.in_flight.saturating_sub(1);
+    }
+    let idle_max = upc.config.idle_connections_max;
+    let pool = reuse && !draining && upc.idle.len() < idle_max;
+    if pool {
+        if let Some(u) = cs.proxy.conn(up) {
+            u.state = UpState::Idle;
+            u.client = 0;
+            u.out.clear();
+            u.out_pos = 0;
+            let _ = ctx.io_set_activity(u.handle, INFRA);
+            cs.proxy.upstreams[up_i].idle.push(up);
+            return;
+        }
+    }
+    close_upstream(ctx, cs, up);
+}
+
+/// Closes an upstream connection and forgets it (and takes it out of an idle list).
+pub(super) fn close_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, up: u64) {
+    let Some(mut u) = cs.proxy.take(up) else {
+        return;
+    };
+    let _ = ctx.io_deregister(u.handle, &mut u.stream);
+    if u.state == UpState::Idle {
+        if let Some(upc) = cs.proxy.upstreams.get_mut(u.upstream) {
+            upc.idle.retain(|&k| k != up);
+        }
+    }
+}
+
+/// A failure before the response head: another server, if the request can go again (none of
+/// its body was sent and servers are left to try), else `status`.
+fn retry_or_fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) {
+    let Some((up_i, again)) = cs
+        .conn(key)
+        .and_then(|c| c.proxy.as_ref())
+        .map(|p| {
+            (
+                p.upstream,
+                p.body_forwarded == 0 && p.resp.is_none(),
+                p.attempts,
+            )
+        })
+        .map(|(u, ok, attempts)| (u, (ok, attempts)))
+    else {
+        return;
+    };
+    let servers = cs.proxy.upstreams[up_i].servers.len();
+    if again.0 && again.1 <= servers {
+        dispatch(ctx, cs, key);
+    } else {
+        fail(ctx, cs, key, status);
+    }
+}
+
+/// Ends a proxied request that failed: `status` if the client has no response head yet, else
+/// the client's connection closes (its response cannot be completed).
+pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) {
+    drop_upstream(ctx, cs, key, false);
+    let Some(c) = cs.conn(key) else { return };
+    let Some(p) = c.proxy.take() else { return };
+    match status {
+        504 => p.counters.errors_504.fetch_add(1, Ordering::Relaxed),
+        502 => p.counters.errors_502.fetch_add(1, Ordering::Relaxed),
+        _ => 0,
+    };
+    if p.phase != Phase::Waiting {
+        release_slot(ctx, cs, &p);
+    }
+    let Some(c) = cs.conn(key) else { return };
+    if p.resp.is_some() {
+        // Part of the response went out: the client must see it cut, never complete (its
+        // length or chunked framing says so when the connection closes after it).
+        c.closing = true;
+        c.busy = false;
+        flush(ctx, cs, key);
+        return;
+    }
+    let keep = p.client_keep && p.body_done;
+    let date = cs.date();
+    let Some(c) = cs.conn(key) else { return };
+    let head_only = p.is_head;
+    c.out.with_head(|b| {
+        let body_start = response::error_response(b, status, keep, &date, &[]);
+        if head_only {
+            b.truncate(body_start);
+        }
+    });
+    c.closing |= !keep;
+    let (method, target) = p
+        .log
+        .as_ref()
+        .map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
+    if let Step::Answered = finish_logged(ctx, cs, key, method, target, p.client_minor, status, 0) {
+        drive(ctx, cs, key);
+    }
+}
+
+/// The client's connection closed (or was closed) while its request was proxied.
+pub(super) fn client_gone(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, p: Box<Proxied>) {
+    match p.phase {
+        Phase::Waiting => {
+            if cs.proxy.upstreams[p.upstream]
+                .slots
+                .withdraw(p.activity, &key)
+            {
+                p.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        Phase::Granted => release_slot(ctx, cs, &p),
+        Phase::Active { up } => {
+            if let Some(s) = cs.proxy.upstreams[p.upstream].servers.get_mut(p.server) {
+                s.in_flight = s.in_flight.saturating_sub(1);
+            }
+            close_upstream(ctx, cs, up);
+            release_slot(ctx, cs, &p);
+        }
+    }
+}
+
+/// The response is complete: the upstream connection goes back to the pool (if it may carry
+/// another request), the slot to the next waiter, and the client on to its next request.
+fn complete(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_ref()) else {
+        return;
+    };
+    let Phase::Active { up } = p.phase else {
+        return;
+    };
+    let resp = p.resp.as_ref().expect("complete after the head");
+    let reusable = resp.upstream_keep_alive
+        && p.body_done
+        && cs
+            .proxy
+            .conn(up)
+            .is_some_and(|u| u.inbuf.is_empty() && u.out_pos == u.out.len());
+    drop_upstream(ctx, cs, key, reusable);
+    let Some(c) = cs.conn(key) else { return };
+    let Some(p) = c.proxy.take() else { return };
+    let resp = p.resp.as_ref().expect("complete after the head");
+    let keep = p.client_keep
+        && p.body_done
+        && match resp.framing {
+            ResponseFraming::UntilClose => false,
+            ResponseFraming::Chunked => resp.chunked_to_client,
+            _ => true,
+        };
+    c.closing |= !keep;
+    release_slot(ctx, cs, &p);
+    let (method, target) = p
+        .log
+        .as_ref()
+        .map_or(("", ""), |(m, t)| (m.as_str(), t.as_str()));
+    if let Step::Answered = finish_logged(
+        ctx,
+        cs,
+        key,
+        method,
+        target,
+        p.client_minor,
+        resp.status,
+        p.response_bytes,
+    ) {
+        drive(ctx, cs, key);
+    }
+}
+
+/// What one round of [`pump`] did.
+#[derive(Default)]
+struct Moved {
+    progress: bool,
+    /// The request is over (completed, failed, or the client is gone).
+    ended: bool,
+}
+
+/// Moves bytes both ways for a proxied request: request body from the client to the backend,
+/// the request to the backend's socket, the response from the backend to the client. Called
+/// on any readiness of either side.
+pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    for _ in 0..PUMP_ROUNDS_MAX {
+        let m = pump_once(ctx, cs, key);
+        if m.ended || !m.progress {
+            return;
+        }
+    }
+}
+
+fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
+    let mut m = Moved::default();
+    let body_max = cs.live.config.server.body_bytes_max;
+    let head_max = cs.limits.header_bytes_max;
+    let now = ctx.now_ns();
+    let CoreServer {
+        conns,
+        proxy,
+        scratch,
+        ..
+    } = &mut *cs;
+    let Some(c) = conns
+        .get_mut((key & 0xFFFF_FFFF) as usize)
+        .and_then(Option::as_mut)
+        .filter(|c| key_matches(c, key))
+    else {
+        m.ended = true;
+        return m;
+    };
+    let Some(p) = c.proxy.as_mut() else {
+        m.ended = true;
+        return m;
+    };
+    let Phase::Active { up } = p.phase else {
+        m.ended = true;
+        return m;
+    };
+    let Some(u) = proxy.conn(up) else {
+        m.ended = true;
+        return m;
+    };
+    // 1. Request body: client input → the upstream's output, within the window.
+    let mut bad_body = false;
+    while !p.body_done && !c.inbuf.is_empty() && u.out.len() - u.out_pos < WINDOW_BYTES {
+        let room = WINDOW_BYTES - (u.out.len() - u.out_pos);
+        match p.body {
+            BodyFraming::Length(_) => {
+                let n = (p.body_left as usize).min(c.inbuf.len()).min(room);
+                u.out.extend_from_slice(&c.inbuf[..n]);
+                c.inbuf.drain(..n);
+                p.body_left -= n as u64;
+                p.body_forwarded += n as u64;
+                p.body_done = p.body_left == 0;
+                m.progress |= n > 0;
+            }
+            BodyFraming::Chunked => {
+                let avail = c.inbuf.len().min(room);
+                match p.body_chunks.step(&c.inbuf[..avail]) {
+                    Ok(s) => {
+                        if s.consumed == 0 && !s.done {
+                            break;
+                        }
+                        p.body_forwarded += s.data.len() as u64;
+                        if p.body_forwarded > body_max {
+                            bad_body = true;
+                            break;
+                        }
+                        u.out.extend_from_slice(&c.inbuf[..s.consumed]);
+                        c.inbuf.drain(..s.consumed);
+                        p.body_done = s.done;
+                        m.progress = true;
+                    }
+                    Err(_) => {
+                        bad_body = true;
+                        break;
+                    }
+                }
+            }
+            BodyFraming::None | BodyFraming::UnknownCoding => p.body_done = true,
+        }
+        c.last_active_ns = now;
+    }
+    if c.inbuf.is_empty() && c.inbuf.capacity() > 0 {
+        super::pool::give_buf(std::mem::take(&mut c.inbuf));
+    }
+    let stalled = c.read_stalled && !p.body_done;
+    // 2. The request to the backend.
+    let mut up_failed = false;
+    if u.state == UpState::Busy {
+        while u.out_pos < u.out.len() {
+            match u.stream.write(&u.out[u.out_pos..]) {
+                Ok(0) => {
+                    up_failed = true;
+                    break;
+                }
+                Ok(n) => {
+                    u.out_pos += n;
+                    p.counters
+                        .bytes_to_backend
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    ctx.record_bytes_out(p.activity, n as u64);
+                    m.progress = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    up_failed = true;
+                    break;
+                }
+            }
+        }
+        if u.out_pos == u.out.len() && !u.out.is_empty() {
+            u.out.clear();
+            u.out_pos = 0;
+        }
+    }
+    // 3. The response, within the window.
+    let mut eof = false;
+    let mut fwd = Fwd::default();
+    if u.state == UpState::Busy && !up_failed {
+        // Bounded: each round reads (up to a scratch buffer) or ends; the window bounds the
+        // rounds that read.
+        loop {
+            let f = forward(&mut c.out, p, u, head_max);
+            fwd.invalid |= f.invalid;
+            fwd.done |= f.done;
+            fwd.head_seen |= f.head_seen;
+            if fwd.invalid || fwd.done || eof || c.out.pending() >= WINDOW_BYTES {
+                break;
+            }
+            if u.inbuf.len() >= head_max + scratch.len() {
+                // Only a head still partial can be this long; `forward` refuses it.
+                break;
+            }
+            match u.stream.read(scratch) {
+                Ok(0) => eof = true,
+                Ok(n) => {
+                    u.inbuf.extend_from_slice(&scratch[..n]);
+                    p.counters
+                        .bytes_from_backend
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    ctx.record_bytes_in(p.activity, n as u64);
+                    m.progress = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => eof = true,
+            }
+        }
+    }
+    let (invalid, done, head_seen) = (fwd.invalid, fwd.done, fwd.head_seen);
+    let until_close = p
+        .resp
+        .as_ref()
+        .is_some_and(|r| r.framing == ResponseFraming::UntilClose);
+    let resp_seen = p.resp.is_some();
+    let reused_fresh = u.reused && !resp_seen && u.inbuf.is_empty() && p.body_forwarded == 0;
+    let up_i = p.upstream;
+    let server = p.server;
+    c.last_progress_ns = now;
+    if head_seen {
+        proxy.upstreams[up_i].succeeded(server);
+    }
+    if bad_body {
+        // A chunked body that is malformed or over body_bytes_max: the stream is lost.
+        m.ended = true;
+        fail(ctx, cs, key, if resp_seen { 502 } else { 400 });
+        return m;
+    }
+    if invalid {
+        m.ended = true;
+        fail(ctx, cs, key, 502);
+        return m;
+    }
+    if done {
+        m.ended = true;
+        complete(ctx, cs, key);
+        return m;
+    }
+    if up_failed || eof {
+        m.ended = true;
+        if until_close && eof {
+            complete(ctx, cs, key);
+        } else if reused_fresh {
+            // A pooled connection the server had closed: once more on a new one.
+            drop_upstream(ctx, cs, key, false);
+            if let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) {
+                p.attempts = p.attempts.saturating_sub(1);
+            }
+            retry_or_fail(ctx, cs, key, 502);
+        } else if !resp_seen {
+            proxy_failed_server(cs, up_i, server, now);
+            fail(ctx, cs, key, 502);
+        } else {
+            // Closed mid-body: the client's connection closes after what it was sent.
+            fail(ctx, cs, key, 502);
+        }
+        return m;
+    }
+    if stalled && !read_more(ctx, cs, key) {
+        m.ended = true;
+        return m;
+    }
+    if !flush(ctx, cs, key) {
+        m.ended = true;
+    }
+    m
+}
+
+fn proxy_failed_server(cs: &mut CoreServer, up_i: usize, server: usize, now: u64) {
+    cs.proxy.upstreams[up_i].failed(server, now);
+}
+
+fn key_matches(c: &Conn, key: u64) -> bool {
+    c.generation == (key >> 32) as u32
+}
+
+/// What [`forward`] did.
+#[derive(Default)]
+struct Fwd {
+    invalid: bool,
+    done: bool,
+    head_seen: bool,
+}
+
+/// Forwards what the upstream's buffer holds to the client's output: the response head (once
+/// whole), then body bytes as its framing allows.
+fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -> Fwd {
+    let mut f = Fwd::default();
+    // Bounded: each round consumes bytes of the buffer or ends.
+    loop {
+        let Some(r) = p.resp.as_mut() else {
+            match parse_response_head(&u.inbuf, head_max, p.is_head) {
+                HeadOutcome::Partial => return f,
+                HeadOutcome::Invalid(_) => {
+                    f.invalid = true;
+                    return f;
+                }
+                HeadOutcome::Complete(h) if h.status < 200 => {
+                    // Interim (100, 103): not forwarded.
+                    u.inbuf.drain(..h.head_len);
+                    continue;
+                }
+                HeadOutcome::Complete(h) => {
+                    let chunked_to_client =
+                        h.framing == ResponseFraming::Chunked && p.client_minor == 1;
+                    let keep = p.client_keep
+                        && p.body_done
+                        && match h.framing {
+                            ResponseFraming::UntilClose => false,
+                            ResponseFraming::Chunked => chunked_to_client,
+                            _ => true,
+                        };
+                    let minor = p.client_minor;
+                    let raw = &u.inbuf[..h.head_len];
+                    out.with_head(|b| write_client_head(b, raw, chunked_to_client, keep, minor));
+                    u.inbuf.drain(..h.head_len);
+                    p.resp = Some(Resp {
+                        status: h.status,
+                        framing: h.framing,
+                        left: match h.framing {
+                            ResponseFraming::Length(n) => n,
+                            _ => 0,
+                        },
+                        chunks: ChunkedDecoder::default(),
+                        chunked_to_client,
+                        upstream_keep_alive: h.keep_alive,
+                    });
+                    p.head = Vec::new();
+                    f.head_seen = true;
+                    if h.framing == ResponseFraming::None || h.framing == ResponseFraming::Length(0)
+                    {
+                        f.done = true;
+                        return f;
+                    }
+                    continue;
+                }
+            }
+        };
+        if u.inbuf.is_empty() {
+            return f;
+        }
+        match r.framing {
+            ResponseFraming::None => {
+                f.done = true;
+                return f;
+            }
+            ResponseFraming::Length(_) => {
+                let n = (r.left as usize).min(u.inbuf.len());
+                out.with_head(|b| b.extend_from_slice(&u.inbuf[..n]));
+                u.inbuf.drain(..n);
+                r.left -= n as u64;
+                p.response_bytes += n as u64;
+                f.done = r.left == 0;
+                return f;
+            }
+            ResponseFraming::UntilClose => {
+                p.response_bytes += u.inbuf.len() as u64;
+                out.with_head(|b| b.extend_from_slice(&u.inbuf));
+                u.inbuf.clear();
+                return f;
+            }
+            ResponseFraming::Chunked => match r.chunks.step(&u.inbuf) {
+                Ok(s) => {
+                    if s.consumed == 0 && !s.done {
+                        return f;
+                    }
+                    let to_client = if r.chunked_to_client {
+                        0..s.consumed
+                    } else {
+                        s.data.clone()
+                    };
+                    out.with_head(|b| b.extend_from_slice(&u.inbuf[to_client]));
+                    p.response_bytes += s.data.len() as u64;
+                    u.inbuf.drain(..s.consumed);
+                    if s.done {
+                        f.done = true;
+                        return f;
+                    }
+                }
+                Err(_) => {
+                    f.invalid = true;
+                    return f;
+                }
+            },
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! Test helper for the preload library (run under it by `tests/semantics.rs`): makes one
+//! scenario's calls on real descriptors and prints `label result errno` per call, plus the bytes
+//! it got where that matters. Not part of the library; its `unsafe` is plain libc use.
+
+use libc::{c_int, c_void};
+use std::ffi::CString;
+
+fn out(label: &str, r: isize) {
+    let e = if r < 0 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    } else {
+        0
+    };
+    println!("{label} {r} {e}");
+}
+
+fn tcp_pair() -> (c_int, c_int) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (s, _) = l.accept().unwrap();
+    use std::os::fd::IntoRawFd;
+    (c.into_raw_fd(), s.into_raw_fd())
+}
+
+fn nonblock(fd: c_int) {
+    // SAFETY: fcntl on our own descriptor.
+    unsafe {
+        libc::fcntl(
+            fd,
+            libc::F_SETFL,
+            libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+        )
+    };
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let scenario = args[1].as_str();
+    let path = args.get(2).cloned().unwrap_or_default();
+    // SAFETY (all below): libc calls on descriptors and buffers this function owns, with the
+    // lengths of those buffers.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        match scenario {
+            "file-read" => {
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                let want = pattern(3000);
+                let mut b = vec![0u8; 3000];
+                out("read", libc::read(fd, b.as_mut_ptr().cast(), 3000));
+                println!("read-ok {}", (b == want) as u8);
+                out("read-eof", libc::read(fd, b.as_mut_ptr().cast(), 3000));
+                let mut b = vec![0u8; 1500];
+                out("pread", libc::pread(fd, b.as_mut_ptr().cast(), 1500, 1000));
+                println!("pread-ok {}", (b[..] == want[1000..2500]) as u8);
+                let mut parts = [vec![0u8; 1000], vec![0u8; 700], vec![0u8; 1300]];
+                let iov: Vec<libc::iovec> = parts
+                    .iter_mut()
+                    .map(|p| libc::iovec {
+                        iov_base: p.as_mut_ptr().cast(),
+                        iov_len: p.len(),
+                    })
+                    .collect();
+                out("preadv", libc::preadv(fd, iov.as_ptr(), 3, 0));
+                println!("preadv-ok {}", (parts.concat() == want) as u8);
+                libc::lseek(fd, 0, libc::SEEK_SET);
+                for p in parts.iter_mut() {
+                    p.fill(0);
+                }
+                out("readv", libc::readv(fd, iov.as_ptr(), 3));
+                println!("readv-ok {}", (parts.concat() == want) as u8);
+                libc::lseek(fd, 0, libc::SEEK_SET);
+                out("read-efault", libc::read(fd, std::ptr::null_mut(), 10));
+                out("read-ebadf", libc::read(-1, b.as_mut_ptr().cast(), 10));
+                out(
+                    "recv-enotsock",
+                    libc::recv(fd, b.as_mut_ptr().cast(), 10, 0),
+                );
+            }
+            "file-write" => {
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(
+                    p.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                    0o600,
+                );
+                let data = pattern(3000);
+                out("write", libc::write(fd, data.as_ptr().cast(), 3000));
+                out("pwrite", libc::pwrite(fd, data.as_ptr().cast(), 3000, 3000));
+                let iov = [
+                    libc::iovec {
+                        iov_base: data.as_ptr() as *mut c_void,
+                        iov_len: 1000,
+                    },
+                    libc::iovec {
+                        iov_base: data[1000..].as_ptr() as *mut c_void,
+                        iov_len: 2000,
+                    },
+                ];
+                libc::lseek(fd, 6000, libc::SEEK_SET);
+                out("writev", libc::writev(fd, iov.as_ptr(), 2));
+                out("pwritev", libc::pwritev(fd, iov.as_ptr(), 2, 9000));
+                // /dev/null and a pipe are never shaped.
+                let n = CString::new("/dev/null").unwrap();
+                let null = libc::open(n.as_ptr(), libc::O_WRONLY);
+                let big = vec![0u8; 1 << 20];
+                out("devnull", libc::write(null, big.as_ptr().cast(), big.len()));
+                let mut pipe = [0; 2];
+                libc::pipe(pipe.as_mut_ptr());
+                out("pipe", libc::write(pipe[1], big.as_ptr().cast(), 4096));
+                libc::close(fd);
+            }
+            "tcp-nonblocking" => {
+                let (c, s) = tcp_pair();
+                let data = pattern(5000);
+                out("peer-write", libc::write(s, data.as_ptr().cast(), 5000));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                nonblock(c);
+                let mut b = vec![0u8; 4096];
+                out(
+                    "peek",
+                    libc::recv(c, b.as_mut_ptr().cast(), 4096, libc::MSG_PEEK),
+                );
+                out("recv", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
+                println!("recv-ok {}", (b[..100] == data[..100]) as u8);
+                out("recv-again", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
+                out("read-again", libc::read(c, b.as_mut_ptr().cast(), 4096));
+                out(
+                    "recvfrom-again",
+                    libc::recvfrom(
+                        c,
+                        b.as_mut_ptr().cast(),
+                        4096,
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                );
+                let mut iov = libc::iovec {
+                    iov_base: b.as_mut_ptr().cast(),
+                    iov_len: 4096,
+                };
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = &mut iov;
+                msg.msg_iovlen = 1;
+                out("recvmsg-again", libc::recvmsg(c, &mut msg, 0));
+                let mut p = libc::pollfd {
+                    fd: c,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                out("poll-held", libc::poll(&mut p, 1, 30) as isize);
+                println!("poll-events-restored {}", (p.events == libc::POLLIN) as u8);
+            }
+            "tcp-blocking" => {
+                let (c, s) = tcp_pair();
+                let data = pattern(8192);
+                out("peer-write", libc::write(s, data.as_ptr().cast(), 8192));
+                let mut b = vec![0u8; 8192];
+                out("recv", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
+                out(
+                    "recv-waitall",
+                    libc::recv(c, b[1000..].as_mut_ptr().cast(), 4096, libc::MSG_WAITALL),
+                );
+                println!("recv-ok {}", (b[..5096] == data[..5096]) as u8);
+                // Blocking sends move everything.
+                let big = pattern(6000);
+                out("send", libc::send(c, big.as_ptr().cast(), 3000, 0));
+                let iov = [libc::iovec {
+                    iov_base: big[3000..].as_ptr() as *mut c_void,
+                    iov_len: 3000,
+                }];
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+                msg.msg_iovlen = 1;
+                out("sendmsg", libc::sendmsg(c, &msg, 0));
+                let mut got = vec![0u8; 6000];
+                out(
+                    "peer-read",
+                    libc::recv(s, got.as_mut_ptr().cast(), 6000, libc::MSG_WAITALL),
+                );
+                println!("sent-ok {}", (got == big) as u8);
+                libc::shutdown(s, libc::SHUT_RDWR);
+                libc::close(s);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let mut r = 0;
+                for _ in 0..10 {
+                    r = libc::send(c, big.as_ptr().cast(), 1000, 0);
+                    if r < 0 {
+                        break;
+                    }
+                }
+                out("send-epipe", r);
+            }
+            "tcp-send-nonblocking" => {
+                let (c, _s) = tcp_pair();
+                let data = pattern(1000);
+                out(
+                    "send",
+                    libc::send(c, data.as_ptr().cast(), 1000, libc::MSG_DONTWAIT),
+                );
+                out(
+                    "send-again",
+                    libc::send(c, data.as_ptr().cast(), 1000, libc::MSG_DONTWAIT),
+                );
+                out(
+                    "sendto-again",
+                    libc::sendto(
+                        c,
+                        data.as_ptr().cast(),
+                        1000,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null(),
+                        0,
+                    ),
+                );
+            }
+            "udp" => {
+                let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+                a.connect(b.local_addr().unwrap()).unwrap();
+                use std::os::fd::AsRawFd;
+                let data = pattern(1500);
+                out(
+                    "send-whole",
+                    libc::send(a.as_raw_fd(), data.as_ptr().cast(), 1500, 0),
+                );
+                out(
+                    "send-debt",
+                    libc::send(
+                        a.as_raw_fd(),
+                        data.as_ptr().cast(),
+                        1500,
+                        libc::MSG_DONTWAIT,
+                    ),
+                );
+                let mut got = vec![0u8; 2000];
+                out(
+                    "peer-recv",
+                    libc::recv(b.as_raw_fd(), got.as_mut_ptr().cast(), 2000, 0),
+                );
+            }
+            "transfers" => {
+                // sendfile file -> socket, copy_file_range file -> file, splice file -> pipe.
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                let (c, s) = tcp_pair();
+                let mut off: libc::off64_t = 0;
+                out("sendfile", libc::sendfile64(c, fd, &mut off, 3000));
+                let mut got = vec![0u8; 3000];
+                libc::recv(s, got.as_mut_ptr().cast(), 3000, libc::MSG_WAITALL);
+                println!("sendfile-ok {}", (got == pattern(3000)) as u8);
+                let q = CString::new(format!("{path}.copy")).unwrap();
+                let dst = libc::open(
+                    q.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                    0o600,
+                );
+                let mut o1: libc::off64_t = 0;
+                out(
+                    "copy_file_range",
+                    libc::copy_file_range(fd, &mut o1, dst, std::ptr::null_mut(), 3000, 0),
+                );
+                let mut pipe = [0; 2];
+                libc::pipe(pipe.as_mut_ptr());
+                let mut o2: libc::off64_t = 0;
+                out(
+                    "splice",
+                    libc::splice(fd, &mut o2, pipe[1], std::ptr::null_mut(), 3000, 0),
+                );
+            }
+            "fork-exec" => {
+                // The child (fork) and a program it execs read the file under the same group.
+                let p = CString::new(path.clone()).unwrap();
+                let pid = libc::fork();
+                if pid == 0 {
+                    let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                    let mut b = vec![0u8; 3000];
+                    let r = libc::read(fd, b.as_mut_ptr().cast(), 3000);
+                    let cat = CString::new("/bin/cat").unwrap();
+                    let argv = [cat.as_ptr(), p.as_ptr(), std::ptr::null()];
+                    let dn = CString::new("/dev/null").unwrap();
+                    let null = libc::open(dn.as_ptr(), libc::O_WRONLY);
+                    libc::dup2(null, 1);
+                    if r != 3000 {
+                        libc::_exit(3);
+                    }
+                    libc::execv(cat.as_ptr(), argv.as_ptr());
+                    libc::_exit(4);
+                }
+                let mut st = 0;
+                libc::waitpid(pid, &mut st, 0);
+                println!("child-exit {}", libc::WEXITSTATUS(st));
+            }
+            other => panic!("unknown scenario {other}"),
+        }
+    }
+}

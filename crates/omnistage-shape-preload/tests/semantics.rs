@@ -1,0 +1,248 @@
+//! Each interposed call's semantics on real descriptors: a probe program runs under the preload
+//! library in a group made here, and the test checks what each call returned (bytes, -1 and
+//! errno) and the bytes the group's buckets were charged. Rates are chosen so that every
+//! expectation is exact: buckets small or slow enough that a second call can only find them
+//! empty, or fast enough that nothing waits long. Nothing here asserts a speed.
+
+use omnistage_shape::launch::Membership;
+use omnistage_shape::meter::{BucketCfg, GroupCfg};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+const ALL: usize = 0;
+const DISK: usize = 2;
+const READ: usize = 3;
+const WRITE: usize = 4;
+
+fn cfg(bucket: usize, rate: u64, burst: u64) -> GroupCfg {
+    let mut c = GroupCfg::default();
+    c.buckets[bucket] = BucketCfg {
+        present: 1,
+        kind: 0,
+        rate_per_s: rate,
+        burst,
+    };
+    c
+}
+
+fn probe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_omnistage-shape-probe"))
+}
+
+fn preload() -> PathBuf {
+    probe()
+        .parent()
+        .unwrap()
+        .join("libomnistage_shape_preload.so")
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+fn temp_file(tag: &str, bytes: &[u8]) -> PathBuf {
+    let p = std::env::temp_dir().join(format!("omnistage-shape-{tag}-{}", std::process::id()));
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+struct Run {
+    lines: BTreeMap<String, (i64, i32)>,
+    bucket_bytes: [u64; 5],
+}
+
+impl Run {
+    fn get(&self, label: &str) -> (i64, i32) {
+        *self
+            .lines
+            .get(label)
+            .unwrap_or_else(|| panic!("no line {label} in {:?}", self.lines))
+    }
+}
+
+fn run(scenario: &str, c: GroupCfg, path: &str) -> Run {
+    let so = preload();
+    assert!(so.is_file(), "{} not built", so.display());
+    let group = format!("test.{scenario}.{}", std::process::id());
+    let m = Membership::join(&group, Some(c), 1).unwrap();
+    let out = Command::new(probe())
+        .args([scenario, path])
+        .env("LD_PRELOAD", &so)
+        .env("OMNISTAGE_SHAPE_GROUP", &group)
+        .env(
+            "OMNISTAGE_SHAPE_MEMBER",
+            format!("{}:{}", m.slot.index, m.slot.generation),
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{scenario}: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = BTreeMap::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let r: i64 = f[1].parse().unwrap();
+        let e: i32 = f.get(2).map_or(0, |e| e.parse().unwrap());
+        lines.insert(f[0].to_string(), (r, e));
+    }
+    let bucket_bytes = m.map.with(|g| g.run.map(|r| r.bytes));
+    Run {
+        lines,
+        bucket_bytes,
+    }
+}
+
+#[test]
+fn blocking_file_reads_return_everything_and_errors_pass_through() {
+    let f = temp_file("read", &pattern(3000));
+    // 100 KB/s with a 1000-byte burst: each 3000-byte read waits for tokens twice.
+    let r = run("file-read", cfg(DISK, 100_000, 1000), f.to_str().unwrap());
+    for (label, n) in [
+        ("read", 3000),
+        ("read-eof", 0),
+        ("pread", 1500),
+        ("preadv", 3000),
+        ("readv", 3000),
+    ] {
+        assert_eq!(r.get(label), (n, 0), "{label}");
+    }
+    for ok in ["read-ok", "pread-ok", "preadv-ok", "readv-ok"] {
+        assert_eq!(r.get(ok).0, 1, "{ok}");
+    }
+    assert_eq!(r.get("read-efault"), (-1, libc::EFAULT));
+    assert_eq!(r.get("read-ebadf"), (-1, libc::EBADF));
+    assert_eq!(r.get("recv-enotsock"), (-1, libc::ENOTSOCK));
+    assert_eq!(r.bucket_bytes[DISK], 3000 + 1500 + 3000 + 3000);
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn blocking_file_writes_move_everything_and_pipes_and_dev_null_are_not_shaped() {
+    let f = temp_file("write", b"");
+    let r = run("file-write", cfg(WRITE, 100_000, 1000), f.to_str().unwrap());
+    for label in ["write", "pwrite", "writev", "pwritev"] {
+        assert_eq!(r.get(label), (3000, 0), "{label}");
+    }
+    assert_eq!(r.get("devnull"), (1 << 20, 0));
+    assert_eq!(r.get("pipe"), (4096, 0));
+    assert_eq!(
+        r.bucket_bytes[WRITE], 12_000,
+        "only the file's bytes are charged"
+    );
+    let p = pattern(3000);
+    assert_eq!(
+        std::fs::read(&f).unwrap(),
+        [&p[..], &p[..], &p[..], &p[..]].concat()
+    );
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
+    // 10 B/s, burst 100: the full bucket gives 100 bytes, then nothing for seconds.
+    let r = run("tcp-nonblocking", cfg(READ, 10, 100), "");
+    assert_eq!(
+        r.get("peer-write"),
+        (5000, 0),
+        "writes are not limited by a read rate"
+    );
+    assert_eq!(
+        r.get("peek"),
+        (4096, 0),
+        "MSG_PEEK moves nothing and is not held"
+    );
+    assert_eq!(r.get("recv"), (100, 0));
+    assert_eq!(r.get("recv-ok").0, 1);
+    for label in [
+        "recv-again",
+        "read-again",
+        "recvfrom-again",
+        "recvmsg-again",
+    ] {
+        assert_eq!(r.get(label), (-1, libc::EAGAIN), "{label}");
+    }
+    // poll does not report the socket readable while the bucket is empty (no spinning), and
+    // gives the caller's events back unchanged.
+    assert_eq!(r.get("poll-held"), (0, 0));
+    assert_eq!(r.get("poll-events-restored").0, 1);
+    assert_eq!(r.bucket_bytes[READ], 100);
+}
+
+#[test]
+fn blocking_socket_calls_keep_their_semantics() {
+    let r = run("tcp-blocking", cfg(READ, 1_000_000, 1000), "");
+    // recv returns what the bucket allowed (a stream socket may return less); MSG_WAITALL waits
+    // for all of it; blocking sends move everything.
+    assert_eq!(r.get("recv"), (1000, 0));
+    assert_eq!(r.get("recv-waitall"), (4096, 0));
+    assert_eq!(r.get("recv-ok").0, 1);
+    assert_eq!(r.get("send"), (3000, 0));
+    assert_eq!(r.get("sendmsg"), (3000, 0));
+    assert_eq!(r.get("peer-read"), (6000, 0));
+    assert_eq!(r.get("sent-ok").0, 1);
+    let (res, errno) = r.get("send-epipe");
+    assert!(
+        res == -1 && (errno == libc::EPIPE || errno == libc::ECONNRESET),
+        "{res} {errno}"
+    );
+    assert_eq!(r.bucket_bytes[READ], 1000 + 4096 + 6000);
+}
+
+#[test]
+fn non_blocking_sends_take_what_the_bucket_holds_then_fail_with_eagain() {
+    let r = run("tcp-send-nonblocking", cfg(WRITE, 10, 100), "");
+    assert_eq!(r.get("send"), (100, 0));
+    assert_eq!(r.get("send-again"), (-1, libc::EAGAIN));
+    assert_eq!(r.get("sendto-again"), (-1, libc::EAGAIN));
+    assert_eq!(r.bucket_bytes[WRITE], 100);
+}
+
+#[test]
+fn datagrams_move_whole_and_leave_a_debt() {
+    let r = run("udp", cfg(WRITE, 1000, 100), "");
+    assert_eq!(r.get("send-whole"), (1500, 0), "a datagram is never cut");
+    assert_eq!(
+        r.get("send-debt"),
+        (-1, libc::EAGAIN),
+        "its debt holds the next one back"
+    );
+    assert_eq!(r.get("peer-recv"), (1500, 0));
+    assert_eq!(r.bucket_bytes[WRITE], 1500);
+}
+
+#[test]
+fn sendfile_copy_file_range_and_splice_are_charged_per_side() {
+    let f = temp_file("transfers", &pattern(3000));
+    let r = run(
+        "transfers",
+        cfg(ALL, 100_000_000, 1_000_000),
+        f.to_str().unwrap(),
+    );
+    assert_eq!(r.get("sendfile"), (3000, 0));
+    assert_eq!(r.get("sendfile-ok").0, 1);
+    assert_eq!(r.get("copy_file_range"), (3000, 0));
+    assert_eq!(r.get("splice"), (3000, 0));
+    // sendfile: disk read + network write; the peer's recv: network read; copy_file_range: disk
+    // read + disk write; splice: disk read (the pipe is not shaped).
+    assert_eq!(r.bucket_bytes[ALL], 6000 + 3000 + 6000 + 3000);
+    std::fs::remove_file(&f).ok();
+    std::fs::remove_file(format!("{}.copy", f.display())).ok();
+}
+
+#[test]
+fn forked_children_and_exec_ed_programs_are_shaped_in_the_same_group() {
+    let f = temp_file("fork", &pattern(3000));
+    let r = run(
+        "fork-exec",
+        cfg(DISK, 10_000_000, 1_000_000),
+        f.to_str().unwrap(),
+    );
+    assert_eq!(r.get("child-exit").0, 0);
+    // The forked child's read and /bin/cat's read (exec'd by it) both count.
+    assert_eq!(r.bucket_bytes[DISK], 6000);
+    std::fs::remove_file(f).ok();
+}

@@ -1,0 +1,16 @@
+//! Shaping unmodified programs (TAP, the fifth seed): the logic behind `omnistage shape` and its
+//! preload library (`crates/omnistage-shape-preload`, `libomnistage_shape_preload.so`).
+//!
+//! - [`units`]: rates and sizes on the command line.
+//! - [`meter`]: a group's buckets (omnistage's own `sched::Shaper`) and members, and the rules
+//!   deciding what a transfer may move; safe and clock-free, tested under a simulated clock.
+//! - [`hooks`]: what an interposed call does, in safe code.
+//! - [`sys`]: every `unsafe` (libc, dlsym, shared memory), and the interposed symbols as a macro
+//!   that only the preload crate expands.
+//! - [`launch`]: the command's side: the group segment, the environment, the child process.
+
+pub mod hooks;
+pub mod launch;
+pub mod meter;
+pub mod sys;
+pub mod units;
