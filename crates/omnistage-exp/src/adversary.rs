@@ -15,6 +15,7 @@ use super::cfgweb;
 use super::harness::{self, LOAD_CPU};
 use super::nginx;
 use super::report::{self, Doc, Table};
+use super::rounds::{self, Spread};
 use super::util::machine;
 use super::Common;
 use clap::Args;
@@ -148,6 +149,8 @@ struct Ledger {
 #[derive(Serialize, Clone)]
 struct Phase {
     server: &'static str,
+    /// The round (1-based): servers alternate round by round (`--repeats`).
+    round: usize,
     /// "alone", "all" (every selected attack at once) or one attack kind.
     phase: String,
     victim_rate_per_s: f64,
@@ -186,6 +189,9 @@ struct Report {
     /// Closed-loop capacity of the victim alone, req/s, per server.
     capacity_req_per_s: Vec<(String, f64)>,
     phases: Vec<Phase>,
+    repeats: usize,
+    /// The CPUs nginx's worker was allowed, read from /proc after each of its rounds.
+    peer_cpus: Vec<String>,
     nginx_note: Option<String>,
     /// Set when the flood was shrunk to fit the open-files limit.
     fd_note: Option<String>,
@@ -625,6 +631,7 @@ fn phase(
     // Let the server close what the attack left behind before the next phase.
     std::thread::sleep(Duration::from_millis(500));
     Ok(Phase {
+        round: 0,
         server: tg.server,
         phase: name.into(),
         victim_rate_per_s: rate,
@@ -818,32 +825,51 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
                 })
                 .max(1.0)
                 .round();
-            let mut phases = Vec::new();
-            for tg in &targets {
-                phases.extend(run_server(&a, tg, &kinds, rate)?);
-            }
-            Ok((caps, phases))
+            let servers: Vec<&'static str> = targets.iter().map(|t| t.server).collect();
+            let mut peer_cpus = Vec::new();
+            let runs = rounds::alternate(a.common.repeats, &servers, |round, s| {
+                let tg = targets.iter().find(|t| t.server == s).expect("a target");
+                let mut ps = run_server(&a, tg, &kinds, rate)?;
+                for p in &mut ps {
+                    p.round = round + 1;
+                }
+                if let (Some(ng), "nginx") = (&ng, s) {
+                    peer_cpus.push(ng.serving_cpus()?);
+                }
+                Ok(ps)
+            })?;
+            let phases: Vec<Phase> = runs.into_iter().flat_map(|(_, _, ps)| ps).collect();
+            Ok((caps, phases, peer_cpus))
         })();
         drop(ng);
         server.drain(Duration::from_millis(300));
-        let (caps, phases) = result?;
-        Ok((caps, phases, nginx_note, server_toml + &tenants_toml))
+        let (caps, phases, peer_cpus) = result?;
+        Ok((
+            caps,
+            phases,
+            peer_cpus,
+            nginx_note,
+            server_toml + &tenants_toml,
+        ))
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    let (caps, phases, nginx_note, omni_cfg) = result?;
+    let (caps, phases, peer_cpus, nginx_note, omni_cfg) = result?;
+    // The median over the rounds of the attacked/alone p99 ratio.
     let ratio = |s: &str| {
-        phases
+        let v: Vec<f64> = phases
             .iter()
-            .find(|p| p.server == s && p.phase == "all")
-            .and_then(|p| p.p99_ratio)
+            .filter(|p| p.server == s && p.phase == "all")
+            .filter_map(|p| p.p99_ratio)
+            .collect();
+        (!v.is_empty()).then(|| Spread::of(&v).median)
     };
     let omnistage_p99_ratio = ratio("omnistage");
     let nginx_p99_ratio = ratio("nginx");
-    let attacked_errors = phases
+    let attacked_errors: u64 = phases
         .iter()
-        .find(|p| p.server == "omnistage" && p.phase == "all")
+        .filter(|p| p.server == "omnistage" && p.phase == "all")
         .map(|p| p.victim.errors)
-        .unwrap_or(0);
+        .sum();
     let goal_met = omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0);
     let runqueue_fraction_max = phases
         .iter()
@@ -871,6 +897,8 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         nginx_config: nginx_servers(0, Path::new("ROOT")),
         capacity_req_per_s: caps,
         phases,
+        repeats: a.common.repeats,
+        peer_cpus,
         nginx_note,
         fd_note,
         omnistage_p99_ratio,
@@ -993,6 +1021,25 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         .map(|(s, c)| format!("{s} {c:.0} req/s"))
         .collect::<Vec<_>>()
         .join(", ");
+    // Where nginx's worker ran, as the OS reported it after each round; its configuration is
+    // the launcher's default (not picked by a pre-run: the attack mixes small and large files).
+    let confinement = if r.peer_cpus.is_empty() {
+        String::new()
+    } else {
+        let mut cpus = r.peer_cpus.clone();
+        cpus.sort_unstable();
+        cpus.dedup();
+        format!(
+            "Rounds: {} per server, alternating; ratios are medians over the rounds. nginx ran with {} (the launcher's \
+             default, not picked by a pre-run); its worker was confined to CPU {} as read from /proc/PID/status \
+             (Cpus_allowed_list) after each of its {} rounds: {}.",
+            r.repeats,
+            nginx::Tuning::default().describe(),
+            nginx::SERVER_CPU,
+            r.peer_cpus.len(),
+            cpus.join(", ")
+        )
+    };
     let doc = Doc {
         title: "adversary: a victim tenant alone and under attack by a co-hosted tenant (QLinux LRP, TAP §1)".into(),
         command: format!(
@@ -1048,7 +1095,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             (String::new(), t),
             ("CPU the omnistage worker charged per activity in each phase (ledger, victim's measured window):".into(), lt),
         ],
-        notes: [verdict, peer, noise, r.fd_note.clone().unwrap_or_default()]
+        notes: [verdict, peer, noise, r.fd_note.clone().unwrap_or_default(), confinement]
             .into_iter()
             .filter(|n| !n.is_empty())
             .collect(),

@@ -649,17 +649,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     if let Some(n) = &r.nginx_note {
         notes.push(format!("nginx not measured: {n}."));
     }
-    if let Some(c) = &r.nginx_tuning {
-        notes.push(c.describe());
-        let mut cpus = r.peer_cpus.clone();
-        cpus.dedup();
-        notes.push(format!(
-            "nginx's worker was confined to CPU {} as read from /proc/PID/status (Cpus_allowed_list) after each of its {} runs: {}.",
-            nginx::SERVER_CPU,
-            r.peer_cpus.len(),
-            cpus.join(", ")
-        ));
-    }
+    notes.extend(nginx::page_notes(r.nginx_tuning.as_ref(), &r.peer_cpus));
     for l in &r.levels {
         if l.open_at_reading < l.connections {
             notes.push(format!(

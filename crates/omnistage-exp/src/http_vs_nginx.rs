@@ -231,14 +231,10 @@ fn page(a: &HttpVsNginxArgs, report: &Report) -> Result<(), String> {
             report.nginx_note.as_deref().unwrap_or("not installed")
         )),
     }
-    if let Some(c) = &report.nginx_tuning {
-        notes.push(c.describe());
-        notes.push(format!(
-            "nginx's worker was confined to CPU {} as read from /proc/PID/status (Cpus_allowed_list) after each round: {}.",
-            nginx::SERVER_CPU,
-            report.peer_cpus.join(", ")
-        ));
-    }
+    notes.extend(nginx::page_notes(
+        report.nginx_tuning.as_ref(),
+        &report.peer_cpus,
+    ));
     let doc = Doc {
         title: "http-vs-nginx: requests/s side by side".into(),
         command: format!(

@@ -131,6 +131,26 @@ impl TuningChoice {
     }
 }
 
+/// What a page says of the peer: the configuration the pre-run picked and where the worker was
+/// allowed to run, as read after each of its runs (nothing when nginx did not run).
+pub fn page_notes(tuning: Option<&TuningChoice>, peer_cpus: &[String]) -> Vec<String> {
+    let Some(c) = tuning else {
+        return Vec::new();
+    };
+    let mut cpus = peer_cpus.to_vec();
+    cpus.sort_unstable();
+    cpus.dedup();
+    vec![
+        c.describe(),
+        format!(
+            "nginx's worker was confined to CPU {SERVER_CPU} as read from /proc/PID/status \
+             (Cpus_allowed_list) after each of its {} runs: {}.",
+            peer_cpus.len(),
+            cpus.join(", ")
+        ),
+    ]
+}
+
 /// Runs `measure` (requests/s of nginx started with that tuning, over `seconds_each`) for every
 /// tuning and picks the fastest.
 pub fn best_tuning(

@@ -37,13 +37,15 @@ pub struct WebShareArgs {
     /// For `--bound net`: the link cap all tenants share, bytes/s.
     #[arg(long, default_value_t = 40_000_000)]
     link_bytes_per_s: u64,
-    /// For `--bound net`: body size of each response (`/_bytes?n=N`; small enough that the
-    /// smallest tenant completes 1,000 requests in a short run).
-    #[arg(long, default_value_t = 16_384)]
-    body_bytes: u64,
-    /// For `--bound disk`: the size of the file each request reads whole (small enough that the
-    /// smallest tenant completes 1,000 requests in a short run).
+    /// For `--bound net`: body size of each response (`/_bytes?n=N`). Large enough that the
+    /// link, not the worker's CPU, is the bound; the smallest tenant completes 1,000 requests
+    /// in about 10 s at the default link cap.
     #[arg(long, default_value_t = 65_536)]
+    body_bytes: u64,
+    /// For `--bound disk`: the size of the file each request reads whole. Large enough that the
+    /// disk cap, not the worker's CPU, is the bound (64 KiB files made a busy machine's run
+    /// CPU-bound); the smallest tenant completes 1,000 requests in about 16 s at the default cap.
+    #[arg(long, default_value_t = 262_144)]
     disk_file_bytes: usize,
     /// For `--bound disk`: the disk read rate all tenants share, bytes/s.
     #[arg(long, default_value_t = 100_000_000)]

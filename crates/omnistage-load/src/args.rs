@@ -101,6 +101,11 @@ pub struct LoadArgs {
     #[arg(long = "allow-non-loopback")]
     pub allow_non_loopback: bool,
 
+    /// Also report each tenant's successes, 503s and latency quantiles per window of this many
+    /// ms of the measured window (0 = no windows; 10..=60000, at most 10,000 windows).
+    #[arg(long = "window-ms", default_value_t = 0, value_name = "MS")]
+    pub window_ms: u64,
+
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -135,6 +140,8 @@ pub(crate) struct Plan {
     pub seed: u64,
     /// Busy-poll when the next timer is this close.
     pub spin: Duration,
+    /// Per-window figures (`--window-ms`), if asked for.
+    pub window: Option<Duration>,
 }
 
 /// Parses and checks a target address: an IP literal with a port, loopback unless allowed.
@@ -287,7 +294,30 @@ pub(crate) fn plan(a: &LoadArgs) -> Result<Plan, String> {
         cpus,
         seed: a.seed,
         spin: Duration::from_micros(a.spin_us),
+        window: check_window(a.window_ms, measure)?,
     })
+}
+
+/// Most windows in one run (each holds a latency histogram per tenant and thread).
+pub const MAX_WINDOWS: u64 = 10_000;
+
+/// `--window-ms`: 0 for none, else 10..=60000 ms and at most [`MAX_WINDOWS`] in the run.
+fn check_window(window_ms: u64, measure: Duration) -> Result<Option<Duration>, String> {
+    if window_ms == 0 {
+        return Ok(None);
+    }
+    if !(10..=60_000).contains(&window_ms) {
+        return Err(format!(
+            "--window-ms must be 0 or in 10..=60000, got {window_ms}"
+        ));
+    }
+    let n = measure.as_millis() as u64 / window_ms + 1;
+    if n > MAX_WINDOWS {
+        return Err(format!(
+            "--window-ms {window_ms} cuts the run into {n} windows; at most {MAX_WINDOWS}"
+        ));
+    }
+    Ok(Some(Duration::from_millis(window_ms)))
 }
 
 /// Checks that the process may open `connections` sockets (soft `RLIMIT_NOFILE`) and that one

@@ -643,19 +643,35 @@ impl<'r, 'p> Worker<'r, 'p> {
             (c.tenant, c.slot, c.due)
         };
         if self.run.measured(now) {
+            // The window this response completed in (bounded: `plan` caps the windows).
+            let window = self.run.plan.window.map(|w| {
+                (now.saturating_duration_since(self.run.measure_start)
+                    .as_nanos()
+                    / w.as_nanos().max(1)) as usize
+            });
             let st = self.stats(tenant);
             st.responses += 1;
             st.retry_after += u64::from(resp.retry_after);
             match classify(resp.status) {
                 Outcome::Ok => {
                     let latency_us = now.saturating_duration_since(due).as_micros();
-                    st.latency_us
-                        .saturating_record(u64::try_from(latency_us).unwrap_or(u64::MAX));
+                    let latency_us = u64::try_from(latency_us).unwrap_or(u64::MAX);
+                    st.latency_us.saturating_record(latency_us);
                     st.ok += 1;
                     st.body_bytes += resp.body_bytes;
                     st.ok_per_connection[slot] += 1;
+                    if let Some(w) = window {
+                        let ws = st.window(w);
+                        ws.latency_us.saturating_record(latency_us);
+                        ws.ok += 1;
+                    }
                 }
-                Outcome::Rejected503 => st.errors.rejected_503 += 1,
+                Outcome::Rejected503 => {
+                    st.errors.rejected_503 += 1;
+                    if let Some(w) = window {
+                        st.window(w).rejected_503 += 1;
+                    }
+                }
                 Outcome::Http4xx => st.errors.http_4xx += 1,
                 Outcome::Http5xx => st.errors.http_5xx += 1,
                 Outcome::HttpOther => st.errors.http_other += 1,

@@ -41,7 +41,7 @@ mod affinity;
 mod engine;
 
 pub use args::LoadArgs;
-pub use report::{format_table, print_table, Report, TenantReport};
+pub use report::{format_table, print_table, Report, TenantReport, WindowReport};
 pub use stats::{client_counts, jain_index, ClientCounts, ErrorCounts};
 
 use engine::{Budget, Run, ThreadResult};
@@ -161,6 +161,7 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         threads: plan.threads,
         seconds,
         warmup_s: plan.warmup.as_secs_f64(),
+        window_s: plan.window.map(|w| w.as_secs_f64()),
         tenants,
         total,
         client_jain: client_requests.jain,

@@ -18,6 +18,8 @@ pub struct Report {
     pub seconds: f64,
     /// Warmup before the measured window, seconds.
     pub warmup_s: f64,
+    /// The length of each tenant's `windows`, seconds (`null` without `--window-ms`).
+    pub window_s: Option<f64>,
     /// One entry per `--tenant`, in the order given.
     pub tenants: Vec<TenantReport>,
     /// All tenants together (`name` "total"; Jain's index over all connections).
@@ -28,6 +30,20 @@ pub struct Report {
     pub client_jain: Option<f64>,
     /// Successful responses per client slot: fewest, median, most, and slots with none.
     pub client_requests: ClientCounts,
+}
+
+/// One window's figures for one tenant (`--window-ms`): what completed in it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowReport {
+    /// Window number from the start of the measured window (it starts at index × window).
+    pub index: usize,
+    /// Successful responses that completed in the window.
+    pub requests: u64,
+    pub rejected_503: u64,
+    /// Latency quantiles of those responses, ms (`null`: none completed).
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
 }
 
 /// One tenant's figures over the measured window.
@@ -73,6 +89,8 @@ pub struct TenantReport {
     pub idle_closes: u64,
     /// Requests in flight, or due and not yet sent, when the run ended (not in any other count).
     pub unfinished: u64,
+    /// Per window of `--window-ms` from the start of the measured window (empty without).
+    pub windows: Vec<WindowReport>,
     /// Jain's fairness index over this tenant's connections, by successful responses per
     /// connection; `null` when there were none.
     pub jain_fairness: Option<f64>,
@@ -137,6 +155,23 @@ pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> 
         reconnects: s.reconnects,
         idle_closes: s.idle_closes,
         unfinished: s.unfinished,
+        windows: s
+            .windows
+            .iter()
+            .enumerate()
+            .map(|(index, w)| {
+                let h = &w.latency_us;
+                let q = |q: f64| (!h.is_empty()).then(|| us_to_ms(h.value_at_quantile(q)));
+                WindowReport {
+                    index,
+                    requests: w.ok,
+                    rejected_503: w.rejected_503,
+                    p50_ms: q(0.5),
+                    p90_ms: q(0.9),
+                    p99_ms: q(0.99),
+                }
+            })
+            .collect(),
         jain_fairness: jain_index(&s.ok_per_connection),
     }
 }

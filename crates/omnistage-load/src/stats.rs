@@ -118,6 +118,34 @@ pub struct TenantStats {
     pub unfinished: u64,
     /// Successful responses per connection slot (index = slot within the tenant).
     pub ok_per_connection: Vec<u64>,
+    /// Per window of `--window-ms` (index = window from the start of the measured window);
+    /// empty without windows. Grows as windows are reached.
+    pub windows: Vec<WindowStats>,
+}
+
+/// One window's figures for one tenant.
+#[derive(Debug, Clone)]
+pub struct WindowStats {
+    /// Latency of successful responses that completed in the window, µs.
+    pub latency_us: Histogram<u64>,
+    pub ok: u64,
+    pub rejected_503: u64,
+}
+
+impl WindowStats {
+    pub fn new() -> Self {
+        WindowStats {
+            latency_us: new_histogram(),
+            ok: 0,
+            rejected_503: 0,
+        }
+    }
+}
+
+impl Default for WindowStats {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TenantStats {
@@ -134,6 +162,7 @@ impl TenantStats {
             idle_closes: 0,
             unfinished: 0,
             ok_per_connection: vec![0; connections],
+            windows: Vec::new(),
         }
     }
 
@@ -164,6 +193,24 @@ impl TenantStats {
         self.reconnects += o.reconnects;
         self.idle_closes += o.idle_closes;
         self.unfinished += o.unfinished;
+        if self.windows.len() < o.windows.len() {
+            self.windows.resize_with(o.windows.len(), WindowStats::new);
+        }
+        for (a, b) in self.windows.iter_mut().zip(&o.windows) {
+            a.latency_us
+                .add(&b.latency_us)
+                .expect("histograms share bounds");
+            a.ok += b.ok;
+            a.rejected_503 += b.rejected_503;
+        }
+    }
+
+    /// The window of `index` (grown to it; the caller bounds `index` by the run's windows).
+    pub fn window(&mut self, index: usize) -> &mut WindowStats {
+        if self.windows.len() <= index {
+            self.windows.resize_with(index + 1, WindowStats::new);
+        }
+        &mut self.windows[index]
     }
 }
 

@@ -556,6 +556,37 @@ fn report_json_and_table() {
 }
 
 #[test]
+fn windows_add_up_to_the_run() {
+    let srv = server();
+    let r = load(
+        srv.addr,
+        &[
+            "--tenant",
+            "a:a.test:4:path=/ok",
+            "--requests",
+            "300",
+            "--window-ms",
+            "10",
+        ],
+    );
+    let a = tenant(&r, "a");
+    assert_clean(a, 300, 1500);
+    assert_eq!(r.window_s, Some(0.01));
+    // Every success is in exactly one window, in order, each with quantiles when not empty.
+    assert_eq!(a.windows.iter().map(|w| w.requests).sum::<u64>(), 300);
+    for (i, w) in a.windows.iter().enumerate() {
+        assert_eq!(w.index, i);
+        assert_eq!(w.p90_ms.is_some(), w.requests > 0);
+    }
+    // Without --window-ms there are none.
+    let r = load(
+        srv.addr,
+        &["--tenant", "a:a.test:1:path=/ok", "--requests", "5"],
+    );
+    assert!(r.window_s.is_none() && tenant(&r, "a").windows.is_empty());
+}
+
+#[test]
 fn argument_errors_are_clear() {
     let ok = |rest: &[&str]| -> Result<LoadArgs, clap::Error> {
         let mut argv = vec!["load"];
@@ -577,6 +608,8 @@ fn argument_errors_are_clear() {
         (&["--cpu", "x"], "not a CPU index"),
         (&["--cpu", "5000"], "CPU index must be below"),
         (&["--spin-us", "5000"], "--spin-us"),
+        (&["--window-ms", "5"], "--window-ms must be 0 or in"),
+        (&["--window-ms", "10", "--seconds", "200"], "at most 10000"),
         (
             &["--requests", "1000000000001"],
             "--requests must be at most",

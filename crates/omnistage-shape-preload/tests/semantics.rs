@@ -30,11 +30,15 @@ fn probe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_omnistage-shape-probe"))
 }
 
+/// The library under test: beside the probe after `cargo build`, or in `deps/` where `cargo test`
+/// leaves it (the crate is also an rlib so that `cargo test` builds the cdylib on a fresh clone).
 fn preload() -> PathBuf {
-    probe()
-        .parent()
-        .unwrap()
-        .join("libomnistage_shape_preload.so")
+    let dir = probe().parent().unwrap().to_path_buf();
+    let uplifted = dir.join("libomnistage_shape_preload.so");
+    if uplifted.is_file() {
+        return uplifted;
+    }
+    dir.join("deps").join("libomnistage_shape_preload.so")
 }
 
 fn pattern(n: usize) -> Vec<u8> {

@@ -155,6 +155,8 @@ pub fn find_preload() -> Result<PathBuf, String> {
     let dir = exe.parent().unwrap_or(Path::new("."));
     let candidates = [
         dir.join(PRELOAD_FILE),
+        // Where `cargo test` leaves it (the crate is also an rlib, see its Cargo.toml).
+        dir.join("deps").join(PRELOAD_FILE),
         dir.join("..").join(PRELOAD_FILE),
         dir.join("../lib/omnistage").join(PRELOAD_FILE),
     ];

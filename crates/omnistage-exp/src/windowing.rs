@@ -1,0 +1,147 @@
+//! Runs cut into windows: the server's own windows (sampled from the ledger every tick) and the
+//! clients' (the load generator's `--window-ms`), and the questions the experiments ask of
+//! them: when did every later window get under the target (settle), when did rejections stop.
+//! Shared by overload-spike, classes and adversary so that every experiment cuts time, and
+//! reads a window's edges, the same way: a window is named by its end, `end_s` seconds from the
+//! start of the run, and covers `[end_s − dt, end_s)`.
+
+use omnistage_load::report::Report as LoadReport;
+use serde::Serialize;
+
+/// What the questions below need of a window.
+pub trait Windowed {
+    /// Seconds from the start of the run to the end of the window.
+    fn end_s(&self) -> f64;
+    /// The window's p90 response time, ms (`None`: nothing completed).
+    fn p90_ms(&self) -> Option<f64>;
+    /// 503s / (completions + 503s) in the window.
+    fn reject_fraction(&self) -> f64;
+}
+
+/// One window as the clients saw it (one tenant or class of the load generator).
+#[derive(Serialize, Clone, Debug)]
+pub struct ClientWindow {
+    pub t_s: f64,
+    /// The clients' p90 of the successes that completed in the window, ms.
+    pub p90_ms: Option<f64>,
+    pub completed: u64,
+    pub rejected: u64,
+    pub reject_fraction: f64,
+}
+
+impl Windowed for ClientWindow {
+    fn end_s(&self) -> f64 {
+        self.t_s
+    }
+    fn p90_ms(&self) -> Option<f64> {
+        self.p90_ms
+    }
+    fn reject_fraction(&self) -> f64 {
+        self.reject_fraction
+    }
+}
+
+/// The clients' windows of every tenant of `r` together (a load run made with `--window-ms`),
+/// placed `offset_s` after the start of the experiment's run (where the load's measured
+/// window began). The p90 of several tenants together is not kept per window, so with more
+/// than one tenant the largest tenant p90 stands for the window (an upper bound).
+pub fn client_windows(r: &LoadReport, offset_s: f64) -> Vec<ClientWindow> {
+    let Some(dt) = r.window_s else {
+        return Vec::new();
+    };
+    let n = r.tenants.iter().map(|t| t.windows.len()).max().unwrap_or(0);
+    (0..n)
+        .map(|i| {
+            let ws: Vec<_> = r.tenants.iter().filter_map(|t| t.windows.get(i)).collect();
+            let completed: u64 = ws.iter().map(|w| w.requests).sum();
+            let rejected: u64 = ws.iter().map(|w| w.rejected_503).sum();
+            ClientWindow {
+                t_s: offset_s + (i as f64 + 1.0) * dt,
+                p90_ms: ws.iter().filter_map(|w| w.p90_ms).reduce(f64::max),
+                completed,
+                rejected,
+                reject_fraction: rejected as f64 / (completed + rejected).max(1) as f64,
+            }
+        })
+        .collect()
+}
+
+/// The windows whose middle lies in `(from, to)`.
+fn inside<W: Windowed>(windows: &[W], dt: f64, from: f64, to: f64) -> impl Iterator<Item = &W> {
+    windows.iter().filter(move |w| {
+        let mid = w.end_s() - dt / 2.0;
+        mid > from && mid < to
+    })
+}
+
+/// Seconds after `from` until the start of the first window in `(from, to)` from which every
+/// later window with completions has p90 ≤ `target_ms` (`None`: the last one is over).
+pub fn settle<W: Windowed>(
+    windows: &[W],
+    dt: f64,
+    from: f64,
+    to: f64,
+    target_ms: f64,
+) -> Option<f64> {
+    let in_range: Vec<&W> = inside(windows, dt, from, to).collect();
+    let mut settle_at = None;
+    for w in in_range.iter().rev() {
+        match w.p90_ms() {
+            Some(p) if p > target_ms => break,
+            _ => settle_at = Some(w.end_s() - dt),
+        }
+    }
+    settle_at.map(|t| (t - from).max(0.0))
+}
+
+/// Seconds after `from` until the start of the first window in `(from, to)` from which every
+/// later window rejects under 1 %.
+pub fn rejects_stop<W: Windowed>(windows: &[W], dt: f64, from: f64, to: f64) -> Option<f64> {
+    let in_range: Vec<&W> = inside(windows, dt, from, to).collect();
+    let mut at = None;
+    for w in in_range.iter().rev() {
+        if w.reject_fraction() > 0.01 {
+            break;
+        }
+        at = Some((w.end_s() - dt - from).max(0.0));
+    }
+    at
+}
+
+/// Completions and rejections of the windows in `(from, to)`: (completed, rejected).
+pub fn totals(windows: &[ClientWindow], dt: f64, from: f64, to: f64) -> (u64, u64) {
+    inside(windows, dt, from, to).fold((0, 0), |a, w| (a.0 + w.completed, a.1 + w.rejected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(t_s: f64, p90: Option<f64>, rej: f64) -> ClientWindow {
+        ClientWindow {
+            t_s,
+            p90_ms: p90,
+            completed: 10,
+            rejected: (rej * 10.0) as u64,
+            reject_fraction: rej,
+        }
+    }
+
+    #[test]
+    fn settle_is_the_start_of_the_last_run_under_target() {
+        let ws = vec![
+            w(1.0, Some(5.0), 0.0),
+            w(2.0, Some(50.0), 0.5),
+            w(3.0, Some(5.0), 0.2),
+            w(4.0, None, 0.0),
+            w(5.0, Some(9.0), 0.0),
+        ];
+        // From 0: window 2 is over 10 ms, so settling starts with window 3 (at 2 s).
+        assert_eq!(settle(&ws, 1.0, 0.0, 10.0, 10.0), Some(2.0));
+        // A last window over the target: never settled.
+        assert_eq!(settle(&ws, 1.0, 0.0, 10.0, 8.0), None);
+        // Rejections stop from window 4 (starting at 3 s).
+        assert_eq!(rejects_stop(&ws, 1.0, 0.0, 10.0), Some(3.0));
+        assert_eq!(totals(&ws, 1.0, 1.0, 3.0), (20, 7));
+    }
+}
