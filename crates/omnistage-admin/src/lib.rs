@@ -174,6 +174,10 @@ pub trait Tenants: Send + Sync {
             "this server keeps no config file to write changes to".into(),
         ))
     }
+    /// What the fleet layer last computed, when the server is a node of a fleet.
+    fn fleet(&self) -> Option<model::Fleet> {
+        None
+    }
     /// Per upstream and tenant: requests in flight, queued, refused, slot-time and bytes.
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
         Vec::new()
@@ -329,6 +333,10 @@ impl Tenants for omnistage_http::server::Server {
 
     fn configured_activities(&self) -> Vec<String> {
         omnistage_http::server::Server::configured_activities(self)
+    }
+
+    fn fleet(&self) -> Option<model::Fleet> {
+        self.fleet_status().map(|s| (*s).clone())
     }
 
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {

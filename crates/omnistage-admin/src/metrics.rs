@@ -10,6 +10,7 @@
 //! A scrape costs one snapshot (a lock per core, held while its cells are copied) and the
 //! encoding; nothing on the workers' path.
 
+use crate::model::Fleet;
 use crate::sampler::Sample;
 use crate::view::{self, Agg};
 use omnistage::account::{HistSnapshot, Histogram, HIST_BUCKETS};
@@ -142,13 +143,15 @@ fn secs(ns: u64) -> Value {
 /// One counter of the HTTP server itself (not of the ledger): name, help, value.
 pub(crate) type ServerCounter = (&'static str, &'static str, u64);
 
-/// Encodes one fresh sample of `rt`;
-/// `upstreams` and `server` (the HTTP server's own counters) are empty for a bare runtime.
+/// Encodes one fresh sample of `rt`, the server's upstreams and own counters (`upstreams` and
+/// `server` are empty for a bare runtime), and, for a node of a fleet, what its fleet thread
+/// last computed.
 pub(crate) fn render(
     rt: &Runtime,
     s: &Sample,
     upstreams: &[UpstreamTenantStats],
     server: &[ServerCounter],
+    fleet: Option<&Fleet>,
 ) -> String {
     let (_, acts) = view::activities(rt);
     let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
@@ -506,12 +509,116 @@ pub(crate) fn render(
             .series
             .push((Vec::new(), Value::CounterInt(v)));
     }
+    if let Some(fl) = fleet {
+        fleet_families(&mut sc, fl);
+    }
     let mut registry = Registry::default();
     registry.register_collector(Box::new(sc));
     let mut out = String::with_capacity(64 * 1024);
     prometheus_client::encoding::text::encode(&mut out, &registry)
         .expect("writing to a String cannot fail");
     out
+}
+
+/// A fleet node's figures (docs/fleet.md has the federation queries over them).
+fn fleet_families(sc: &mut Scrape, fl: &Fleet) {
+    let node = || vec![("node", fl.node.clone())];
+    let one: [(&'static str, &'static str, MetricType, Value); 5] = [
+        (
+            "omnistage_fleet_connected",
+            "1 when the node's last sync reached Redis, 0 in a fallback episode.",
+            MetricType::Gauge,
+            Value::Gauge(if fl.connected { 1.0 } else { 0.0 }),
+        ),
+        (
+            "omnistage_fleet_fallback_episodes",
+            "Episodes of Redis being unreachable (local weights and cap / nodes meanwhile).",
+            MetricType::Counter,
+            Value::CounterInt(fl.episodes),
+        ),
+        (
+            "omnistage_fleet_garbage_entries",
+            "Bad entries, lines and keys read from Redis, ignored.",
+            MetricType::Counter,
+            Value::CounterInt(fl.garbage),
+        ),
+        (
+            "omnistage_fleet_syncs",
+            "Syncs with Redis that succeeded.",
+            MetricType::Counter,
+            Value::CounterInt(fl.syncs),
+        ),
+        (
+            "omnistage_fleet_nodes_seen",
+            "Nodes whose entries the last good sync read (this one included).",
+            MetricType::Gauge,
+            Value::Gauge(fl.nodes_seen as f64),
+        ),
+    ];
+    for (name, help, kind, v) in one {
+        sc.family(name, help, kind).series.push((node(), v));
+    }
+    type Pick = fn(&crate::model::FleetTenant) -> f64;
+    let per: [(&'static str, &'static str, &'static str, Pick); 8] = [
+        (
+            "omnistage_fleet_share_target",
+            "The tenant's fleet-wide share target this node computed (0..=1).",
+            "cpu",
+            |t| t.cpu_share_target,
+        ),
+        ("omnistage_fleet_share_target", "", "link", |t| {
+            t.link_share_target
+        }),
+        (
+            "omnistage_fleet_used_per_second",
+            "Fleet-wide use the nodes reported: CPU seconds/s, link bytes/s.",
+            "cpu",
+            |t| t.cpu_fleet_used_ns_per_s as f64 / 1e9,
+        ),
+        ("omnistage_fleet_used_per_second", "", "link", |t| {
+            t.link_fleet_used_bytes_per_s as f64
+        }),
+        (
+            "omnistage_fleet_local_weight",
+            "The local weight this node set from the fleet's water-fill.",
+            "cpu",
+            |t| f64::from(t.cpu_weight),
+        ),
+        ("omnistage_fleet_local_weight", "", "link", |t| {
+            f64::from(t.link_weight)
+        }),
+        (
+            "omnistage_fleet_lease_tokens",
+            "Tokens of the tenant's fleet caps this node holds (negative: a debt).",
+            "requests",
+            |t| t.lease_requests as f64,
+        ),
+        ("omnistage_fleet_lease_tokens", "", "bytes", |t| {
+            t.lease_bytes as f64
+        }),
+    ];
+    for (name, help, res, pick) in per {
+        // Two resources share a family: the first row of each name opens it.
+        if !help.is_empty() {
+            sc.family(name, help, MetricType::Gauge);
+        }
+        let f = sc.families.last_mut().expect("opened");
+        let label = if name == "omnistage_fleet_lease_tokens" {
+            "cap"
+        } else {
+            "resource"
+        };
+        for t in &fl.tenants {
+            f.series.push((
+                vec![
+                    ("node", fl.node.clone()),
+                    ("activity", format!("/tenants/{}", t.name)),
+                    (label, res.to_string()),
+                ],
+                Value::Gauge(pick(t)),
+            ));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -536,5 +643,52 @@ mod tests {
         assert_eq!(buckets.last().unwrap(), &(f64::INFINITY, 1));
         // Bounds strictly increase.
         assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn a_fleet_node_exports_its_figures_per_tenant() {
+        let fl = Fleet {
+            node: "n1".into(),
+            connected: false,
+            episodes: 2,
+            garbage: 3,
+            syncs: 40,
+            nodes_seen: 3,
+            tenants: vec![crate::model::FleetTenant {
+                name: "a".into(),
+                cpu_share_target: 0.25,
+                link_share_target: 0.5,
+                cpu_fleet_used_ns_per_s: 1_500_000_000,
+                link_fleet_used_bytes_per_s: 9_000_000,
+                cpu_weight: 10_000,
+                link_weight: 100,
+                lease_requests: 7,
+                lease_bytes: -20,
+            }],
+        };
+        let mut sc = Scrape::default();
+        fleet_families(&mut sc, &fl);
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(sc));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "omnistage_fleet_connected{node=\"n1\"} 0",
+            "omnistage_fleet_fallback_episodes_total{node=\"n1\"} 2",
+            "omnistage_fleet_garbage_entries_total{node=\"n1\"} 3",
+            "omnistage_fleet_nodes_seen{node=\"n1\"} 3",
+            "omnistage_fleet_share_target{node=\"n1\",activity=\"/tenants/a\",resource=\"cpu\"} 0.25",
+            "omnistage_fleet_share_target{node=\"n1\",activity=\"/tenants/a\",resource=\"link\"} 0.5",
+            "omnistage_fleet_used_per_second{node=\"n1\",activity=\"/tenants/a\",resource=\"cpu\"} 1.5",
+            "omnistage_fleet_local_weight{node=\"n1\",activity=\"/tenants/a\",resource=\"link\"} 100",
+            "omnistage_fleet_lease_tokens{node=\"n1\",activity=\"/tenants/a\",cap=\"bytes\"} -20",
+        ] {
+            assert!(out.contains(line), "{line} not in\n{out}");
+        }
+        // Each family is declared once.
+        assert_eq!(
+            out.matches("# TYPE omnistage_fleet_share_target ").count(),
+            1
+        );
     }
 }

@@ -143,7 +143,13 @@ pub struct Tree {
     pub cpu_ns_per_s: Option<f64>,
     pub root: Node,
     pub cores: Vec<Core>,
+    /// The fleet this node belongs to (`[cluster]`), as its fleet thread last saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<Fleet>,
 }
+
+/// A node of a fleet (crate `omnistage-fleet`): what it last computed, as the server keeps it.
+pub use omnistage_http::server::{FleetStatus as Fleet, FleetTenantStatus as FleetTenant};
 
 /// The admission predicate of a queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

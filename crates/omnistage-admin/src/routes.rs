@@ -254,7 +254,9 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 .tenants()
                 .map(|t| t.server_counters())
                 .unwrap_or_default();
-            let body = metrics::render(rt, &Sample::take(rt), &upstreams(), &server);
+            let fleet = shared.source.tenants().and_then(|t| t.fleet());
+            let body =
+                metrics::render(rt, &Sample::take(rt), &upstreams(), &server, fleet.as_ref());
             Response::new(200, metrics::CONTENT_TYPE, body.into_bytes())
         }),
         "/api/v1/tree" => get_only(&|| {
@@ -264,6 +266,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             let mut t = view::tree(rt, &Sample::take(rt), window().as_ref());
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
+                t.fleet = ten.fleet();
             }
             Response::json(200, &t)
         }),

@@ -4,13 +4,15 @@
 
 use crate::{TenantChange, TenantError, Tenants};
 use omnistage::exec::Runtime;
+use omnistage_http::config::Config;
 use omnistage_http::persist::{ConfigFile, Edit};
 use omnistage_http::server::Server;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A running server and its config file (`None`: the embedded default, nothing to write).
 pub struct Served {
-    server: Server,
+    /// Shared with the fleet thread, when the server is a node of a fleet.
+    server: Arc<Server>,
     file: Mutex<Option<ConfigFile>>,
 }
 
@@ -18,7 +20,7 @@ impl Served {
     /// `file` is what the server's config was loaded from ([`ConfigFile::load`]).
     pub fn new(server: Server, file: Option<ConfigFile>) -> Served {
         Served {
-            server,
+            server: Arc::new(server),
             file: Mutex::new(file),
         }
     }
@@ -33,14 +35,21 @@ impl Served {
         self.server.runtime()
     }
 
-    /// The server, for its graceful drain.
-    pub fn into_server(self) -> Server {
-        self.server
+    /// The server, for those that run beside the admin API (the fleet thread).
+    pub fn shared_server(&self) -> Arc<Server> {
+        self.server.clone()
+    }
+
+    /// The server, for its graceful drain; `None` while another holder of
+    /// [`Served::shared_server`] still runs.
+    pub fn into_server(self) -> Option<Server> {
+        Arc::try_unwrap(self.server).ok()
     }
 
     /// SIGHUP: reads the file again and reloads the server from it; the file's bytes become the
-    /// ones later persisted changes are checked against. Ok: what was reloaded.
-    pub fn reload_file(&self) -> Result<String, String> {
+    /// ones later persisted changes are checked against. Ok: the file's path and the config
+    /// now running (for the layers beside the server that keep their own copy, the fleet's).
+    pub fn reload_file(&self) -> Result<(String, Config), String> {
         let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(f) = file.as_ref() else {
             return Err("no config file to reload (embedded default)".into());
@@ -51,8 +60,8 @@ impl Served {
         // Remember the new bytes even if the reload is only partly applied (listeners): they
         // are what the running config now comes from.
         *file = Some(fresh);
-        self.server.reload(config)?;
-        Ok(path.display().to_string())
+        self.server.reload(config.clone())?;
+        Ok((path.display().to_string(), config))
     }
 }
 
@@ -62,15 +71,23 @@ impl Tenants for Served {
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {
-        Tenants::cache_bytes(&self.server)
+        Tenants::cache_bytes(&*self.server)
     }
 
     fn configured_activities(&self) -> Vec<String> {
         self.server.configured_activities()
     }
 
+    fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Tenants::server_counters(&*self.server)
+    }
+
+    fn fleet(&self) -> Option<crate::model::Fleet> {
+        Tenants::fleet(&*self.server)
+    }
+
     fn upstreams(&self) -> Vec<omnistage_http::server::UpstreamTenantStats> {
-        Tenants::upstreams(&self.server)
+        Tenants::upstreams(&*self.server)
     }
 
     fn persist(&self, edits: &[Edit]) -> Result<(), TenantError> {

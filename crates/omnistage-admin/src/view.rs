@@ -412,6 +412,7 @@ pub(crate) fn tree(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> model:
         }
     }
     model::Tree {
+        fleet: None,
         version,
         uptime_s: rt.now_ns() as f64 / 1e9,
         workers: rt.workers(),

@@ -1,9 +1,11 @@
 //! `omnistage serve`: runs the multi-tenant HTTP server until SIGTERM or SIGINT (graceful drain),
 //! reloading its config on SIGHUP, with the admin API and dashboard on a separate listener
-//! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it).
+//! (`--admin`, default 127.0.0.1:9090; `--admin off` disables it), and, with a `[cluster]`
+//! section, as a node of a fleet (crate omnistage-fleet, docs/fleet.md).
 
 use clap::Args;
 use omnistage_admin::{start_admin_with_tenants, AdminConfig, Served, TOKEN_ENV};
+use omnistage_fleet::{FleetNode, NodeConfig};
 use omnistage_http::config::default_config;
 use omnistage_http::persist::ConfigFile;
 use omnistage_http::server::{Server, ServerOptions};
@@ -74,6 +76,8 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         }
     };
     let admin_cfg = admin_config(&a)?;
+    let cluster = config.cluster.clone();
+    let node_cfg = cluster.as_ref().map(NodeConfig::from_cluster).transpose()?;
     let tenants: Vec<String> = config.tenants.iter().map(|t| t.name.clone()).collect();
     let schemes: Vec<&str> = config
         .server
@@ -96,8 +100,21 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
             server.runtime().workers()
         );
     }
-    // The admin server shares the server (and through it the runtime) until it is stopped.
+    // The admin server and the fleet thread share the server (and through it the runtime)
+    // until they are stopped.
     let server = Arc::new(Served::new(server, file));
+    let mut fleet = match node_cfg {
+        None => None,
+        Some(cfg) => {
+            eprintln!(
+                "omnistage: node {} of the fleet at {}, syncing every {} ms",
+                cfg.node,
+                cfg.redis,
+                cfg.sync.as_millis()
+            );
+            Some(FleetNode::start(server.shared_server(), cfg)?)
+        }
+    };
     let mut admin = match admin_cfg {
         None => None,
         Some(cfg) => {
@@ -115,7 +132,15 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     for sig in signals.forever() {
         match sig {
             SIGHUP => match server.reload_file() {
-                Ok(p) => eprintln!("omnistage: reloaded {p}"),
+                Ok((p, c)) => {
+                    eprintln!("omnistage: reloaded {p}");
+                    if c.cluster != cluster {
+                        eprintln!("omnistage: reload: [cluster] changes only on restart");
+                    }
+                    if let Some(f) = &fleet {
+                        f.reload(&c);
+                    }
+                }
                 Err(e) => eprintln!("omnistage: reload: {e}"),
             },
             _ => {
@@ -123,9 +148,14 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
                 if let Some(h) = admin.as_mut() {
                     h.stop();
                 }
-                let server = match Arc::try_unwrap(server) {
-                    Ok(s) => s.into_server(),
-                    Err(_) => return Err("the admin server still holds the server".into()),
+                if let Some(f) = fleet.as_mut() {
+                    f.stop();
+                }
+                let server = match Arc::try_unwrap(server).ok().and_then(Served::into_server) {
+                    Some(s) => s,
+                    None => {
+                        return Err("the admin server or the fleet still holds the server".into())
+                    }
                 };
                 server.drain(Duration::from_secs(a.drain_s));
                 eprintln!("omnistage: stopped");

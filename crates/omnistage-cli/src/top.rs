@@ -210,14 +210,15 @@ pub fn draw(f: &mut Frame<'_>, app: &App) {
     .areas(f.area());
     let summary = match &app.tree {
         Some(t) => format!(
-            "omnistage top — {} — up {:.0} s, {} workers, {} CPU charged, tree v{}",
+            "omnistage top — {} — up {:.0} s, {} workers, {} CPU charged, tree v{}{}",
             app.source,
             t.uptime_s,
             t.workers,
             t.cpu_ns_per_s
                 .map(|c| format!("{:.0}%", c / 1e7))
                 .unwrap_or_else(|| "–".into()),
-            t.version
+            t.version,
+            fleet_mark(t.fleet.as_ref())
         ),
         None => format!("omnistage top — {} — connecting…", app.source),
     };
@@ -293,6 +294,19 @@ pub fn draw(f: &mut Frame<'_>, app: &App) {
         .style(Style::default().fg(Color::DarkGray)),
         foot,
     );
+}
+
+/// What the title says of a node in a fleet: its name and how many nodes it sees, or that it
+/// runs on local shares because Redis is unreachable.
+fn fleet_mark(fleet: Option<&omnistage_admin::model::Fleet>) -> String {
+    match fleet {
+        None => String::new(),
+        Some(f) if f.connected => format!(" — fleet node {} of {}", f.node, f.nodes_seen),
+        Some(f) => format!(
+            " — fleet node {}: Redis unreachable, local shares (episode {})",
+            f.node, f.episodes
+        ),
+    }
 }
 
 /// Renders one frame into text (what `--once` prints).
@@ -439,6 +453,7 @@ mod tests {
             workers: 2,
             interval_s: Some(1.0),
             cpu_ns_per_s: Some(1.5e9),
+            fleet: None,
             root: node(
                 "/",
                 100,
@@ -516,5 +531,43 @@ mod tests {
             ..app
         };
         assert!(frame_text(&none, 80, 10).contains("cannot reach"));
+    }
+
+    #[test]
+    fn a_node_in_a_fleet_is_marked() {
+        let mut t = sample();
+        let mut fleet = omnistage_admin::model::Fleet {
+            node: "n2".into(),
+            connected: true,
+            nodes_seen: 3,
+            ..Default::default()
+        };
+        t.fleet = Some(fleet.clone());
+        let app = App {
+            tree: Some(t.clone()),
+            error: None,
+            key: SortKey::Cpu,
+            tree_view: true,
+            source: "x".into(),
+        };
+        assert!(frame_text(&app, 160, 10).contains("fleet node n2 of 3"));
+        fleet.connected = false;
+        fleet.episodes = 1;
+        t.fleet = Some(fleet);
+        let app = App {
+            tree: Some(t),
+            ..app
+        };
+        let text = frame_text(&app, 160, 10);
+        assert!(text.contains("Redis unreachable, local shares"), "{text}");
+        assert!(!frame_text(
+            &App {
+                tree: Some(sample()),
+                ..app
+            },
+            160,
+            10
+        )
+        .contains("fleet"));
     }
 }

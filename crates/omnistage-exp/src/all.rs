@@ -53,6 +53,34 @@ fn share_row(j: &Value) -> Summary {
     (s, None, j["goal_met"].as_bool())
 }
 
+/// The fleet row: a's part of node 1 with and without `[cluster]`, the capped tenant's fleet
+/// rate, and the fault timings.
+fn fleet_row(j: &Value) -> Summary {
+    let t = |p: &str| {
+        j.pointer(p)
+            .and_then(Value::as_f64)
+            .map_or_else(|| "never".to_string(), |x| format!("{:.0} ms", x * 1000.0))
+    };
+    (
+        format!(
+            "a of node 1 {:.3} (without: {:.3}), fleet a {:.3} b {:.3} (fill {:.3}/{:.3}); cap {:+.1} %; fallback {}, resync {}, reclaim {} (interval {} ms)",
+            f(j, "/with_cluster/a_share_of_node1"),
+            f(j, "/without_cluster/a_share_of_node1"),
+            f(j, "/with_cluster/a_fleet_share"),
+            f(j, "/with_cluster/b_fleet_share"),
+            f(j, "/expected_a_fleet_share"),
+            f(j, "/expected_b_fleet_share"),
+            f(j, "/cap/error_fraction") * 100.0,
+            t("/faults/fallback_s"),
+            t("/faults/resync_s"),
+            t("/faults/reclaim_s"),
+            f(j, "/sync_ms")
+        ),
+        None,
+        j["goal_met"].as_bool(),
+    )
+}
+
 /// The priority row: the small files' mean response time per send order, and the goal.
 fn priority_row(j: &Value) -> Summary {
     let small = |order: &str| {
@@ -600,6 +628,14 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                     j["goal_met"].as_bool(),
                 )
             },
+        },
+        Exp {
+            file: "fleet",
+            args: [v(&["fleet", "--seconds"]), vec![sec(6.0)]].concat(),
+            writes_own: true,
+            seed: "issue 13: shares across nodes (dynamo#15187's skew)",
+            seed_number: "a ≥ 0.97 of node 1 (0.8 without); cap ±5 %; fallback ≤ 1, resync and reclaim ≤ 3 intervals",
+            ours: fleet_row,
         },
     ];
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;

@@ -13,6 +13,7 @@ mod cfgweb;
 mod classes;
 mod connections;
 mod cpu;
+mod fleet;
 mod harness;
 mod http_vs_nginx;
 mod isolation;
@@ -79,6 +80,8 @@ enum Which {
     Priority(priority::PriorityArgs),
     /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
     Adversary(adversary::AdversaryArgs),
+    /// Three nodes and a Redis: fleet-wide shares under skewed ingress, a fleet cap, faults.
+    Fleet(fleet::FleetArgs),
     /// hyper on omnistage's async tasks vs on Tokio's current-thread runtime: shares, req/s, ns per poll.
     Tasks(tasks::TasksArgs),
     /// TLS 1.3 new connections/s and keep-alive requests/s over TLS, omnistage vs nginx.
@@ -106,6 +109,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
+        Which::Fleet(a) => fleet::run(a),
         Which::Tasks(a) => tasks::run(a),
         Which::Tls(a) => tls::run(a),
         Which::All(a) => all::run(a),

@@ -144,7 +144,7 @@ impl FleetHooks {
 }
 
 /// What the fleet layer last computed on this node (shown by the admin API and `/metrics`).
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FleetStatus {
     /// This node's name in the fleet.
     pub node: String,
@@ -162,7 +162,7 @@ pub struct FleetStatus {
 }
 
 /// One tenant in [`FleetStatus`].
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FleetTenantStatus {
     pub name: String,
     /// Its fleet-wide share target of CPU as this node computed it (0..=1).
