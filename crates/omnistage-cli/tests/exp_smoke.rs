@@ -66,7 +66,7 @@ fn overhead_smoke() {
     if !two_cpus() {
         return;
     }
-    let r = run(&["overhead", "--seconds", "0.3", "--rounds", "1"]);
+    let r = run(&["overhead", "--seconds", "0.3", "--repeats", "1"]);
     assert_eq!(r["experiment"], "overhead");
     let f = r["files"].as_array().unwrap();
     assert_eq!(f.len(), 2);
@@ -268,6 +268,8 @@ fn adversary_smoke() {
         "adversary",
         "--seconds",
         "0.3",
+        "--repeats",
+        "1",
         "--victim-rate",
         "200",
         "--flood-conns",

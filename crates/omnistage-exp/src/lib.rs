@@ -22,10 +22,12 @@ mod priority;
 pub(crate) mod report;
 mod rounds;
 mod sched_cost;
+mod shape;
 mod shaping;
 mod share;
 mod specweb;
 mod spike;
+mod tasks;
 pub(crate) mod util;
 mod web;
 mod windowing;
@@ -62,6 +64,8 @@ enum Which {
     Isolation(isolation::IsolationArgs),
     /// A tenant's net_cap at several rates, token and leaky bucket: achieved vs cap (TAP Fig. 3).
     Shaping(shaping::ShapingArgs),
+    /// Unmodified programs under `omnistage shape`: curl at 64 KiB/s..100 MiB/s, cat/dd overhead, groups (TAP Fig. 3, Table 2).
+    Shape(shape::ShapeExpArgs),
     /// Open-loop load stepping 0.5x -> 10x -> 0.5x capacity, with and without a p90 target (SEDA Fig. 55).
     OverloadSpike(spike::SpikeArgs),
     /// Two classes of 128 clients, the high class joining mid-run, with and without class priorities (SEDA Figs. 58-59).
@@ -74,6 +78,8 @@ enum Which {
     Priority(priority::PriorityArgs),
     /// A victim tenant at half load, alone and attacked by a co-hosted tenant; vs nginx (QLinux LRP, TAP §1).
     Adversary(adversary::AdversaryArgs),
+    /// hyper on omnistage's async tasks vs on Tokio's current-thread runtime: shares, req/s, ns per poll.
+    Tasks(tasks::TasksArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -90,12 +96,14 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Overhead(a) => overhead::run(a),
         Which::Isolation(a) => isolation::run(a),
         Which::Shaping(a) => shaping::run(a),
+        Which::Shape(a) => shape::run(a),
         Which::OverloadSpike(a) => spike::run(a),
         Which::Classes(a) => classes::run(a),
         Which::Connections(a) => connections::run(a),
         Which::Specweb(a) => specweb::run(a),
         Which::Priority(a) => priority::run(a),
         Which::Adversary(a) => adversary::run(a),
+        Which::Tasks(a) => tasks::run(a),
         Which::All(a) => all::run(a),
     }
 }

@@ -1,0 +1,705 @@
+//! `tasks`: hyper's HTTP/1.1 service on omnistage's async tasks against the same hyper code on
+//! Tokio's current-thread runtime, each on one pinned core (CPU 0), the load generator on CPU 1.
+//!
+//! - Shares: three tenants by Host (weights 50/33/17 on omnistage; Tokio has none), each
+//!   backlogged on `/burn` (closed loop); shares from the load generator's completed requests,
+//!   the ledger's task-stage CPU beside them. Goal: omnistage within 1 point of each weight.
+//! - Cost: `/hello` over keep-alive, rounds alternating between the two runtimes; req/s
+//!   medians. Goal: omnistage >= 0.95x Tokio.
+//! - Per poll: a task that only yields, timed inside the task (ns per poll = wake + queue +
+//!   pick + dispatch + charge), on omnistage with scheduling and accounting, on omnistage's
+//!   FIFO bypass (no tree, no ledger), and on Tokio; scheduling and accounting cost the
+//!   difference between the first two.
+//!
+//! The handler is one generic function over [`Flavor`] (how to enter a tenant, how to yield):
+//! on omnistage entering a tenant re-tags the connection's task; on Tokio it does nothing.
+
+use super::harness::{self, LOAD_CPU};
+use super::report::{self, Doc, Table};
+use super::rounds::{self, Spread, Verdict};
+use super::util::{burn, burn_iters_per_us, machine};
+use super::Common;
+use clap::Args;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use omnistage::account::ActivityId;
+use omnistage::activity::{ActivitySpec, INFRA};
+use omnistage::exec::{Affinity, Runtime};
+use omnistage::task::{self, TaskConfig, TaskTimer};
+use serde::Serialize;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// CPU the servers run on (the load generator is on [`LOAD_CPU`]).
+const SERVER_CPU: usize = 0;
+/// Tenants: Host and weight (percent).
+const TENANTS: [(&str, u32); 3] = [("a.test", 50), ("b.test", 33), ("c.test", 17)];
+/// The shares goal, percentage points from each weight.
+const SHARE_GOAL_PTS: f64 = 1.0;
+/// The cost goal: omnistage's /hello req/s over Tokio's.
+const COST_GOAL_RATIO: f64 = 0.95;
+const BURN_US_MAX: u64 = 100_000;
+
+#[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("5.0").help("Measured seconds of each run.")))]
+pub struct TasksArgs {
+    /// Connections per tenant in the shares runs (enough that every tenant stays backlogged:
+    /// with too few, a closed loop's clients, not the server, set the shares).
+    #[arg(long, default_value_t = 64)]
+    conns: usize,
+    /// CPU µs each /burn request burns.
+    #[arg(long, default_value_t = 200)]
+    burn_us: u64,
+    /// Keep-alive connections of the /hello cost runs.
+    #[arg(long, default_value_t = 64)]
+    hello_conns: usize,
+    /// Polls timed per per-poll measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    polls: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The service, written once.
+
+/// What differs between the runtimes inside the handler.
+trait Flavor: Clone + Send + Sync + 'static {
+    /// The request names tenant `i`: later work of this connection is that tenant's.
+    fn enter(&self, i: usize);
+    fn yield_now(&self) -> impl Future<Output = ()> + Send;
+}
+
+#[derive(Clone)]
+struct Omni {
+    tenants: Arc<Vec<ActivityId>>,
+}
+
+impl Flavor for Omni {
+    fn enter(&self, i: usize) {
+        let _ = task::set_activity(self.tenants[i]);
+    }
+    fn yield_now(&self) -> impl Future<Output = ()> + Send {
+        task::yield_now()
+    }
+}
+
+#[derive(Clone)]
+struct Tokio;
+
+impl Flavor for Tokio {
+    fn enter(&self, _: usize) {}
+    fn yield_now(&self) -> impl Future<Output = ()> + Send {
+        tokio::task::yield_now()
+    }
+}
+
+fn reply(status: StatusCode, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r
+}
+
+/// `/hello` (12 bytes) and `/burn?us=N` (also `/_burn`, the load generator's spelling): N µs
+/// of calibrated CPU with an `.await` before and after.
+async fn handle<F: Flavor>(
+    flavor: F,
+    iters_per_us: f64,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(|h| h.split(':').next().unwrap_or(h));
+    let Some(i) = host.and_then(|h| TENANTS.iter().position(|(n, _)| *n == h)) else {
+        return Ok(reply(
+            StatusCode::NOT_FOUND,
+            Bytes::from_static(b"unknown host\n"),
+        ));
+    };
+    flavor.enter(i);
+    Ok(match req.uri().path() {
+        "/hello" => {
+            flavor.yield_now().await;
+            reply(StatusCode::OK, Bytes::from_static(b"hello world\n"))
+        }
+        "/burn" | "/_burn" => {
+            let us = req
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("us=")))
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|&us| us <= BURN_US_MAX);
+            let Some(us) = us else {
+                return Ok(reply(
+                    StatusCode::BAD_REQUEST,
+                    Bytes::from_static(b"bad us\n"),
+                ));
+            };
+            flavor.yield_now().await;
+            burn((us as f64 * iters_per_us) as u64);
+            flavor.yield_now().await;
+            reply(StatusCode::OK, Bytes::from_static(b"burned\n"))
+        }
+        _ => reply(StatusCode::NOT_FOUND, Bytes::from_static(b"not found\n")),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The two servers.
+
+/// A running server; dropping it stops it.
+enum Server {
+    Omni(Runtime),
+    Tokio {
+        stop: Arc<AtomicBool>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Server::Tokio { stop, thread } = self {
+            stop.store(true, Ordering::Release);
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it, and
+    // sched_setaffinity reads it for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+fn start_omnistage(iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
+    let mut b = Runtime::builder()
+        .workers(1)
+        .pin(true)
+        .tasks(TaskConfig::default())
+        .map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    for (host, weight) in TENANTS {
+        let path = format!("/{}", host.trim_end_matches(".test"));
+        let (nb, id) = b
+            .activity(&path, ActivitySpec::weight(weight))
+            .map_err(|e| e.to_string())?;
+        b = nb;
+        ids.push(id);
+    }
+    let rt = b.start().map_err(|e| e.to_string())?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let flavor = Omni {
+        tenants: Arc::new(ids),
+    };
+    rt.spawn_with(INFRA, Affinity::Core(0), move || async move {
+        let Ok(l) = task::TcpListener::from_std(listener) else {
+            return;
+        };
+        loop {
+            let Ok((s, _)) = l.accept().await else {
+                task::sleep(Duration::from_millis(10)).await;
+                continue;
+            };
+            let _ = s.set_nodelay(true);
+            let flavor = flavor.clone();
+            let _ = task::spawn(async move {
+                let svc = service_fn(move |req| handle(flavor.clone(), iters_per_us, req));
+                let _ = http1::Builder::new()
+                    .timer(TaskTimer)
+                    .serve_connection(s, svc)
+                    .await;
+            });
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    Ok((Server::Omni(rt), addr))
+}
+
+fn start_tokio(iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("tokio-server".into())
+        .spawn(move || {
+            pin_this_thread(SERVER_CPU);
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("exp tasks: tokio: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let Ok(l) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                while !stop2.load(Ordering::Acquire) {
+                    // Wakes now and then to see the stop flag.
+                    let Ok(Ok((s, _))) =
+                        tokio::time::timeout(Duration::from_millis(50), l.accept()).await
+                    else {
+                        continue;
+                    };
+                    let _ = s.set_nodelay(true);
+                    tokio::task::spawn(async move {
+                        let svc = service_fn(move |req| handle(Tokio, iters_per_us, req));
+                        let _ = http1::Builder::new()
+                            .timer(hyper_util::rt::TokioTimer::new())
+                            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                            .await;
+                    });
+                }
+            });
+        })
+        .map_err(|e| e.to_string())?;
+    Ok((
+        Server::Tokio {
+            stop,
+            thread: Some(thread),
+        },
+        addr,
+    ))
+}
+
+fn start(server: &str, iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
+    match server {
+        "omnistage" => start_omnistage(iters_per_us),
+        _ => start_tokio(iters_per_us),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements.
+
+#[derive(Serialize, Clone)]
+struct TenantShare {
+    host: &'static str,
+    weight_pct: f64,
+    requests: u64,
+    share_pct: f64,
+    /// The ledger's share of the task stage's CPU (omnistage only).
+    ledger_cpu_pct: Option<f64>,
+}
+
+#[derive(Serialize, Clone)]
+struct ShareRun {
+    server: &'static str,
+    tenants: Vec<TenantShare>,
+    errors: u64,
+    /// Largest |share - weight|, percentage points.
+    max_err_pts: f64,
+}
+
+#[derive(Serialize, Clone)]
+struct CostRound {
+    round: usize,
+    server: &'static str,
+    req_per_s: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct PerPoll {
+    omnistage_ns: f64,
+    omnistage_bypass_ns: f64,
+    tokio_ns: f64,
+    /// omnistage minus its bypass: the tree's pick and charge and the ledger's counters.
+    scheduling_and_accounting_ns: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    seconds: f64,
+    repeats: usize,
+    conns: usize,
+    burn_us: u64,
+    hello_conns: usize,
+    shares: Vec<ShareRun>,
+    cost_rounds: Vec<CostRound>,
+    omnistage_req_per_s: Spread,
+    tokio_req_per_s: Spread,
+    ratio: f64,
+    verdict: Verdict,
+    per_poll: PerPoll,
+    shares_goal_met: bool,
+    cost_goal_met: bool,
+    goal_met: bool,
+}
+
+fn shares_run(a: &TasksArgs, server: &'static str, iters: f64) -> Result<ShareRun, String> {
+    let (srv, addr) = start(server, iters)?;
+    let mut extra = Vec::new();
+    for (host, _) in TENANTS {
+        extra.push("--tenant".into());
+        extra.push(format!(
+            "{}:{host}:{}:burn={}",
+            &host[..1],
+            a.conns,
+            a.burn_us
+        ));
+    }
+    let before = ledger_cpu(&srv);
+    let r = omnistage_load::run(&harness::load_args(
+        &addr.to_string(),
+        a.common.seconds,
+        0.5,
+        &extra,
+    )?)?;
+    let after = ledger_cpu(&srv);
+    drop(srv);
+    let total: u64 = r.tenants.iter().map(|t| t.requests).sum::<u64>().max(1);
+    let ledger: Option<Vec<u64>> = before
+        .zip(after)
+        .map(|(b, a)| a.iter().zip(&b).map(|(x, y)| x - y).collect());
+    let ledger_total = ledger
+        .as_ref()
+        .map(|l| l.iter().sum::<u64>().max(1))
+        .unwrap_or(1);
+    let tenants: Vec<TenantShare> = TENANTS
+        .iter()
+        .enumerate()
+        .map(|(i, (host, w))| {
+            let n = r.tenants[i].requests;
+            TenantShare {
+                host,
+                weight_pct: f64::from(*w),
+                requests: n,
+                share_pct: 100.0 * n as f64 / total as f64,
+                ledger_cpu_pct: ledger
+                    .as_ref()
+                    .map(|l| 100.0 * l[i] as f64 / ledger_total as f64),
+            }
+        })
+        .collect();
+    let max_err_pts = tenants
+        .iter()
+        .map(|t| (t.share_pct - t.weight_pct).abs())
+        .fold(0.0, f64::max);
+    Ok(ShareRun {
+        server,
+        errors: harness::errors(&r.total),
+        tenants,
+        max_err_pts,
+    })
+}
+
+/// Task-stage CPU per tenant so far (omnistage only).
+fn ledger_cpu(srv: &Server) -> Option<Vec<u64>> {
+    let Server::Omni(rt) = srv else {
+        return None;
+    };
+    let stage = rt.task_stage()?;
+    let snap = rt.snapshot();
+    Some(
+        TENANTS
+            .iter()
+            .map(|(host, _)| {
+                let id = rt.activity_id(&format!("/{}", host.trim_end_matches(".test")));
+                snap.rows
+                    .iter()
+                    .filter(|r| r.stage == stage && Some(r.activity) == id)
+                    .map(|r| r.cpu_ns)
+                    .sum()
+            })
+            .collect(),
+    )
+}
+
+fn cost_round(a: &TasksArgs, server: &'static str, iters: f64) -> Result<CostRound, String> {
+    let (srv, addr) = start(server, iters)?;
+    let r = omnistage_load::run(&harness::load_args(
+        &addr.to_string(),
+        a.common.seconds,
+        0.5,
+        &[
+            "--tenant".into(),
+            format!("a:a.test:{}:path=/hello", a.hello_conns),
+        ],
+    )?)?;
+    drop(srv);
+    Ok(CostRound {
+        round: 0,
+        server,
+        req_per_s: r.total.req_per_s,
+        p99_ms: r.total.p99_ms,
+        errors: harness::errors(&r.total),
+    })
+}
+
+/// ns per poll of a task that only yields, timed inside the task on omnistage.
+fn omnistage_poll_ns(polls: u64, bypass: bool) -> Result<f64, String> {
+    let (b, a) = Runtime::builder()
+        .workers(1)
+        .pin(true)
+        .bypass(bypass)
+        .tasks(TaskConfig::default())
+        .map_err(|e| e.to_string())?
+        .activity("/a", ActivitySpec::weight(1))
+        .map_err(|e| e.to_string())?;
+    let rt = b.start().map_err(|e| e.to_string())?;
+    let h = rt
+        .spawn(a, Affinity::Core(0), async move {
+            // A warm-up, then the timed stretch.
+            for _ in 0..polls / 10 {
+                task::yield_now().await;
+            }
+            let t = Instant::now();
+            for _ in 0..polls {
+                task::yield_now().await;
+            }
+            t.elapsed().as_nanos() as f64 / polls as f64
+        })
+        .map_err(|e| e.to_string())?;
+    let end = Instant::now() + Duration::from_secs(120);
+    while !h.is_finished() {
+        if Instant::now() > end {
+            return Err("per-poll run did not finish in 120 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?
+        .block_on(h)
+        .map_err(|e| e.to_string());
+    drop(rt);
+    r
+}
+
+/// The same loop on Tokio's current-thread runtime, on the same CPU.
+fn tokio_poll_ns(polls: u64) -> Result<f64, String> {
+    std::thread::spawn(move || {
+        pin_this_thread(SERVER_CPU);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(rt.block_on(async move {
+            tokio::task::spawn(async move {
+                for _ in 0..polls / 10 {
+                    tokio::task::yield_now().await;
+                }
+                let t = Instant::now();
+                for _ in 0..polls {
+                    tokio::task::yield_now().await;
+                }
+                t.elapsed().as_nanos() as f64 / polls as f64
+            })
+            .await
+            .unwrap_or(f64::NAN)
+        }))
+    })
+    .join()
+    .map_err(|_| "tokio per-poll thread panicked".to_string())?
+}
+
+pub fn run(a: TasksArgs) -> Result<(), String> {
+    a.common.check(0.5)?;
+    if !(1..=4096).contains(&a.conns) || !(1..=10_000).contains(&a.hello_conns) {
+        return Err("--conns 1..=4096, --hello-conns 1..=10000".into());
+    }
+    if a.burn_us > BURN_US_MAX || !(1_000..=100_000_000).contains(&a.polls) {
+        return Err(format!(
+            "--burn-us 0..={BURN_US_MAX}, --polls 1000..=100000000"
+        ));
+    }
+    let iters = burn_iters_per_us();
+    let mut shares = Vec::new();
+    for server in ["omnistage", "tokio"] {
+        shares.push(shares_run(&a, server, iters)?);
+    }
+    let runs = rounds::alternate(
+        a.common.repeats,
+        &["omnistage", "tokio"],
+        |round, server| {
+            let mut r = cost_round(&a, server, iters)?;
+            r.round = round + 1;
+            Ok(r)
+        },
+    )?;
+    let cost_rounds: Vec<CostRound> = runs.into_iter().map(|(_, _, r)| r).collect();
+    let of = |name: &str| -> Vec<f64> {
+        cost_rounds
+            .iter()
+            .filter(|r| r.server == name)
+            .map(|r| r.req_per_s)
+            .collect()
+    };
+    let (om, tk) = (of("omnistage"), of("tokio"));
+    let (omnistage_req_per_s, tokio_req_per_s) = (Spread::of(&om), Spread::of(&tk));
+    let ratio = omnistage_req_per_s.median / tokio_req_per_s.median;
+    let scheduled = omnistage_poll_ns(a.polls, false)?;
+    let bypass = omnistage_poll_ns(a.polls, true)?;
+    let per_poll = PerPoll {
+        omnistage_ns: scheduled,
+        omnistage_bypass_ns: bypass,
+        tokio_ns: tokio_poll_ns(a.polls)?,
+        scheduling_and_accounting_ns: scheduled - bypass,
+    };
+    let shares_goal_met = shares[0].max_err_pts <= SHARE_GOAL_PTS && shares[0].errors == 0;
+    let cost_goal_met = ratio >= COST_GOAL_RATIO;
+    let report = Report {
+        experiment: "tasks",
+        machine: machine(),
+        seconds: a.common.seconds,
+        repeats: a.common.repeats,
+        conns: a.conns,
+        burn_us: a.burn_us,
+        hello_conns: a.hello_conns,
+        shares,
+        cost_rounds,
+        omnistage_req_per_s,
+        tokio_req_per_s,
+        ratio,
+        verdict: rounds::compare(&om, &tk, true),
+        per_poll,
+        shares_goal_met,
+        cost_goal_met,
+        goal_met: shares_goal_met && cost_goal_met,
+    };
+    page(&a, &report)
+}
+
+fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
+    let mut shares = Table::new(&[
+        "runtime",
+        "tenant",
+        "weight %",
+        "requests",
+        "share %",
+        "ledger task CPU %",
+    ]);
+    for run in &r.shares {
+        for t in &run.tenants {
+            shares.row(vec![
+                run.server.to_string(),
+                t.host.to_string(),
+                format!("{:.0}", t.weight_pct),
+                t.requests.to_string(),
+                format!("{:.2}", t.share_pct),
+                t.ledger_cpu_pct
+                    .map(|p| format!("{p:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+            ]);
+        }
+    }
+    let mut cost = Table::new(&["round", "runtime", "req/s", "p99 ms", "errors"]);
+    for c in &r.cost_rounds {
+        cost.row(vec![
+            c.round.to_string(),
+            c.server.to_string(),
+            format!("{:.0}", c.req_per_s),
+            format!("{:.3}", c.p99_ms),
+            c.errors.to_string(),
+        ]);
+    }
+    let mut poll = Table::new(&["runtime", "ns per poll"]);
+    let p = &r.per_poll;
+    for (name, v) in [
+        ("omnistage (tree + ledger)", p.omnistage_ns),
+        ("omnistage bypass (FIFO, no ledger)", p.omnistage_bypass_ns),
+        ("tokio current-thread", p.tokio_ns),
+    ] {
+        poll.row(vec![name.to_string(), format!("{v:.1}")]);
+    }
+    let om = &r.shares[0];
+    let notes = vec![
+        format!(
+            "Shares: omnistage's largest error is {:.2} points against the weights (goal: within {SHARE_GOAL_PTS}): {}; {} errors. \
+             Tokio has no weights and is shown as it comes (largest distance from 50/33/17: {:.2} points).",
+            om.max_err_pts,
+            if r.shares_goal_met { "met" } else { "not met" },
+            om.errors,
+            r.shares[1].max_err_pts
+        ),
+        format!(
+            "Cost: /hello median (min–max) over {} alternating rounds: omnistage {} req/s, Tokio {} req/s, ratio {:.3} (goal >= {COST_GOAL_RATIO}): {}; the difference against Tokio's run-to-run range: {}.",
+            r.repeats,
+            r.omnistage_req_per_s.show(0),
+            r.tokio_req_per_s.show(0),
+            r.ratio,
+            if r.cost_goal_met { "met" } else { "not met" },
+            r.verdict.word()
+        ),
+        format!(
+            "Per poll: a task that only yields costs {:.1} ns per poll on omnistage and {:.1} ns on its FIFO bypass, so the tree's pick and charge and the ledger's counters cost {:.1} ns per poll; Tokio's current-thread runtime: {:.1} ns.",
+            p.omnistage_ns, p.omnistage_bypass_ns, p.scheduling_and_accounting_ns, p.tokio_ns
+        ),
+    ];
+    let doc = Doc {
+        title: "tasks: hyper on omnistage's async tasks vs on Tokio".into(),
+        command: format!(
+            "omnistage exp tasks {} --conns {} --burn-us {} --hello-conns {} --polls {}",
+            a.common.words(),
+            a.conns,
+            a.burn_us,
+            a.hello_conns,
+            a.polls
+        ),
+        machine: r.machine.clone(),
+        intro: vec![format!(
+            "The same hyper 1.x HTTP/1.1 service (one generic handler) on omnistage's tasks (one \
+             worker pinned to CPU {SERVER_CPU}, tenants a/b/c.test at weights 50/33/17, each \
+             connection re-tagged to its tenant at its first request) and on Tokio's \
+             current-thread runtime (one thread pinned to CPU {SERVER_CPU}); the load generator \
+             on CPU {LOAD_CPU}. Shares: {} closed-loop connections per tenant on /burn?us={}, {} s \
+             per runtime, shares from the clients' completed requests. Cost: {} keep-alive \
+             connections on /hello, {} alternating rounds of {} s.",
+            a.conns, a.burn_us, a.common.seconds, a.hello_conns, a.common.repeats, a.common.seconds
+        )],
+        tables: vec![
+            ("Shares (closed loop, /burn)".into(), shares),
+            ("Cost (/hello, keep-alive)".into(), cost),
+            ("Per-poll cost".into(), poll),
+        ],
+        notes,
+    };
+    report::emit("tasks", r, &doc, a.common.json, a.common.out(), |path| {
+        let cats: Vec<String> = TENANTS.iter().map(|(h, _)| h.to_string()).collect();
+        let series = vec![
+            (
+                "weight".to_string(),
+                TENANTS.iter().map(|(_, w)| f64::from(*w)).collect(),
+            ),
+            (
+                "omnistage".to_string(),
+                r.shares[0].tenants.iter().map(|t| t.share_pct).collect(),
+            ),
+            (
+                "tokio".to_string(),
+                r.shares[1].tenants.iter().map(|t| t.share_pct).collect(),
+            ),
+        ];
+        report::svg_bars(
+            path,
+            "completed-request shares (%) per tenant",
+            "share %",
+            &cats,
+            &series,
+        )
+    })
+}
