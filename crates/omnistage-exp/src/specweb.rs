@@ -315,7 +315,8 @@ fn judge(levels: &[Level]) -> Goals {
     // At least nginx's: worse only by more than nginx's own run-to-run range; a difference
     // inside it is inconclusive (`None`) unless ours is at least as high as nginx's best run.
     let throughput_at_least_nginx = match (ours, ng) {
-        (Some(o), Some(n)) => {
+        // Nothing served by either (a level too short to open its connections): no verdict.
+        (Some(o), Some(n)) if o.req_per_s_spread.max > 0.0 || n.req_per_s_spread.max > 0.0 => {
             let (os, ns) = (o.req_per_s_spread, n.req_per_s_spread);
             if os.median >= ns.max {
                 Some(true)
@@ -887,6 +888,10 @@ mod tests {
         assert_eq!(judge(&close).throughput_at_least_nginx, Some(true));
         close[1].req_per_s_spread = Spread::of(&[60.0]);
         assert_eq!(judge(&close).throughput_at_least_nginx, Some(false));
+        // Neither served anything: not judged.
+        close[1].req_per_s_spread = Spread::of(&[0.0]);
+        close[3].req_per_s_spread = Spread::of(&[0.0, 0.0]);
+        assert_eq!(judge(&close).throughput_at_least_nginx, None);
     }
 
     #[test]
