@@ -6,7 +6,17 @@
 //! `rate * T + burst + c_max`, where `c_max` is the largest single charge; when the caller
 //! knows the cost in advance (bytes to send) and keeps chunks small, `c_max` is that chunk size.
 //! A leaky bucket is the same meter with no burst (a GCRA with zero tolerance): its output is
-//! spaced at the rate, never bunched.
+//! spaced at the rate and banks nothing while its node is idle.
+//!
+//! Late wake-ups: a leaky bucket that banks nothing at all loses whatever a late wake-up costs
+//! (a node eligible at `t` but dispatched at `t + L` loses `rate * L`; with sub-millisecond
+//! spacing on a busy machine that was a third of the rate). So while its node stays backlogged
+//! a leaky bucket keeps what it earned, up to [`LEAKY_CATCH_UP_NS`] worth of its rate, and
+//! drops it back to nothing when the node goes idle ([`Shaper::idle`]). Bounds: from the start
+//! of a backlog the node receives at most `rate * elapsed + c_max` (it never runs ahead of the
+//! rate: it only catches up time it was held back), and in any window `T` at most
+//! `rate * (T + LEAKY_CATCH_UP_NS) + c_max`. A caller that never reports idleness gets the
+//! same window bound.
 
 /// Kind of shaper.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -67,6 +77,11 @@ impl ShaperSpec {
 
 const NS_PER_S: i128 = 1_000_000_000;
 
+/// How much a backlogged leaky bucket may bank to catch up late wake-ups, in ns of its rate
+/// (5 ms: above the worker's wake-up lateness on a busy 2-vCPU machine, and at 8 MB/s a
+/// catch-up of at most 40 KB).
+pub const LEAKY_CATCH_UP_NS: u64 = 5_000_000;
+
 /// A running bucket. The balance is kept in unit-nanoseconds (units * 1e9) so refills at any
 /// rate are exact integers.
 #[derive(Clone, Debug)]
@@ -75,6 +90,8 @@ pub struct Shaper {
     /// Balance in units * 1e9; positive means eligible.
     balance: i128,
     last_ns: u64,
+    /// The node went idle (leaky bucket: earn no more than one unit-ns until it has work).
+    idle: bool,
 }
 
 impl Shaper {
@@ -85,6 +102,7 @@ impl Shaper {
             spec,
             balance: 0,
             last_ns: now_ns,
+            idle: true,
         };
         s.balance = s.depth();
         s
@@ -105,22 +123,34 @@ impl Shaper {
     fn depth(&self) -> i128 {
         match self.spec.kind {
             ShaperKind::Token => i128::from(self.spec.burst) * NS_PER_S,
-            // A leaky bucket holds only the fraction of a unit; eligibility needs > 0.
-            ShaperKind::Leaky => 1,
+            // An idle leaky bucket holds only the fraction of a unit; eligibility needs > 0.
+            ShaperKind::Leaky if self.idle => 1,
+            // A backlogged one keeps what late wake-ups cost it, up to the catch-up allowance.
+            ShaperKind::Leaky => i128::from(self.spec.rate_per_s) * i128::from(LEAKY_CATCH_UP_NS),
         }
     }
 
     fn refill(&mut self, now_ns: u64) {
         if now_ns > self.last_ns {
             let earned = i128::from(now_ns - self.last_ns) * i128::from(self.spec.rate_per_s);
-            self.balance = (self.balance + earned).min(self.depth());
+            self.balance = (self.balance + earned).min(self.depth().max(self.balance));
             self.last_ns = now_ns;
         }
     }
 
+    /// The shaped node has no more work: a leaky bucket forgets what it banked for catching
+    /// up (an idle node must come back with no burst), including what it earned since its
+    /// last charge. A token bucket keeps its tokens.
+    pub fn idle(&mut self) {
+        self.idle = true;
+        self.balance = self.balance.min(self.depth());
+    }
+
     /// Earliest time at which the node may be dispatched; `<= now_ns` means now.
+    /// Called when the node has work: it counts as backlogged from `now_ns`.
     pub fn eligible_at(&mut self, now_ns: u64) -> u64 {
         self.refill(now_ns);
+        self.idle = false;
         if self.balance > 0 {
             return now_ns;
         }
@@ -133,6 +163,7 @@ impl Shaper {
     /// Charges `cost` units spent at (or ending at) `now_ns`.
     pub fn charge(&mut self, cost: u64, now_ns: u64) {
         self.refill(now_ns);
+        self.idle = false;
         self.balance -= i128::from(cost) * NS_PER_S;
     }
 
@@ -198,9 +229,62 @@ mod tests {
         s.charge(1, 0);
         assert_eq!(s.eligible_at(0), 1_000_000);
         // A long idle period does not bank more than one unit-ns.
+        s.idle();
         assert_eq!(s.eligible_at(10_000_000_000), 10_000_000_000);
         s.charge(1, 10_000_000_000);
         assert!(s.eligible_at(10_000_000_000) > 10_000_000_000);
+    }
+
+    /// 1,000,000 units/s (1 unit per µs), 100-unit sends: due every 100 µs. A wake-up 60 µs
+    /// late is caught up at the next decision, and a worker that always wakes 37 µs late still
+    /// sends on the 100 µs grid: late wake-ups cost nothing, and no send is possible early.
+    #[test]
+    fn leaky_bucket_catches_up_a_late_wake_up_exactly() {
+        let mut s = Shaper::new(ShaperSpec::leaky(1_000_000), 0);
+        assert_eq!(s.eligible_at(0), 0);
+        s.charge(100, 0);
+        assert_eq!(s.eligible_at(0), 100_000);
+        // The worker wakes 60 µs late: the 60 units it waited too long are banked, not lost.
+        assert_eq!(s.eligible_at(160_000), 160_000);
+        s.charge(100, 160_000);
+        // Due 40 µs later, at 200 µs, where an on-time worker would have sent too.
+        let mut due = s.eligible_at(160_000);
+        for k in 2..=20u64 {
+            assert_eq!(due, k * 100_000, "send {k}");
+            let now = due + 37_000;
+            assert_eq!(s.eligible_at(now), now);
+            s.charge(100, now);
+            due = s.eligible_at(now);
+            assert!(
+                due > now,
+                "a second send at {now} would run ahead of the rate"
+            );
+        }
+    }
+
+    /// The catch-up allowance is bounded: a node held back far longer than the allowance gets
+    /// at most `LEAKY_CATCH_UP_NS` worth of its rate at once, and an idle node gets nothing.
+    #[test]
+    fn leaky_catch_up_is_bounded_and_lost_on_idle() {
+        let rate = 1_000_000u64;
+        let mut s = Shaper::new(ShaperSpec::leaky(rate), 0);
+        s.charge(1, 0);
+        assert!(s.eligible_at(0) > 0);
+        // Backlogged but not served for a second: it may send the allowance (5,000 units),
+        // then waits.
+        let t = 1_000_000_000;
+        let mut burst = 0;
+        while s.eligible_at(t) <= t {
+            s.charge(1, t);
+            burst += 1;
+        }
+        assert_eq!(burst, rate * LEAKY_CATCH_UP_NS / 1_000_000_000);
+        // Idle for a second: one unit-ns banked, so one unit goes, then it waits a unit's time.
+        s.idle();
+        let t2 = 2_000_000_000;
+        assert_eq!(s.eligible_at(t2), t2);
+        s.charge(1, t2);
+        assert_eq!(s.eligible_at(t2), t2 + 1_000);
     }
 
     #[test]

@@ -340,6 +340,9 @@ impl Tree {
                 return;
             }
             n.ready_in_parent = false;
+            if let Some(shaper) = &mut n.shaper {
+                shaper.idle();
+            }
             let (parent, slot) = (n.parent.expect("ready_in_parent implies parent"), n.slot);
             self.policy(parent).client_suspended(slot);
             id = parent;
@@ -566,6 +569,9 @@ impl Tree {
         if in_service {
             return;
         }
+        if let Some(shaper) = &mut n.shaper {
+            shaper.idle();
+        }
         if n.ready_in_parent {
             n.ready_in_parent = false;
             let (parent, slot) = (n.parent.expect("leaf has parent"), n.slot);
@@ -641,7 +647,9 @@ impl Tree {
             let mut still = n.has_work();
             if let Some(shaper) = &mut n.shaper {
                 shaper.charge(cost, now_ns);
-                if still {
+                if !still {
+                    shaper.idle();
+                } else {
                     let at = shaper.eligible_at(now_ns);
                     if at > now_ns {
                         still = false;
