@@ -196,6 +196,9 @@ impl Shaper {
             spec,
             balance: 0,
             last_ns,
+            // The state kept outside holds no idleness: a rebuilt leaky bucket counts as
+            // backlogged (its catch-up allowance applies; `idle()` drops it).
+            idle: false,
         };
         // A debt deeper than an hour at the rate is not a state any caller produces.
         let floor = -i128::from(spec.rate_per_s) * 3600 * NS_PER_S;
