@@ -1175,8 +1175,12 @@ fn activities_change_while_work_flows_and_bad_changes_change_nothing() {
     let tc = rt
         .create_activity("/tenants/c", ActivitySpec::weight(10))
         .unwrap();
+    // /tenants/c's chains never end by themselves (a chain of u32::MAX hops), so the removal
+    // below always finds them running however late this thread gets to it: each ends at its
+    // first send after the removal. (With HOPS here a busy machine could let them all finish
+    // first, and no send was refused.)
     for _ in 0..CHAINS {
-        rt.send(&rig.hop, tc, Affinity::Core(0), HOPS).unwrap();
+        rt.send(&rig.hop, tc, Affinity::Core(0), u32::MAX).unwrap();
     }
     let gold = rt
         .create_activity("/gold", ActivitySpec::weight(200))
@@ -1254,7 +1258,7 @@ fn activities_change_while_work_flows_and_bad_changes_change_nothing() {
         assert_eq!(rig.seen.get(id), per_activity, "/tenants/{name}");
     }
     let seen_c = rig.seen.get(tc);
-    assert!(seen_c > 0 && seen_c < per_activity, "/tenants/c: {seen_c}");
+    assert!(seen_c > 0, "/tenants/c: {seen_c}");
     assert_eq!(rt.handled(), 2 * per_activity + seen_c);
 
     // The table reflects every accepted change and none of the refused ones.
