@@ -19,6 +19,7 @@
 //! | `path`      | request-target decoding and resolving ([`omnistage_http::path`])     |
 //! | `chunked`   | response framing with chunked bodies ([`omnistage_load::parse::ResponseReader`]) |
 //! | `config`    | the TOML config file ([`omnistage_http::config::parse_config`])      |
+//! | `upstream`  | the proxy's upstream response heads and chunked bodies ([`omnistage_http::proxy`]) |
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use omnistage_http::cond::{self, RangeOutcome};
 use omnistage_http::config::parse_config;
 use omnistage_http::path::{decode_target, resolve};
+use omnistage_http::proxy::{parse_response_head, ChunkedDecoder, HeadOutcome, ResponseFraming};
 use omnistage_http::request::{parse, Limits, ParseOutcome, Request};
 use omnistage_http::synthetic::parse_synthetic;
 use omnistage_load::parse::{Feed, ResponseReader};
@@ -43,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("path", path),
     ("chunked", chunked),
     ("config", config),
+    ("upstream", upstream),
 ];
 
 /// Reads a little-endian u64 from the front of `data` (zero-padded), and the rest.
@@ -270,4 +273,62 @@ pub fn config(data: &[u8]) {
         }
         Err(e) => assert!(!e.message.is_empty(), "an error says what is wrong"),
     }
+}
+
+/// The proxy's upstream responses: a head is partial, complete within the bounds it was given
+/// (its length inside the bytes and the head limit, a status of three digits, no body for a
+/// HEAD request), or refused (502 and the upstream connection closed: a defined state); a
+/// chunked body is then walked in pieces of any size, each step consuming only bytes it was
+/// given, its data inside them, until done, refused, or out of bytes.
+pub fn upstream(data: &[u8]) {
+    let (control, rest) = match data.split_first() {
+        Some((&b, rest)) => (b, rest),
+        None => return,
+    };
+    // Small head limits and pieces from the control byte, so limits are crossed cheaply.
+    let head_bytes_max = 16 + usize::from(control & 0x3F) * 64;
+    let request_is_head = control & 0x40 != 0;
+    let piece = usize::from(control >> 4).max(1);
+    let head = match parse_response_head(rest, head_bytes_max, request_is_head) {
+        HeadOutcome::Partial | HeadOutcome::Invalid(_) => return,
+        HeadOutcome::Complete(head) => head,
+    };
+    assert!(head.head_len <= rest.len() && head.head_len <= head_bytes_max);
+    assert!((100..=999).contains(&head.status), "status {}", head.status);
+    if request_is_head {
+        assert_eq!(head.framing, ResponseFraming::None);
+    }
+    if head.framing != ResponseFraming::Chunked {
+        return;
+    }
+    let mut decoder = ChunkedDecoder::default();
+    let mut body = &rest[head.head_len..];
+    let mut window = piece.min(body.len());
+    // Every step either consumes a byte, grows the window or ends: bounded by twice the bytes.
+    for _ in 0..=2 * body.len() + 2 {
+        let step = match decoder.step(&body[..window]) {
+            Ok(step) => step,
+            Err(_) => return,
+        };
+        assert!(
+            step.consumed <= window,
+            "consumed {} of {window}",
+            step.consumed
+        );
+        assert!(step.data.end <= step.consumed, "data {:?}", step.data);
+        if step.done {
+            assert!(decoder.is_done());
+            return;
+        }
+        body = &body[step.consumed..];
+        if step.consumed == 0 {
+            if window == body.len() {
+                return;
+            }
+            window = (window + piece).min(body.len());
+        } else {
+            window = window.min(body.len());
+        }
+    }
+    panic!("the chunked decoder made no progress");
 }

@@ -92,6 +92,7 @@ properties! {
     path_decoding => "path", omnistage_fuzz::path;
     chunked_bodies => "chunked", omnistage_fuzz::chunked;
     config_files => "config", omnistage_fuzz::config;
+    upstream_responses => "upstream", omnistage_fuzz::upstream;
 }
 
 /// Every seed passes its own target unchanged (the corpus holds no known crash).
