@@ -133,8 +133,11 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     for sig in signals.forever() {
         match sig {
             SIGHUP => match server.reload_file() {
-                Ok((p, c)) => {
+                Ok((p, c, reloaded)) => {
                     eprintln!("omnistage: reloaded {p}");
+                    for not_applied in &reloaded.not_applied {
+                        eprintln!("omnistage: reload: {not_applied}");
+                    }
                     if c.cluster != cluster {
                         eprintln!("omnistage: reload: [cluster] changes only on restart");
                     }
