@@ -71,6 +71,10 @@ impl Tenants for Served {
         self.server.set_tenant(path, change)
     }
 
+    fn check_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
+        Tenants::check_tenant(&*self.server, path, change)
+    }
+
     fn cache_bytes(&self) -> Vec<(String, u64)> {
         Tenants::cache_bytes(&*self.server)
     }

@@ -27,7 +27,8 @@ pub struct ServeArgs {
     /// Pin worker i to CPU i.
     #[arg(long)]
     pin: bool,
-    /// Scheduling bypass (FIFO, no accounting): a baseline for measurements only.
+    /// Scheduling bypass (FIFO, no accounting, no clock read per dispatch): a baseline for
+    /// measurements only.
     #[arg(long)]
     bypass: bool,
     /// Seconds open connections get to finish after SIGTERM.

@@ -17,6 +17,11 @@ pub struct AllArgs {
     /// Scale every experiment's duration by this factor.
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
+    /// Run only these experiments (their `file` names, comma-separated, e.g.
+    /// `--only soak,fleet`); every other row is rebuilt from the JSON an earlier run left in
+    /// `--out`, and says so.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 /// What the README says of one run: ours, the peer's, whether the goal is met.
@@ -164,6 +169,43 @@ fn peer_cpus(v: &Value) -> String {
 /// A duration for a command line: at most two decimals (0.6, not 0.6000000000000001).
 fn s(x: f64) -> String {
     format!("{}", (x * 100.0).round() / 100.0)
+}
+
+/// Adds one experiment's row to the table and, when its goal is not met or has no verdict, to
+/// the lists under it. `took` is the run's duration, or where the figures came from.
+#[allow(clippy::too_many_arguments)]
+fn push_row(
+    rows: &mut String,
+    short: &mut Vec<String>,
+    unjudged: &mut Vec<String>,
+    e: &Exp,
+    cmdline: &str,
+    took: &str,
+    ours: &str,
+    peer: Option<String>,
+    met: Option<bool>,
+) {
+    let link = if e.writes_own {
+        format!("[{0}]({0}.md)", e.file)
+    } else {
+        format!("[{0}]({0}.json)", e.file)
+    };
+    rows.push_str(&format!(
+        "| {link} | `{cmdline}` ({took}) | {} | {} | {ours} | {} | {} |\n",
+        e.seed,
+        e.seed_number,
+        peer.unwrap_or_else(|| "-".into()),
+        match met {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "(no goal, or inconclusive: see its page)",
+        }
+    ));
+    match met {
+        Some(false) => short.push(format!("[{0}]({0}.md): {ours}", e.file)),
+        None => unjudged.push(format!("[{0}]({0}.md)", e.file)),
+        Some(true) => {}
+    }
 }
 
 pub fn run(a: AllArgs) -> Result<(), String> {
@@ -713,6 +755,17 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             ours: fleet_row,
         },
     ];
+    if let Some(unknown) = a
+        .only
+        .iter()
+        .find(|o| !exps.iter().any(|e| e.file == o.as_str()))
+    {
+        let names: Vec<_> = exps.iter().map(|e| e.file).collect();
+        return Err(format!(
+            "--only: no experiment {unknown:?} (names: {})",
+            names.join(", ")
+        ));
+    }
     std::fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut rows = String::new();
@@ -720,7 +773,41 @@ pub fn run(a: AllArgs) -> Result<(), String> {
     // section under the table that says plainly where we fall short.
     let (mut short, mut unjudged) = (Vec::new(), Vec::new());
     let t_all = Instant::now();
+    let mut earlier = Vec::new();
     for e in &exps {
+        let cmdline = format!("omnistage exp {}", e.args.join(" "));
+        if !a.only.is_empty() && !a.only.iter().any(|o| o == e.file) {
+            // Not run this time: the row comes from the JSON an earlier run wrote.
+            let p = a.out.join(format!("{}.json", e.file));
+            let j: Option<Value> = std::fs::read(&p)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            let Some(j) = j else {
+                rows.push_str(&format!(
+                    "| {} | `{cmdline}` | {} | {} | not run (no earlier {}) | | no |\n",
+                    e.file,
+                    e.seed,
+                    e.seed_number,
+                    p.display()
+                ));
+                short.push(format!("`{}` (not run)", e.file));
+                continue;
+            };
+            earlier.push(e.file);
+            let (ours, peer, met) = (e.ours)(&j);
+            push_row(
+                &mut rows,
+                &mut short,
+                &mut unjudged,
+                e,
+                &cmdline,
+                "earlier run",
+                &ours,
+                peer,
+                met,
+            );
+            continue;
+        }
         let mut cmd = Command::new(&exe);
         cmd.arg("exp").args(&e.args).arg("--json");
         if e.writes_own {
@@ -730,7 +817,6 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         eprintln!("== omnistage exp {}", e.args.join(" "));
         let out = cmd.output().map_err(|x| x.to_string())?;
         let secs = t.elapsed().as_secs_f64();
-        let cmdline = format!("omnistage exp {}", e.args.join(" "));
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
             eprintln!("   failed: {err}");
@@ -755,27 +841,18 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             .map_err(|x| format!("{}: {x}", p.display()))?;
         }
         let (ours, peer, met) = (e.ours)(&j);
-        let link = if e.writes_own {
-            format!("[{0}]({0}.md)", e.file)
-        } else {
-            format!("[{0}]({0}.json)", e.file)
-        };
-        rows.push_str(&format!(
-            "| {link} | `{cmdline}` ({secs:.0} s) | {} | {} | {ours} | {} | {} |\n",
-            e.seed,
-            e.seed_number,
-            peer.unwrap_or_else(|| "-".into()),
-            match met {
-                Some(true) => "yes",
-                Some(false) => "no",
-                None => "(no goal, or inconclusive: see its page)",
-            }
-        ));
-        match met {
-            Some(false) => short.push(format!("[{0}]({0}.md): {ours}", e.file)),
-            None => unjudged.push(format!("[{0}]({0}.md)", e.file)),
-            Some(true) => {}
-        }
+        let took = format!("{secs:.0} s");
+        push_row(
+            &mut rows,
+            &mut short,
+            &mut unjudged,
+            e,
+            &cmdline,
+            &took,
+            &ours,
+            peer,
+            met,
+        );
         eprintln!("   {ours} ({secs:.0} s)");
     }
     let list = |v: &[String]| {
@@ -791,8 +868,18 @@ pub fn run(a: AllArgs) -> Result<(), String> {
         list(&short),
         unjudged.join(", ")
     );
+    let partial = if earlier.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " This run was partial (`--only {}`): the rows marked \"earlier run\" ({}) are read from \
+             the JSON an earlier run left here (their pages name the machine they ran on).",
+            a.only.join(","),
+            earlier.join(", ")
+        )
+    };
     let md = format!(
-        "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**. One row per experiment; numbers are read from each \
+        "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**.{partial} One row per experiment; numbers are read from each \
          experiment's JSON beside this file; each experiment's page (`.md`) has its tables and chart (`.svg`).\n\n\
          | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}{shortfalls}",
         a.out.display(), t_all.elapsed().as_secs_f64(), machine()

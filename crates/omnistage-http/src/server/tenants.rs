@@ -433,12 +433,35 @@ impl Server {
         Ok(Reloaded { not_applied })
     }
 
+    /// Whether [`Server::update_tenant`] would take the change, without applying it (the admin
+    /// API checks every part of a request before it changes anything or writes the file).
+    pub fn check_tenant_update(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<(), UpdateError> {
+        self.updated_config(name, f).map(|_| ())
+    }
+
     /// Changes one tenant's settings in the running configuration (a reload with that change).
     pub fn update_tenant(
         &self,
         name: &str,
         f: impl FnOnce(&mut crate::config::TenantConfig),
     ) -> Result<(), UpdateError> {
+        let config = self.updated_config(name, f)?;
+        // The running config with one tenant changed: nothing in it waits for a restart.
+        self.reload(config)
+            .map(|_| ())
+            .map_err(UpdateError::Refused)
+    }
+
+    /// The running config with `f` applied to tenant `name`, checked.
+    fn updated_config(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<Config, UpdateError> {
         let mut config = self.shared.live.read().expect("live lock").config.clone();
         // What runs may differ from the file: weights and CPU caps changed through the runtime
         // (the admin API) are kept, not reset by this reload.
@@ -480,9 +503,6 @@ impl Server {
                 config.server.cache_bytes_max
             )));
         }
-        // The running config with one tenant changed: nothing in it waits for a restart.
-        self.reload(config)
-            .map(|_| ())
-            .map_err(UpdateError::Refused)
+        Ok(config)
     }
 }
