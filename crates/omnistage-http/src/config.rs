@@ -44,7 +44,7 @@
 //!                                   # tenants together (split evenly between the workers);
 //!                                   # beyond it requests wait in per-tenant queues
 //! connect_timeout_ms = 1000         # 1 ms..=1 h; then the next server, or 502
-//! response_timeout_ms = 30000       # 1 ms..=1 h until the response head arrives: then 504
+//! response_timeout_ms = 30000       # 1 ms..=1 h from the request sent until the head: 504
 //! idle_connections_max = 64         # 0..=10,000 keep-alive connections kept per worker
 //! fair = true                       # true: a freed slot goes to the waiting tenants by weight
 //!                                   # (SFQ); false: one FIFO queue for all (a baseline)

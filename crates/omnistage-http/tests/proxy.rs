@@ -652,6 +652,51 @@ fn no_head_within_the_response_timeout_is_504() {
     drop(tx);
 }
 
+/// `response_timeout_ms` runs from the request's last byte reaching the backend, not from the
+/// connect: an upload that keeps moving for longer than the timeout is answered, and the
+/// backend that then holds the response too long still gets a 504. (The body's bytes come
+/// 150 ms apart, 750 ms in all, against a 400 ms timeout: before, this was a 504.)
+#[test]
+fn the_response_timeout_runs_from_the_request_sent() {
+    let (tx, rx) = mpsc::channel::<()>();
+    let rx = Mutex::new(rx);
+    let b = Backend::start(move |r, w, _| {
+        while let Some(seen) = read_request(r) {
+            if seen.head.starts_with("POST /hold") {
+                let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                return;
+            }
+            let body = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                seen.body.len()
+            );
+            if w.write_all(body.as_bytes()).is_err() || w.write_all(&seen.body).is_err() {
+                return;
+            }
+        }
+    });
+    let p = Proxy::start(&[b.addr], "response_timeout_ms = 400", "", "");
+    for (path, status) in [("/slow-upload", 200), ("/hold", 504)] {
+        let s = p.connect();
+        write!(
+            &s,
+            "POST {path} HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\n\r\n"
+        )
+        .unwrap();
+        for byte in b"abcde" {
+            std::thread::sleep(Duration::from_millis(150));
+            (&s).write_all(&[*byte]).unwrap();
+        }
+        let r = read_response(&mut BufReader::new(&s), false).expect("a response");
+        assert_eq!(r.status, status, "{path}");
+        if status == 200 {
+            assert_eq!(r.body, b"abcde");
+        }
+    }
+    assert_eq!(p.server().upstream_stats()[0].errors_504, 1);
+    drop(tx);
+}
+
 #[test]
 fn full_slots_queue_and_a_tenant_over_its_wait_bound_gets_503() {
     // One slot; the backend holds each request until told to answer.

@@ -101,6 +101,10 @@ pub(super) struct Proxied {
     attempts: usize,
     /// Names the latest deadline armed; older ones are stale.
     deadline_seq: u64,
+    /// The whole request (head and body) is in the backend's socket: `response_timeout_ms`
+    /// runs from here. Before, it runs from the last upload progress, so a slow upload that
+    /// keeps moving is never a 504.
+    request_sent: bool,
     /// Method and target, for the access log (only when it is on).
     log: Option<(String, String)>,
     response_bytes: u64,
@@ -170,6 +174,7 @@ pub(super) fn start(
         granted_ns: now,
         attempts: 0,
         deadline_seq: 0,
+        request_sent: false,
         log: cs
             .shared
             .log
@@ -636,6 +641,9 @@ fn complete(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
 #[derive(Default)]
 struct Moved {
     progress: bool,
+    /// Bytes of the request reached the backend's socket before its response: the response
+    /// deadline starts again from now.
+    rearm: bool,
     /// The request is over (completed, failed, or the client is gone).
     ended: bool,
 }
@@ -644,10 +652,26 @@ struct Moved {
 /// the request to the backend's socket, the response from the backend to the client. Called
 /// on any readiness of either side.
 pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let mut rearm = false;
     for _ in 0..PUMP_ROUNDS_MAX {
         let m = pump_once(ctx, cs, key);
-        if m.ended || !m.progress {
+        if m.ended {
             return;
+        }
+        rearm |= m.rearm;
+        if !m.progress {
+            break;
+        }
+    }
+    // One timer message per pump that moved request bytes (not per write).
+    if rearm {
+        if let Some(up_i) = cs
+            .conn(key)
+            .and_then(|c| c.proxy.as_ref())
+            .map(|p| p.upstream)
+        {
+            let timeout = cs.proxy.upstreams[up_i].config.response_timeout;
+            arm(ctx, cs, key, timeout.as_nanos() as u64);
         }
     }
 }
@@ -744,6 +768,7 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                         .fetch_add(n as u64, Ordering::Relaxed);
                     ctx.record_bytes_out(p.activity, n as u64);
                     m.progress = true;
+                    m.rearm |= !p.request_sent && p.resp.is_none();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -756,6 +781,9 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
         if u.out_pos == u.out.len() && !u.out.is_empty() {
             u.out.clear();
             u.out_pos = 0;
+        }
+        if u.out.is_empty() && p.body_done {
+            p.request_sent = true;
         }
     }
     // 3. The response, within the window.
