@@ -437,6 +437,26 @@ pub(crate) fn render(
             f.series.push((vec![("core", c.core.to_string())], pick(c)));
         }
     }
+    // The stretches in which a worker's loop could pick no other queue (issue 14's figure:
+    // the victim's tail is bounded below by the longest of them).
+    for (name, help, pick) in [
+        (
+            "omnistage_worker_dispatch_seconds",
+            "How long each dispatch held the worker's loop.",
+            (|r: &omnistage::account::StretchRow| r.dispatch) as fn(&_) -> HistSnapshot,
+        ),
+        (
+            "omnistage_worker_io_round_seconds",
+            "How long each I/O round (epoll_wait calls and classifying their ready lists) held the worker's loop.",
+            |r: &omnistage::account::StretchRow| r.io_round,
+        ),
+    ] {
+        let f = sc.family(name, help, MetricType::Histogram);
+        for r in &s.stretches {
+            f.series
+                .push((vec![("core", r.core.to_string())], octaves(&pick(r))));
+        }
+    }
     type UpPick = fn(&UpstreamTenantStats) -> Value;
     let upstream_families: [(&'static str, &'static str, MetricType, UpPick); 9] = [
         (

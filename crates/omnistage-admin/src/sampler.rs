@@ -5,7 +5,7 @@
 use crate::model::HistoryPoint;
 use crate::view;
 use crate::Source;
-use omnistage::account::{EdgeRow, LatencyRow, Snapshot};
+use omnistage::account::{EdgeRow, LatencyRow, Snapshot, StretchRow};
 use omnistage::exec::{QueueStat, Runtime};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -23,6 +23,8 @@ pub(crate) struct Sample {
     pub(crate) at_ns: u64,
     pub(crate) snap: Snapshot,
     pub(crate) lat: Vec<LatencyRow>,
+    /// Per core: how long each dispatch and I/O round held the loop.
+    pub(crate) stretches: Vec<StretchRow>,
     pub(crate) queues: Vec<QueueStat>,
     pub(crate) edges: Vec<EdgeRow>,
 }
@@ -33,6 +35,7 @@ impl Sample {
             at_ns: rt.now_ns(),
             snap: rt.snapshot(),
             lat: rt.latencies(),
+            stretches: rt.stretches(),
             queues: rt.queues(),
             edges: rt.edges(),
         }

@@ -1,6 +1,6 @@
-//! `adversary` (QLinux LRP, TAP §1): a victim tenant at about half of the server's capacity for
-//! it, open loop, measured alone and then while an adversary tenant on the same server attacks
-//! it with many keep-alive connections, large files, slow readers and slowloris, each switchable.
+//! `adversary` (QLinux LRP, TAP §1): a victim tenant sized by the server's CPU (the open-loop
+//! rate at which it alone uses a third of the worker's CPU by the OS's clock), measured alone
+//! and then while an adversary tenant on the same server attacks it with many keep-alive connections, large files, slow readers and slowloris, each switchable.
 //! omnistage (two tenants, one worker pinned to CPU 0, in this process) and nginx (the same two
 //! `server_name` virtual hosts, one worker on CPU 0) are measured the same way.
 //!
@@ -17,8 +17,10 @@ use super::nginx;
 use super::report::{self, Doc, Table};
 use super::rounds::{self, Spread};
 use super::util::machine;
+use super::windowing::{self, ClientWindow};
 use super::Common;
 use clap::Args;
+use omnistage::account::{HistSnapshot, StretchRow};
 use omnistage::activity::INFRA;
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -42,6 +44,19 @@ const LARGE_CONNS: usize = 8;
 const RAMP: Duration = Duration::from_millis(1500);
 /// Victim warmup in each phase, seconds.
 const WARMUP_S: f64 = 0.5;
+/// Seconds of the victim's closed-loop capacity run on each server.
+const CAPACITY_S: f64 = 2.0;
+/// Measured seconds of each victim-sizing pre-run, and how many.
+const SIZING_S: f64 = 1.0;
+const SIZING_STEPS: usize = 3;
+/// A step this far above the target still counts as on it (the OS's clock over one second).
+const SIZING_SLACK: f64 = 0.02;
+/// Goal for the stretches in which omnistage's worker can pick nothing else (each dispatch,
+/// each I/O round): p99 ≤ this, µs.
+const STRETCH_P99_GOAL_US: f64 = 200.0;
+/// The victim's clients count their latencies per window of this many ms too (a phase's p99
+/// can hide a bad stretch; its worst window shows it).
+const VICTIM_WINDOW_MS: u64 = 250;
 /// Tick of the slow-reader and slowloris loops.
 const SLOW_TICK: Duration = Duration::from_millis(100);
 /// Receive buffer of a slow reader's socket, bytes.
@@ -75,19 +90,26 @@ pub struct AdversaryArgs {
     /// Also run each attack kind alone (after the combined attack).
     #[arg(long)]
     per_kind: bool,
-    /// Victim rate as a fraction of the victim's closed-loop capacity measured alone first.
-    #[arg(long, default_value_t = 0.5)]
-    victim_fraction: f64,
+    /// The victim's size: the open-loop rate at which the victim alone uses this fraction of
+    /// the server worker's CPU by the OS's clock (found by a pre-run on each server; the lower
+    /// rate of the two is used on both). Below the victim's share (half, at equal weights) so
+    /// that the goal is reachable: a victim that asks for more than its share must queue.
+    #[arg(long, default_value_t = 0.33)]
+    victim_cpu: f64,
     /// The victim tenant's weight on omnistage (the adversary's is 100). With equal weights a
     /// victim at half the server's capacity asks for exactly its share, with no slack.
     #[arg(long, default_value_t = 100)]
     victim_weight: u32,
-    /// Victim rate, requests/s (overrides --victim-fraction; no capacity run).
+    /// Victim rate, requests/s (overrides --victim-cpu; no capacity or sizing run).
     #[arg(long)]
     victim_rate: Option<f64>,
     /// The victim generator's busy-poll window (omnistage load --spin-us).
     #[arg(long, default_value_t = 0)]
     victim_spin_us: u64,
+    /// Seconds of each configuration's pre-run that picks nginx's configuration (the victim's
+    /// closed-loop capacity alone, as http-vs-nginx picks by requests/s).
+    #[arg(long, default_value_t = 1.0)]
+    pick_seconds: f64,
     /// Keep-alive connections of the many-conns flood (closed loop, no think time).
     #[arg(long, default_value_t = 2000)]
     flood_conns: usize,
@@ -136,6 +158,42 @@ struct Adversary {
     slowloris_bytes_sent: u64,
 }
 
+/// The stretches of one phase, µs (quantiles within a bucket's width; see
+/// `omnistage::account::Histogram`).
+#[derive(Serialize, Clone, Default)]
+struct Stretches {
+    dispatches: u64,
+    dispatch_p99_us: f64,
+    dispatch_max_us: f64,
+    io_rounds: u64,
+    io_round_p99_us: f64,
+    io_round_max_us: f64,
+}
+
+impl Stretches {
+    fn between(before: &[StretchRow], after: &[StretchRow]) -> Stretches {
+        let (mut d, mut io) = (HistSnapshot::default(), HistSnapshot::default());
+        for (b, e) in before.iter().zip(after) {
+            d.add(&e.dispatch.since(&b.dispatch));
+            io.add(&e.io_round.since(&b.io_round));
+        }
+        let us = |h: &HistSnapshot, q: f64| h.percentile(q).map_or(0.0, |v| v as f64 / 1e3);
+        Stretches {
+            dispatches: d.count(),
+            dispatch_p99_us: us(&d, 0.99),
+            dispatch_max_us: us(&d, 1.0),
+            io_rounds: io.count(),
+            io_round_p99_us: us(&io, 0.99),
+            io_round_max_us: us(&io, 1.0),
+        }
+    }
+
+    /// The larger p99 of the two kinds: the figure the goal bounds.
+    fn p99_us(&self) -> f64 {
+        self.dispatch_p99_us.max(self.io_round_p99_us)
+    }
+}
+
 /// CPU the omnistage worker charged per activity during a phase, ms.
 #[derive(Serialize, Clone, Default)]
 struct Ledger {
@@ -158,7 +216,15 @@ struct Phase {
     adversary: Option<Adversary>,
     /// attacked p99 / alone p99 of the same server.
     p99_ratio: Option<f64>,
+    /// The victim's clients' own windows of the measured window ([`VICTIM_WINDOW_MS`] each,
+    /// the load generator's `--window-ms`), and the largest p99 among them.
+    victim_windows: Vec<ClientWindow>,
+    victim_window_p99_max_ms: Option<f64>,
     ledger: Option<Ledger>,
+    /// omnistage: how long the worker's loop was held by each dispatch and each I/O round in
+    /// the measured window (its own stamps), the stretches in which it could not pick the
+    /// victim's work.
+    stretches: Option<Stretches>,
     /// Time the victim's generator thread waited for CPU 1 in the measured window (the OS's
     /// run queue), ms: latency the server did not cause.
     victim_generator_runqueue_ms: Option<f64>,
@@ -174,7 +240,7 @@ struct Report {
     seconds: f64,
     attacks: Vec<String>,
     victim_conns: usize,
-    victim_fraction: f64,
+    victim_cpu: f64,
     victim_weight: u32,
     victim_spin_us: u64,
     small_file_bytes: usize,
@@ -188,11 +254,17 @@ struct Report {
     nginx_config: String,
     /// Closed-loop capacity of the victim alone, req/s, per server.
     capacity_req_per_s: Vec<(String, f64)>,
+    /// The sizing pre-runs: per server, each open-loop rate tried and the fraction of the
+    /// worker's CPU (OS clock, schedstat) the victim used at it.
+    victim_sizing: Vec<Sizing>,
     phases: Vec<Phase>,
     repeats: usize,
     /// The CPUs nginx's worker was allowed, read from /proc after each of its rounds.
     peer_cpus: Vec<String>,
     nginx_note: Option<String>,
+    /// nginx's configuration, picked by a pre-run of each standard choice on the victim's
+    /// workload alone (closed-loop capacity).
+    nginx_tuning: Option<nginx::TuningChoice>,
     /// Set when the flood was shrunk to fit the open-files limit.
     fd_note: Option<String>,
     /// omnistage's victim p99 under the combined attack / alone.
@@ -200,6 +272,10 @@ struct Report {
     nginx_p99_ratio: Option<f64>,
     /// omnistage_p99_ratio ≤ 1.5 and the victim had no errors under attack.
     goal_met: Option<bool>,
+    /// Under the combined attack (median over rounds), the larger of the worker's dispatch and
+    /// I/O-round p99s, µs, and whether it is within [`STRETCH_P99_GOAL_US`].
+    stretch_p99_us: Option<f64>,
+    stretch_goal_met: Option<bool>,
     /// Largest run-queue wait of the server's worker or the victim's generator in any phase, as
     /// a fraction of the measured window: above 0.1 the machine was busy with other work and
     /// the latencies say more about it than about the servers.
@@ -492,11 +568,11 @@ fn victim_of(r: &omnistage_load::report::Report) -> Victim {
     }
 }
 
-/// Closed-loop capacity of the victim alone, req/s.
-fn capacity(addr: &str) -> Result<f64, String> {
+/// Closed-loop capacity of the victim alone over `seconds`, req/s.
+fn capacity(addr: &str, seconds: f64) -> Result<f64, String> {
     let args = harness::load_args(
         addr,
-        2.0,
+        seconds,
         WARMUP_S,
         &[
             "--tenant".into(),
@@ -506,12 +582,105 @@ fn capacity(addr: &str) -> Result<f64, String> {
     Ok(omnistage_load::run(&args)?.total.req_per_s)
 }
 
+/// The victim's sizing on one server: the rates tried and the worker's CPU at each.
+#[derive(Serialize, Clone)]
+struct Sizing {
+    server: String,
+    /// (offered req/s, fraction of the worker's CPU by the OS's clock) per pre-run.
+    tried: Vec<(f64, f64)>,
+    /// The rate picked for the target.
+    rate_per_s: f64,
+}
+
+impl Sizing {
+    fn describe(&self) -> String {
+        let tried: Vec<String> = self
+            .tried
+            .iter()
+            .map(|(r, f)| format!("{r:.0} req/s → {:.0} %", f * 100.0))
+            .collect();
+        format!(
+            "{}: {}, picked {:.0} req/s",
+            self.server,
+            tried.join(", "),
+            self.rate_per_s
+        )
+    }
+}
+
+/// Pre-runs of the victim alone, open loop, that find the rate at which the server's worker
+/// spends `target` of its CPU on it (the OS's clock: the worker's schedstat). CPU per request
+/// is near constant at these loads, so each step scales the rate by target / measured; three
+/// steps, starting from `target` × the closed-loop capacity.
+fn size_victim(tg: &Target<'_>, cap: f64, target: f64) -> Result<Sizing, String> {
+    let Some(stat) = tg.schedstat.as_deref() else {
+        return Err(format!(
+            "{}: the worker's schedstat is not readable; give --victim-rate",
+            tg.server
+        ));
+    };
+    let mut rate = (cap * target).max(100.0);
+    let mut tried = Vec::new();
+    for _ in 0..SIZING_STEPS {
+        let args = harness::load_args(
+            tg.addr,
+            SIZING_S,
+            WARMUP_S,
+            &[
+                "--tenant".into(),
+                format!("victim:victim.test:{VICTIM_CONNS}:path=/{SMALL},rate={rate:.0}"),
+            ],
+        )?;
+        let h = harness::spawn_load(args);
+        std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+        let (c0, t0) = (cpu_ns(stat), Instant::now());
+        std::thread::sleep(Duration::from_secs_f64(SIZING_S));
+        let (c1, dt) = (cpu_ns(stat), t0.elapsed().as_secs_f64());
+        harness::join_load(h)?;
+        let f = match (c0, c1) {
+            (Some(a), Some(b)) => b.saturating_sub(a) as f64 / 1e9 / dt,
+            _ => return Err(format!("{}: schedstat unreadable", tg.server)),
+        };
+        tried.push((rate.round(), f));
+        std::thread::sleep(Duration::from_millis(200));
+        // Scale toward the target, never past the capacity; an idle reading keeps the rate.
+        if f > 0.0 {
+            rate = (rate * target / f).clamp(100.0, cap.max(100.0));
+        }
+    }
+    // The tried rate whose CPU came closest to the target from below (else the lowest).
+    let rate_per_s = tried
+        .iter()
+        .filter(|(_, f)| *f <= target + SIZING_SLACK)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .or_else(|| tried.iter().min_by(|a, b| a.1.total_cmp(&b.1)))
+        .map(|(r, _)| *r)
+        .expect("at least one step");
+    Ok(Sizing {
+        server: tg.server.into(),
+        tried,
+        rate_per_s,
+    })
+}
+
+/// CPU time (ns) from a `schedstat` file (`cpu_ns runqueue_ns timeslices`).
+fn cpu_ns(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// A server under test: its name, address, and (omnistage) a ledger reader with the victim's
 /// and the adversary's activity ids.
 struct Target<'a> {
     server: &'static str,
     addr: &'a str,
     ledger: Option<&'a dyn Fn() -> omnistage::account::Snapshot>,
+    /// omnistage: the worker's stretch histograms (dispatches, I/O rounds).
+    stretches: Option<&'a dyn Fn() -> Vec<StretchRow>>,
     ids: (u32, u32),
     /// The server's `schedstat` file (its one worker thread): where its run-queue wait is read.
     schedstat: Option<PathBuf>,
@@ -573,6 +742,8 @@ fn phase(
         &[
             "--spin-us".into(),
             a.victim_spin_us.to_string(),
+            "--window-ms".into(),
+            VICTIM_WINDOW_MS.to_string(),
             "--tenant".into(),
             format!("victim:victim.test:{VICTIM_CONNS}:path=/{SMALL},rate={rate}"),
         ],
@@ -586,6 +757,7 @@ fn phase(
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(WARMUP_S).saturating_sub(t0.elapsed()));
     let before = tg.ledger.map(|f| f());
+    let stretch0 = tg.stretches.map(|f| f());
     let gen0 = gen_stat.as_deref().and_then(runqueue_ns);
     let srv0 = tg.schedstat.as_deref().and_then(runqueue_ns);
     let mut gen1 = gen0;
@@ -601,6 +773,10 @@ fn phase(
     }
     let r = harness::join_load(h);
     let after = tg.ledger.map(|f| f());
+    let stretches = match (stretch0, tg.stretches.map(|f| f())) {
+        (Some(b), Some(e)) => Some(Stretches::between(&b, &e)),
+        _ => None,
+    };
     let ms = |a: Option<u64>, b: Option<u64>| match (a, b) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 1e6),
         _ => None,
@@ -628,6 +804,7 @@ fn phase(
         }
         _ => None,
     };
+    let victim_windows = windowing::client_windows(&r, 0.0);
     // Let the server close what the attack left behind before the next phase.
     std::thread::sleep(Duration::from_millis(500));
     Ok(Phase {
@@ -638,7 +815,10 @@ fn phase(
         victim: victim_of(&r),
         adversary,
         p99_ratio: None,
+        victim_window_p99_max_ms: windowing::p99_max_ms(&victim_windows),
+        victim_windows,
         ledger,
+        stretches,
         victim_generator_runqueue_ms: ms(gen0, gen1),
         server_runqueue_ms: ms(srv0, srv1),
     })
@@ -700,16 +880,17 @@ fn nginx_servers(port: u16, root: &Path) -> String {
 
 pub fn run(a: AdversaryArgs) -> Result<(), String> {
     if !(0.3..=600.0).contains(&a.common.seconds)
-        || !(0.01..=2.0).contains(&a.victim_fraction)
+        || !(0.05..=0.95).contains(&a.victim_cpu)
         || !(1..=10_000).contains(&a.victim_weight)
         || a.victim_rate.is_some_and(|r| !(1.0..=1e6).contains(&r))
         || a.victim_spin_us > omnistage_load::args::MAX_SPIN_US
+        || !(0.2..=60.0).contains(&a.pick_seconds)
         || !(1..=20_000).contains(&a.flood_conns)
         || !(1..=1000).contains(&a.slow_readers)
         || !(1..=5000).contains(&a.slowloris_conns)
         || !(1024..=(256 << 20)).contains(&a.large_bytes)
     {
-        return Err("--seconds 0.3..=600, --victim-fraction 0.01..=2, --victim-weight 1..=10000, --victim-rate 1..=1e6, --victim-spin-us 0..=1000, --flood-conns 1..=20000, --slow-readers 1..=1000, --slowloris-conns 1..=5000, --large-bytes 1024..=268435456".into());
+        return Err("--seconds 0.3..=600, --victim-cpu 0.05..=0.95, --victim-weight 1..=10000, --victim-rate 1..=1e6, --victim-spin-us 0..=1000, --pick-seconds 0.2..=60, --flood-conns 1..=20000, --slow-readers 1..=1000, --slowloris-conns 1..=5000, --large-bytes 1024..=268435456".into());
     }
     let mut kinds: Vec<&str> = Vec::new();
     for k in &a.attacks {
@@ -765,10 +946,12 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
                 .ok_or("adversary activity")?,
         );
         let snap = || server.runtime().snapshot();
+        let stretches = || server.runtime().stretches();
         let ours = Target {
             server: "omnistage",
             addr: &addr,
             ledger: Some(&snap),
+            stretches: Some(&stretches),
             ids,
             // The worker names itself when it starts running.
             schedstat: new_thread_schedstat("omnistage-w0", &[]),
@@ -776,28 +959,41 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         // nginx runs beside (idle) so that both capacities are known before any phase.
         let port = nginx::free_port()?;
         let ng_addr = format!("127.0.0.1:{port}");
-        let (ng, nginx_note) = if !a.common.nginx.exists() {
-            (
-                None,
-                Some(format!("{} not installed", a.common.nginx.display())),
-            )
-        } else {
-            match nginx::start(
+        let start_nginx = |t: nginx::Tuning| {
+            nginx::start(
                 &a.common.nginx,
                 &dir.join("nginx"),
                 port,
                 SERVER_CONNECTIONS_MAX,
-                nginx::Tuning::default(),
+                t,
                 &nginx_servers(port, &root),
-            ) {
-                Ok(ng) => (Some(ng), None),
-                Err(e) => (None, Some(e)),
+            )
+        };
+        let (ng, nginx_note, nginx_tuning) = if !a.common.nginx.exists() {
+            (
+                None,
+                Some(format!("{} not installed", a.common.nginx.display())),
+                None,
+            )
+        } else {
+            // nginx at its best for the victim's workload: a short pre-run of each of its
+            // standard configurations (as http-vs-nginx does), the fastest kept.
+            let pick = nginx::best_tuning(a.pick_seconds, |t| {
+                let ng = start_nginx(t)?;
+                let c = capacity(&ng_addr, a.pick_seconds);
+                drop(ng);
+                c
+            });
+            match pick.and_then(|p| start_nginx(p.picked).map(|ng| (ng, p))) {
+                Ok((ng, p)) => (Some(ng), None, Some(p)),
+                Err(e) => (None, Some(e), None),
             }
         };
         let theirs = Target {
             server: "nginx",
             addr: &ng_addr,
             ledger: None,
+            stretches: None,
             ids: (0, 0),
             schedstat: ng
                 .as_ref()
@@ -810,18 +1006,25 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         };
         let result = (|| -> Result<_, String> {
             let mut caps = Vec::new();
+            let mut sizing = Vec::new();
             if a.victim_rate.is_none() {
                 for tg in &targets {
-                    caps.push((tg.server.to_string(), capacity(tg.addr)?));
+                    let cap = capacity(tg.addr, CAPACITY_S)?;
+                    caps.push((tg.server.to_string(), cap));
                     std::thread::sleep(Duration::from_millis(300));
+                    sizing.push(size_victim(tg, cap, a.victim_cpu)?);
                 }
             }
-            // One rate for both servers, from the slower one, so the victim's generator has the
-            // same work (and the same headroom on the shared load CPU) against each.
+            // One rate for both servers, the lower of the two sizes, so the victim's generator
+            // has the same work (and the same headroom on the shared load CPU) against each and
+            // neither server's worker spends more than the target on it.
             let rate = a
                 .victim_rate
                 .unwrap_or_else(|| {
-                    caps.iter().map(|c| c.1).fold(f64::INFINITY, f64::min) * a.victim_fraction
+                    sizing
+                        .iter()
+                        .map(|s| s.rate_per_s)
+                        .fold(f64::INFINITY, f64::min)
                 })
                 .max(1.0)
                 .round();
@@ -839,21 +1042,23 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
                 Ok(ps)
             })?;
             let phases: Vec<Phase> = runs.into_iter().flat_map(|(_, _, ps)| ps).collect();
-            Ok((caps, phases, peer_cpus))
+            Ok((caps, sizing, phases, peer_cpus))
         })();
         drop(ng);
         server.drain(Duration::from_millis(300));
-        let (caps, phases, peer_cpus) = result?;
+        let (caps, sizing, phases, peer_cpus) = result?;
         Ok((
             caps,
+            sizing,
             phases,
             peer_cpus,
             nginx_note,
+            nginx_tuning,
             server_toml + &tenants_toml,
         ))
     })();
     let _ = std::fs::remove_dir_all(&dir);
-    let (caps, phases, peer_cpus, nginx_note, omni_cfg) = result?;
+    let (caps, sizing, phases, peer_cpus, nginx_note, nginx_tuning, omni_cfg) = result?;
     // The median over the rounds of the attacked/alone p99 ratio.
     let ratio = |s: &str| {
         let v: Vec<f64> = phases
@@ -871,6 +1076,14 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         .map(|p| p.victim.errors)
         .sum();
     let goal_met = omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0);
+    let stretch_p99_us = {
+        let v: Vec<f64> = phases
+            .iter()
+            .filter(|p| p.server == "omnistage" && p.phase == "all")
+            .filter_map(|p| p.stretches.as_ref().map(Stretches::p99_us))
+            .collect();
+        (!v.is_empty()).then(|| Spread::of(&v).median)
+    };
     let runqueue_fraction_max = phases
         .iter()
         .flat_map(|p| [p.victim_generator_runqueue_ms, p.server_runqueue_ms])
@@ -883,7 +1096,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         seconds: a.common.seconds,
         attacks: kinds.iter().map(|s| s.to_string()).collect(),
         victim_conns: VICTIM_CONNS,
-        victim_fraction: a.victim_fraction,
+        victim_cpu: a.victim_cpu,
         victim_weight: a.victim_weight,
         victim_spin_us: a.victim_spin_us,
         small_file_bytes: SMALL_BYTES,
@@ -896,14 +1109,18 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         omnistage_config: omni_cfg,
         nginx_config: nginx_servers(0, Path::new("ROOT")),
         capacity_req_per_s: caps,
+        victim_sizing: sizing,
         phases,
         repeats: a.common.repeats,
         peer_cpus,
         nginx_note,
+        nginx_tuning,
         fd_note,
         omnistage_p99_ratio,
         nginx_p99_ratio,
         goal_met,
+        stretch_p99_us,
+        stretch_goal_met: stretch_p99_us.map(|v| v <= STRETCH_P99_GOAL_US),
         runqueue_fraction_max,
     };
     emit(&a, &r)
@@ -917,6 +1134,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "p50 ms",
         "p99 ms",
         "max ms",
+        "worst 250 ms p99 ms",
         "p99 / alone",
         "victim errors",
         "victim gen. run-queue ms",
@@ -936,6 +1154,8 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             format!("{:.2}", p.victim.p50_ms),
             format!("{:.2}", p.victim.p99_ms),
             format!("{:.1}", p.victim.max_ms),
+            p.victim_window_p99_max_ms
+                .map_or("—".into(), |x| format!("{x:.2}")),
             p.p99_ratio.map_or("—".into(), |x| format!("{x:.2}")),
             p.victim.errors.to_string(),
             p.victim_generator_runqueue_ms
@@ -967,6 +1187,38 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             },
         ]);
     }
+    let mut st = Table::new(&[
+        "round",
+        "phase",
+        "dispatches",
+        "dispatch p99 µs",
+        "dispatch max µs",
+        "I/O rounds",
+        "I/O round p99 µs",
+        "I/O round max µs",
+    ]);
+    for p in r.phases.iter().filter(|p| p.server == "omnistage") {
+        if let Some(x) = &p.stretches {
+            st.row(vec![
+                p.round.to_string(),
+                p.phase.clone(),
+                x.dispatches.to_string(),
+                format!("{:.0}", x.dispatch_p99_us),
+                format!("{:.0}", x.dispatch_max_us),
+                x.io_rounds.to_string(),
+                format!("{:.0}", x.io_round_p99_us),
+                format!("{:.0}", x.io_round_max_us),
+            ]);
+        }
+    }
+    let stretch_verdict = match (r.stretch_p99_us, r.stretch_goal_met) {
+        (Some(v), Some(met)) => format!(
+            "Stretches under the combined attack (median over rounds of the larger p99): {v:.0} µs: {} \
+             (goal ≤ {STRETCH_P99_GOAL_US:.0} µs).",
+            if met { "met" } else { "**not met**" }
+        ),
+        _ => String::new(),
+    };
     let mut lt = Table::new(&[
         "phase",
         "infra CPU ms",
@@ -1021,8 +1273,8 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         .map(|(s, c)| format!("{s} {c:.0} req/s"))
         .collect::<Vec<_>>()
         .join(", ");
-    // Where nginx's worker ran, as the OS reported it after each round; its configuration is
-    // the launcher's default (not picked by a pre-run: the attack mixes small and large files).
+    // Where nginx's worker ran, as the OS reported it after each round, and the configuration
+    // its pre-run picked.
     let confinement = if r.peer_cpus.is_empty() {
         String::new()
     } else {
@@ -1030,11 +1282,14 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         cpus.sort_unstable();
         cpus.dedup();
         format!(
-            "Rounds: {} per server, alternating; ratios are medians over the rounds. nginx ran with {} (the launcher's \
-             default, not picked by a pre-run); its worker was confined to CPU {} as read from /proc/PID/status \
-             (Cpus_allowed_list) after each of its {} rounds: {}.",
+            "Rounds: {} per server, alternating; ratios are medians over the rounds. {} (The pre-run measures the \
+             victim's workload alone, the 1 KiB file; the attack's large files are not in it.) nginx's worker was \
+             confined to CPU {} as read from /proc/PID/status (Cpus_allowed_list) after each of its {} rounds: {}.",
             r.repeats,
-            nginx::Tuning::default().describe(),
+            r.nginx_tuning
+                .as_ref()
+                .map(|c| c.describe())
+                .unwrap_or_default(),
             nginx::SERVER_CPU,
             r.peer_cpus.len(),
             cpus.join(", ")
@@ -1056,7 +1311,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                  `connections_max = {SERVER_CONNECTIONS_MAX}`, `header_timeout_ms = {HEADER_TIMEOUT_MS}`, \
                  `keepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}` (the defaults). nginx: one worker on CPU 0, two \
                  `server_name` blocks with `client_header_timeout 10s; keepalive_timeout 5s; send_timeout 10s;`, \
-                 sendfile, open_file_cache, no access log, {SERVER_CONNECTIONS_MAX} worker connections.",
+                 sendfile and open_file_cache as its pre-run picked (below), no access log, {SERVER_CONNECTIONS_MAX} worker connections.",
                 r.victim_weight
             ),
             format!(
@@ -1070,9 +1325,17 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 match a.victim_rate {
                     Some(rate) => format!("at a given {rate} req/s"),
                     None => format!(
-                        "at {:.2} of its closed-loop capacity alone (the victim's generator and the server together, \
-                         both pinned) on the slower server, the same rate on both ({caps})",
-                        r.victim_fraction
+                        "sized by the server's CPU: the open-loop rate at which the victim alone uses {:.0} % of the \
+                         worker's CPU by the OS's clock (its thread's schedstat), found by a pre-run on each server \
+                         ({}), the lower of the two used on both (closed-loop capacities alone: {caps}). A victim \
+                         that asks for less than its share (half, at equal weights) need not queue behind the \
+                         attacker; one that asks for more must",
+                        r.victim_cpu * 100.0,
+                        r.victim_sizing
+                            .iter()
+                            .map(|s| s.describe())
+                            .collect::<Vec<_>>()
+                            .join("; ")
                     ),
                 },
                 r.seconds,
@@ -1094,8 +1357,12 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         tables: vec![
             (String::new(), t),
             ("CPU the omnistage worker charged per activity in each phase (ledger, victim's measured window):".into(), lt),
+            (format!("Stretches in which the omnistage worker could pick nothing else, by its loop's own stamps \
+                      (each dispatch; each I/O round = epoll_wait calls + classifying the ready lists), victim's \
+                      measured window; quantiles within a bucket (a quarter octave). Goal: p99 ≤ {STRETCH_P99_GOAL_US:.0} µs \
+                      for both:"), st),
         ],
-        notes: [verdict, peer, noise, r.fd_note.clone().unwrap_or_default(), confinement]
+        notes: [verdict, stretch_verdict, peer, noise, r.fd_note.clone().unwrap_or_default(), confinement]
             .into_iter()
             .filter(|n| !n.is_empty())
             .collect(),
@@ -1153,7 +1420,7 @@ mod tests {
             &["--slowloris-conns", "5001"],
             &["--slow-readers", "1001"],
             &["--victim-rate", "0"],
-            &["--victim-fraction", "3"],
+            &["--victim-cpu", "3"],
             &["--large-bytes", "10"],
         ] {
             let e = run(args(bad)).expect_err("refused");

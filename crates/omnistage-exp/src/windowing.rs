@@ -1,7 +1,7 @@
 //! Runs cut into windows: the server's own windows (sampled from the ledger every tick) and the
 //! clients' (the load generator's `--window-ms`), and the questions the experiments ask of
 //! them: when did every later window get under the target (settle), when did rejections stop.
-//! Shared by overload-spike, classes and adversary so that every experiment cuts time, and
+//! Shared by overload-spike, classes, isolation and adversary so that every experiment cuts time, and
 //! reads a window's edges, the same way: a window is named by its end, `end_s` seconds from the
 //! start of the run, and covers `[end_s − dt, end_s)`.
 
@@ -24,6 +24,8 @@ pub struct ClientWindow {
     pub t_s: f64,
     /// The clients' p90 of the successes that completed in the window, ms.
     pub p90_ms: Option<f64>,
+    /// The same successes' p99, ms.
+    pub p99_ms: Option<f64>,
     pub completed: u64,
     pub rejected: u64,
     pub reject_fraction: f64,
@@ -58,6 +60,7 @@ pub fn client_windows(r: &LoadReport, offset_s: f64) -> Vec<ClientWindow> {
             ClientWindow {
                 t_s: offset_s + (i as f64 + 1.0) * dt,
                 p90_ms: ws.iter().filter_map(|w| w.p90_ms).reduce(f64::max),
+                p99_ms: ws.iter().filter_map(|w| w.p99_ms).reduce(f64::max),
                 completed,
                 rejected,
                 reject_fraction: rejected as f64 / (completed + rejected).max(1) as f64,
@@ -108,6 +111,11 @@ pub fn rejects_stop<W: Windowed>(windows: &[W], dt: f64, from: f64, to: f64) -> 
     at
 }
 
+/// The largest p99 of any window with completions (`None`: none had any).
+pub fn p99_max_ms(windows: &[ClientWindow]) -> Option<f64> {
+    windows.iter().filter_map(|w| w.p99_ms).reduce(f64::max)
+}
+
 /// Completions and rejections of the windows in `(from, to)`: (completed, rejected).
 pub fn totals(windows: &[ClientWindow], dt: f64, from: f64, to: f64) -> (u64, u64) {
     inside(windows, dt, from, to).fold((0, 0), |a, w| (a.0 + w.completed, a.1 + w.rejected))
@@ -121,6 +129,7 @@ mod tests {
         ClientWindow {
             t_s,
             p90_ms: p90,
+            p99_ms: p90.map(|p| 2.0 * p),
             completed: 10,
             rejected: (rej * 10.0) as u64,
             reject_fraction: rej,
@@ -143,5 +152,7 @@ mod tests {
         // Rejections stop from window 4 (starting at 3 s).
         assert_eq!(rejects_stop(&ws, 1.0, 0.0, 10.0), Some(3.0));
         assert_eq!(totals(&ws, 1.0, 1.0, 3.0), (20, 7));
+        assert_eq!(p99_max_ms(&ws), Some(100.0));
+        assert_eq!(p99_max_ms(&ws[3..4]), None);
     }
 }

@@ -354,6 +354,12 @@ pub struct CoreCounters {
     /// Admitted messages dropped before their handler ran (activity removed meanwhile, timer
     /// table full).
     pub dropped: Counter,
+    /// Stretches in which the loop could not pick another queue, ns: each dispatch (scheduled
+    /// mode; its cost as charged)...
+    pub dispatch_hist: Histogram,
+    /// ...and each I/O round (`epoll_wait` calls and classifying their ready lists into the
+    /// activities' queues), stamped by the loop's clock on each side.
+    pub io_round_hist: Histogram,
 }
 
 #[derive(Debug, Default)]
@@ -443,6 +449,19 @@ impl Ledger {
         Snapshot { rows, cores }
     }
 
+    /// Each core's stretch histograms (longest things the loop does between two picks).
+    pub fn stretches(&self) -> Vec<StretchRow> {
+        self.cores
+            .iter()
+            .enumerate()
+            .map(|(core, c)| StretchRow {
+                core: core as u32,
+                dispatch: c.counters.dispatch_hist.snapshot(),
+                io_round: c.counters.io_round_hist.snapshot(),
+            })
+            .collect()
+    }
+
     /// Latency histograms of every cell that has recorded a message.
     pub fn latencies(&self) -> Vec<LatencyRow> {
         let mut out = Vec::new();
@@ -463,6 +482,14 @@ impl Ledger {
         }
         out
     }
+}
+
+/// One core's stretches: how long each dispatch and each I/O round held the loop, ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StretchRow {
+    pub core: u32,
+    pub dispatch: HistSnapshot,
+    pub io_round: HistSnapshot,
 }
 
 /// Counters of one (activity, stage, core).

@@ -148,6 +148,21 @@ fn the_stage_graph_counts_every_admitted_message_per_edge() {
     // ledger's queue-wait counter of the same cells.
     let snap = rt.snapshot();
     let lat = rt.latencies();
+    // Stretches: one record per dispatch, whose sum is exactly the CPU the ledger charged to
+    // dispatches (the loop's own cell holds its infra time, not dispatches).
+    let stretches = rt.stretches();
+    let dispatched = snap
+        .rows
+        .iter()
+        .filter(|r| r.stage != omnistage::exec::LOOP_STAGE);
+    assert_eq!(
+        stretches.iter().map(|r| r.dispatch.count()).sum::<u64>(),
+        dispatched.clone().map(|r| r.dispatches).sum::<u64>()
+    );
+    assert_eq!(
+        stretches.iter().map(|r| r.dispatch.sum).sum::<u64>(),
+        dispatched.map(|r| r.cpu_ns).sum::<u64>()
+    );
     for stage in [f, k] {
         let rows: Vec<_> = lat
             .iter()

@@ -888,6 +888,12 @@ impl Runtime {
         self.shared.ledger.latencies()
     }
 
+    /// Per core since start: how long each dispatch and each I/O round held the worker's loop
+    /// (scheduled mode; the bypass records none), the stretches in which it could pick nothing.
+    pub fn stretches(&self) -> Vec<crate::account::StretchRow> {
+        self.shared.ledger.stretches()
+    }
+
     /// Rejections counted at the gate of (stage, activity).
     pub fn rejected(&self, stage: StageId, activity: ActivityId) -> u64 {
         self.shared

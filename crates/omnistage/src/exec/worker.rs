@@ -1331,8 +1331,15 @@ fn run_loop<const ACCOUNTED: bool>(
                     break;
                 }
             }
+            let round_start = now_raw;
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
+            if ACCOUNTED {
+                // Fresh at the top of the loop in this mode: the round is stamped for free.
+                counters
+                    .io_round_hist
+                    .record(clock.delta_as_nanos(round_start, now_raw));
+            }
         }
         if (st.fire_timers(shared) | super::task::turn(&mut st, shared)) && ACCOUNTED {
             // Delivering timers and queueing woken tasks is the loop's work (infra), not the
@@ -1386,6 +1393,7 @@ fn run_loop<const ACCOUNTED: bool>(
             let end_raw = clock.raw();
             let cost = clock.delta_as_nanos(now_raw, end_raw);
             let end_ns = st.now_ns + cost;
+            counters.dispatch_hist.record(cost);
             if let Some(bc) = &mut batching[stage] {
                 bc.window_messages += u64::from(b.messages);
                 bc.window_ns += cost;
@@ -1519,6 +1527,14 @@ fn run_loop<const ACCOUNTED: bool>(
                     break;
                 }
                 st.io_ready(shared, &events);
+            }
+            if ACCOUNTED {
+                // The round after a sleep: from the wake-up to the ready list classified (one
+                // clock read per sleep, paid only by a worker that slept).
+                let t = clock.raw();
+                counters
+                    .io_round_hist
+                    .record(clock.delta_as_nanos(after, t));
             }
         }
         if st.now_ns >= next_flush_ns || stop {
