@@ -426,7 +426,8 @@ pub(super) fn turn(st: &mut CoreState, shared: &Shared) -> bool {
         return false;
     }
     let fired = fire_timers(st.now_ns());
-    fired | queue_wakes(st, shared)
+    // Most turns find the list empty (a dispatch's own wakes were queued before its charge).
+    fired | (wakes_pending() && queue_wakes(st, shared))
 }
 
 /// Whether this thread's wake list holds wakes (a cheap look before [`queue_wakes`]).
@@ -493,6 +494,10 @@ pub(super) fn check_poll_length(shared: &Shared, activity: ActivityId, took_ns: 
 /// Wakes the tasks whose sleeps are due; says whether any were.
 fn fire_timers(now_ns: u64) -> bool {
     let Some(fired) = with_core(|c| {
+        // The common turn: nothing due, one look at the first deadline.
+        if !matches!(c.timers.first_key_value(), Some((k, _)) if k.0 <= now_ns) {
+            return None;
+        }
         let mut fired = std::mem::take(&mut c.fired);
         while let Some(entry) = c.timers.first_entry() {
             if entry.key().0 > now_ns {
@@ -500,8 +505,9 @@ fn fire_timers(now_ns: u64) -> bool {
             }
             fired.push(entry.remove());
         }
-        fired
-    }) else {
+        Some(fired)
+    })
+    .flatten() else {
         return false;
     };
     let any = !fired.is_empty();
