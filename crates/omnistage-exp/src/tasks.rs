@@ -63,6 +63,15 @@ pub struct TasksArgs {
     /// Polls timed per per-poll measurement.
     #[arg(long, default_value_t = 1_000_000)]
     polls: u64,
+    /// Runs one workload alone, `--count` times, and prints what it did, for a profiler
+    /// (`valgrind --tool=callgrind`): `yield-omnistage`, `yield-bypass`, `yield-tokio` (polls
+    /// of a task that only yields), `hello-omnistage`, `hello-tokio` (/hello requests from
+    /// `--hello-conns` blocking connections on this thread, one request on each in turn).
+    #[arg(long, value_parser = ["yield-omnistage", "yield-bypass", "yield-tokio", "hello-omnistage", "hello-tokio"])]
+    profile: Option<String>,
+    /// Polls or requests of a `--profile` run.
+    #[arg(long, default_value_t = 10_000)]
+    count: u64,
     #[command(flatten)]
     common: Common,
 }
@@ -451,8 +460,78 @@ fn cost_round(a: &TasksArgs, server: &'static str, iters: f64) -> Result<CostRou
     })
 }
 
+/// One workload alone for a profiler: instructions per poll or per request are the difference
+/// of two runs' totals over the difference of their counts (start-up cancels out).
+fn profile(a: &TasksArgs, kind: &str) -> Result<(), String> {
+    if !(1..=100_000_000).contains(&a.count) || !(1..=1024).contains(&a.hello_conns) {
+        return Err("--count 1..=100000000, --hello-conns 1..=1024 with --profile".into());
+    }
+    let t = Instant::now();
+    let what = match kind {
+        "yield-omnistage" => omnistage_yields(a.count, 0, false).map(|_| "polls")?,
+        "yield-bypass" => omnistage_yields(a.count, 0, true).map(|_| "polls")?,
+        "yield-tokio" => tokio_yields(a.count, 0).map(|_| "polls")?,
+        server => {
+            let (srv, addr) = start(server.trim_start_matches("hello-"), 1.0)?;
+            hello_requests(addr, a.hello_conns, a.count)?;
+            drop(srv);
+            "requests"
+        }
+    };
+    println!(
+        "{kind}: {} {what} in {:.3} s",
+        a.count,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `count` /hello requests over `conns` keep-alive connections, one request on each in turn
+/// (all sent, then all answers read), blocking, on this thread.
+fn hello_requests(addr: SocketAddr, conns: usize, count: u64) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let req = b"GET /hello HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    let body = b"hello world\n";
+    let mut socks = Vec::new();
+    for _ in 0..conns {
+        let s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| e.to_string())?;
+        socks.push(s);
+    }
+    let mut buf = vec![0u8; 4096];
+    let mut done = 0;
+    while done < count {
+        let n = (count - done).min(conns as u64) as usize;
+        for s in &mut socks[..n] {
+            s.write_all(req).map_err(|e| e.to_string())?;
+        }
+        for s in &mut socks[..n] {
+            let mut have = 0;
+            while !buf[..have].ends_with(body) {
+                if have == buf.len() {
+                    return Err("an answer longer than 4 KiB".into());
+                }
+                match s.read(&mut buf[have..]) {
+                    Ok(0) => return Err("the server closed a connection".into()),
+                    Ok(k) => have += k,
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
+        done += n as u64;
+    }
+    Ok(())
+}
+
 /// ns per poll of a task that only yields, timed inside the task on omnistage.
 fn omnistage_poll_ns(polls: u64, bypass: bool) -> Result<f64, String> {
+    omnistage_yields(polls, polls / 10, bypass)
+}
+
+/// `warm` yields, then `polls` timed ones; ns per timed poll.
+fn omnistage_yields(polls: u64, warm: u64, bypass: bool) -> Result<f64, String> {
     let (b, a) = Runtime::builder()
         .workers(1)
         .pin(true)
@@ -465,7 +544,7 @@ fn omnistage_poll_ns(polls: u64, bypass: bool) -> Result<f64, String> {
     let h = rt
         .spawn(a, Affinity::Core(0), async move {
             // A warm-up, then the timed stretch.
-            for _ in 0..polls / 10 {
+            for _ in 0..warm {
                 task::yield_now().await;
             }
             let t = Instant::now();
@@ -493,6 +572,11 @@ fn omnistage_poll_ns(polls: u64, bypass: bool) -> Result<f64, String> {
 
 /// The same loop on Tokio's current-thread runtime, on the same CPU.
 fn tokio_poll_ns(polls: u64) -> Result<f64, String> {
+    tokio_yields(polls, polls / 10)
+}
+
+/// `warm` yields, then `polls` timed ones on Tokio; ns per timed poll.
+fn tokio_yields(polls: u64, warm: u64) -> Result<f64, String> {
     std::thread::spawn(move || {
         pin_this_thread(SERVER_CPU);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -500,7 +584,7 @@ fn tokio_poll_ns(polls: u64) -> Result<f64, String> {
             .map_err(|e| e.to_string())?;
         Ok(rt.block_on(async move {
             tokio::task::spawn(async move {
-                for _ in 0..polls / 10 {
+                for _ in 0..warm {
                     tokio::task::yield_now().await;
                 }
                 let t = Instant::now();
@@ -519,6 +603,9 @@ fn tokio_poll_ns(polls: u64) -> Result<f64, String> {
 
 pub fn run(a: TasksArgs) -> Result<(), String> {
     a.common.check(0.5)?;
+    if let Some(kind) = &a.profile {
+        return profile(&a, kind);
+    }
     if !(1..=4096).contains(&a.conns) || !(1..=10_000).contains(&a.hello_conns) {
         return Err("--conns 1..=4096, --hello-conns 1..=10000".into());
     }

@@ -202,6 +202,34 @@ fn wakes_from_the_same_core_and_from_outside() {
     assert_eq!(join(waiter), Ok(()));
 }
 
+/// Wakes made during a dispatch are queued before its charge: one to another activity's idle
+/// task (its leaf becomes ready while the waker's is in service) and the waker's own (its leaf
+/// stays backlogged). Each poll is still one dispatch, charged to its own task's activity.
+#[test]
+fn wakes_made_during_a_dispatch_reach_both_activities() {
+    let (rt, a, b) = runtime(1, TaskConfig::default());
+    let (tx, rx) = futures_channel::oneshot::channel::<u32>();
+    let waiter = rt
+        .spawn(b, Affinity::Core(0), async move { rx.await.unwrap() })
+        .unwrap();
+    wait_for("the waiter's first poll", || polls(&rt, b).0 == 1);
+    const YIELDS: u64 = 10;
+    let waker = rt
+        .spawn(a, Affinity::Core(0), async move {
+            // Wakes the waiter in /b and then itself, in the same poll.
+            tx.send(7).unwrap();
+            for _ in 0..YIELDS {
+                task::yield_now().await;
+            }
+        })
+        .unwrap();
+    join(waker).unwrap();
+    assert_eq!(join(waiter), Ok(7));
+    wait_for("the ledger", || polls(&rt, a).0 == YIELDS + 1);
+    assert_eq!(polls(&rt, a), (YIELDS + 1, YIELDS + 1));
+    assert_eq!(polls(&rt, b), (2, 2));
+}
+
 /// Many wakes of a queued task queue it once.
 #[test]
 fn a_task_is_queued_once_however_often_it_is_woken() {

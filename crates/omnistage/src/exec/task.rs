@@ -321,6 +321,13 @@ impl Builder {
     }
 }
 
+impl TaskShared {
+    /// The task stage's id.
+    pub(super) fn stage(&self) -> StageId {
+        self.stage
+    }
+}
+
 impl Shared {
     /// Sends one control message to one core (remote task wakes).
     pub(super) fn control_to(&self, core: usize, c: Control) {
@@ -419,12 +426,25 @@ pub(super) fn turn(st: &mut CoreState, shared: &Shared) -> bool {
         return false;
     }
     let fired = fire_timers(st.now_ns());
+    // Most turns find the list empty (a dispatch's own wakes were queued before its charge).
+    fired | (wakes_pending() && queue_wakes(st, shared))
+}
+
+/// Whether this thread's wake list holds wakes (a cheap look before [`queue_wakes`]).
+pub(super) fn wakes_pending() -> bool {
+    WAKES
+        .try_with(|w| w.try_borrow().is_ok_and(|w| !w.list.is_empty()))
+        .unwrap_or(false)
+}
+
+/// Queues every woken task in its activity's task queue; says whether there were any.
+pub(super) fn queue_wakes(st: &mut CoreState, shared: &Shared) -> bool {
     let Some((stage, mut list)) = with_core(|c| {
         let mut spare = std::mem::take(&mut c.spare);
         WAKES.with(|w| std::mem::swap(&mut w.borrow_mut().list, &mut spare));
         (c.stage, spare)
     }) else {
-        return fired;
+        return false;
     };
     let any = !list.is_empty();
     for &entry in &list {
@@ -450,12 +470,34 @@ pub(super) fn turn(st: &mut CoreState, shared: &Shared) -> bool {
     }
     list.clear();
     with_core(|c| c.spare = list);
-    fired || any
+    any
+}
+
+/// Counts a poll that ran past the limit (`took_ns`: its dispatch's length, measured by the
+/// loop) as a long poll of `activity`.
+pub(super) fn check_poll_length(shared: &Shared, activity: ActivityId, took_ns: u64) {
+    let Some(tasks) = &shared.tasks else {
+        return;
+    };
+    if took_ns <= tasks.poll_limit_ns {
+        return;
+    }
+    let mut m = tasks.long_polls.lock().expect("long polls lock");
+    let e = m.entry(activity).or_insert(LongPolls {
+        activity,
+        ..Default::default()
+    });
+    e.count += 1;
+    e.worst_ns = e.worst_ns.max(took_ns);
 }
 
 /// Wakes the tasks whose sleeps are due; says whether any were.
 fn fire_timers(now_ns: u64) -> bool {
     let Some(fired) = with_core(|c| {
+        // The common turn: nothing due, one look at the first deadline.
+        if !matches!(c.timers.first_key_value(), Some((k, _)) if k.0 <= now_ns) {
+            return None;
+        }
         let mut fired = std::mem::take(&mut c.fired);
         while let Some(entry) = c.timers.first_entry() {
             if entry.key().0 > now_ns {
@@ -463,8 +505,9 @@ fn fire_timers(now_ns: u64) -> bool {
             }
             fired.push(entry.remove());
         }
-        fired
-    }) else {
+        Some(fired)
+    })
+    .flatten() else {
         return false;
     };
     let any = !fired.is_empty();
@@ -550,24 +593,12 @@ fn poll_task(ctx: &mut Ctx<'_>, l: u64) {
     let shared = ctx.shared;
     CURRENT.set(Some((activity, l)));
     CTX.set(ctx as *mut Ctx<'_> as *mut ());
-    let t0 = shared.clock.raw();
+    // The poll's length is checked by the loop from the dispatch's (`check_poll_length`).
     let polled = catch_unwind(AssertUnwindSafe(|| {
         future.as_mut().poll(&mut Context::from_waker(&waker))
     }));
-    let t1 = shared.clock.raw();
     CTX.set(std::ptr::null_mut());
     let activity_now = CURRENT.take().map(|(a, _)| a).unwrap_or(activity);
-    let tasks = shared.tasks.as_ref().expect("task stage implies tasks");
-    let took = shared.clock.delta_as_nanos(t0, t1);
-    if took > tasks.poll_limit_ns {
-        let mut m = tasks.long_polls.lock().expect("long polls lock");
-        let e = m.entry(activity).or_insert(LongPolls {
-            activity,
-            ..Default::default()
-        });
-        e.count += 1;
-        e.worst_ns = e.worst_ns.max(took);
-    }
     match polled {
         Ok(Poll::Pending) => {
             with_core(|c| {

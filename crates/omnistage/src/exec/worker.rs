@@ -248,6 +248,8 @@ struct LocalActivity {
 
 /// What one dispatch did.
 pub(crate) struct Batch {
+    /// The activity the dispatch is charged to (its queue's).
+    activity: ActivityId,
     messages: u32,
     wait_ns: u64,
     still_backlogged: bool,
@@ -269,6 +271,8 @@ pub(crate) trait ErasedStage {
         q: u32,
         batch_max: usize,
     ) -> Batch;
+    /// Whether queue `q` of this stage holds messages.
+    fn backlogged(&self, st: &mut CoreState, q: u32) -> bool;
 }
 
 struct Typed<M, H> {
@@ -303,6 +307,10 @@ where
             qs: Vec::new(),
             by_activity: IdMap::default(),
         })
+    }
+
+    fn backlogged(&self, st: &mut CoreState, q: u32) -> bool {
+        !st.queues::<M>(self.id).qs[q as usize].items.is_empty()
     }
 
     fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch {
@@ -384,8 +392,9 @@ where
             st.current_activity = activity;
         }
         st.observe_gate = observe_gate;
-        let still_backlogged = !st.queues::<M>(self.id).qs[q as usize].items.is_empty();
+        let still_backlogged = self.backlogged(st, q);
         Batch {
+            activity,
             messages: n as u32,
             wait_ns,
             still_backlogged,
@@ -1257,6 +1266,7 @@ fn run_loop<const ACCOUNTED: bool>(
     // nothing to do on a reading that may be stale (then it reads again before sleeping).
     let mut since_clock = 0u32;
     let mut stale_idle = false;
+    let task_stage = shared.tasks.as_ref().map(|t| t.stage() as usize);
 
     let mut flush = |time: &mut LoopTime, seg_start: &mut u64| {
         let t = clock.raw();
@@ -1287,7 +1297,10 @@ fn run_loop<const ACCOUNTED: bool>(
     };
 
     while !stop {
-        if mailbox.control_pending.swap(false, Ordering::AcqRel) {
+        // A plain load first: the locked swap only when there is something (most turns).
+        if mailbox.control_pending.load(Ordering::Acquire)
+            && mailbox.control_pending.swap(false, Ordering::AcqRel)
+        {
             let controls = std::mem::take(&mut *mailbox.control.lock().expect("control lock"));
             for c in controls {
                 match c {
@@ -1389,11 +1402,28 @@ fn run_loop<const ACCOUNTED: bool>(
             let batch_max = shared.stages[stage].batch_now[core].load(Ordering::Relaxed) as usize;
             let mut h = handlers[stage].take().expect("handler not re-entered");
             let b = h.run(&mut st, shared, q, batch_max);
-            handlers[stage] = Some(h);
             let end_raw = clock.raw();
             let cost = clock.delta_as_nanos(now_raw, end_raw);
             let end_ns = st.now_ns + cost;
             counters.dispatch_hist.record(cost);
+            // Tasks woken during the dispatch are queued now, before the charge (enqueued at
+            // its end): a task that woke itself, or another of its activity, leaves its leaf
+            // backlogged, and the tree keeps it in place instead of taking it out and putting
+            // it back (one charge rather than idle + ready). Their queueing is the loop's time.
+            let still_backlogged = if super::task::wakes_pending() {
+                let start_ns = std::mem::replace(&mut st.now_ns, end_ns);
+                super::task::queue_wakes(&mut st, shared);
+                st.now_ns = start_ns;
+                h.backlogged(&mut st, q)
+            } else {
+                b.still_backlogged
+            };
+            handlers[stage] = Some(h);
+            if task_stage == Some(stage) {
+                // One poll per dispatch: the dispatch's length bounds the poll's (within the
+                // loop's own few hundred ns), so no clock is read inside the poll itself.
+                super::task::check_poll_length(shared, b.activity, cost);
+            }
             if let Some(bc) = &mut batching[stage] {
                 bc.window_messages += u64::from(b.messages);
                 bc.window_ns += cost;
@@ -1405,7 +1435,7 @@ fn run_loop<const ACCOUNTED: bool>(
                     bc.window_ns = 0;
                 }
             }
-            st.tree.charge(leaf, cost, b.still_backlogged, end_ns);
+            st.tree.charge(leaf, cost, still_backlogged, end_ns);
             let cell = &st.leaves[leaf as usize].as_ref().expect("leaf info").cell;
             cell.cpu_ns.add(cost);
             cell.dispatches.add(1);
