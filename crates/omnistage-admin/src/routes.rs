@@ -865,6 +865,9 @@ fn put_activity(
             }
         }
     };
+    let weight_changed = existing
+        .as_ref()
+        .is_some_and(|(_, old)| old.weight != spec.weight);
     let (id, action) = match &existing {
         Some((id, _)) => match rt.set_activity(path, spec) {
             Ok(()) => (*id, "changed"),
@@ -878,6 +881,22 @@ fn put_activity(
     if let Some((stage, p)) = admission {
         if let Err(e) = rt.set_admission(stage, id, p) {
             return runtime_error(&e, path);
+        }
+    }
+    // A configured tenant's weight is also its weight on the link (the HTTP server's send
+    // scheduler takes it from the running configuration): an empty change folds the runtime's
+    // weights into that configuration, as a reload does. An activity the configuration does
+    // not own has no node on the link (NotATenant: nothing to do).
+    if weight_changed {
+        if let Some(t) = tenants {
+            if let Err(crate::TenantError::Refused(m)) =
+                t.set_tenant(path, &crate::TenantChange::default())
+            {
+                return Response::error(
+                    409,
+                    &format!("the CPU weight changed, the link weight did not: {m}"),
+                );
+            }
         }
     }
     changed(rt, path, id, action)

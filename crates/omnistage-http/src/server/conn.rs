@@ -145,6 +145,10 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let _ = ctx.io_deregister(c.handle, &mut c.stream);
     if let Some(ss) = &mut cs.send {
         ss.forget(key);
+        // Its tenant's link backlog for the fleet layer: whether output of it still waits.
+        if let Some(t) = &c.tenant {
+            t.fleet.note_send_waiting(ss.tenant_waits(t.activity));
+        }
     }
     cs.free.push(slot);
     pool::give_buf(std::mem::take(&mut c.inbuf));

@@ -14,6 +14,7 @@ use omnistage::activity::INFRA;
 use omnistage::exec::{Ctx, SendOpts};
 use omnistage::sched::ClientParams;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 
 /// Wakes the send stage of this core: now, or when a shaper allows (`timer`).
 pub(super) struct Pump {
@@ -83,6 +84,7 @@ pub(super) fn schedule_send(
         }
     };
     ss.tree.leaf_ready(leaf, now);
+    tr.fleet.note_send_waiting(true);
     if !ss.pump_queued {
         let opts = SendOpts {
             activity: Some(INFRA),
@@ -261,9 +263,20 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
             }
             // The tenant's backlog on the link, for the fleet layer: whether its node (the
             // leaf's parent) still has output waiting on this core after the pick.
-            let tenant_waits = ss.tree.parent(leaf).is_some_and(|n| ss.tree.has_work(n));
+            let tenant_node = ss.tree.parent(leaf);
+            let tenant_waits = tenant_node.is_some_and(|n| ss.tree.has_work(n));
+            let lost = tenant_node.map(|n| ss.take_lost(n)).unwrap_or_default();
             if let Some(t) = cs.conn(key).and_then(|c| c.tenant.as_ref()) {
                 t.fleet.note_pick(tenant_waits);
+                // What its net_cap bucket discarded, for `Server::net_cap_lost_bytes`.
+                if lost.backlogged > 0 {
+                    t.net_cap_lost_backlogged_bytes
+                        .fetch_add(lost.backlogged, Ordering::Relaxed);
+                }
+                if lost.idle > 0 {
+                    t.net_cap_lost_idle_bytes
+                        .fetch_add(lost.idle, Ordering::Relaxed);
+                }
             }
             if sent.failed {
                 close(ctx, cs, key);
