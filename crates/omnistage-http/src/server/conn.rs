@@ -32,7 +32,8 @@ use std::time::SystemTime;
 pub(super) const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 /// Bytes of a streamed body read from the file per step: the flow's credit window, so a
-/// connection never has more than this (plus one response head) in memory, whatever the file.
+/// connection never has more than this (plus one response head) in memory, whatever the file;
+/// twice this on the send scheduler's path, which reads the next chunk ahead (`send.rs`).
 pub(super) const FLOW_CHUNK_BYTES: usize = 64 * 1024;
 /// Most flow chunks sent per dispatch before yielding to the scheduler (fairness between
 /// tenants streaming large files).

@@ -205,6 +205,37 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
         let a = t.activity;
         ctx.record_bytes_out(a, sent.bytes as u64);
     }
+    // Read ahead: with at most one chunk left to write, the disk read of the next one starts
+    // now, so the connection does not wait for the disk stage with nothing to send (a leaky
+    // bucket earns nothing while its node has no output: one download from the disk stage got
+    // 0.80 of an 8 MB/s cap, 0.95 with files read inline). At most two chunks per connection
+    // are then in memory on this path.
+    let ahead = match (&pool, &c.body) {
+        (Some(_), Some(body))
+            if !body.in_flight
+                && body.remaining > 0
+                && !c.out.is_empty()
+                && c.out.pending() <= FLOW_CHUNK_BYTES =>
+        {
+            match &body.source {
+                Source::File(file) => Some((
+                    ChunkRead {
+                        file: file.clone(),
+                        offset: body.offset,
+                        len: (body.remaining as usize).min(FLOW_CHUNK_BYTES),
+                        direct: body.direct,
+                    },
+                    c.tenant.clone(),
+                )),
+                Source::Pattern => None,
+            }
+        }
+        _ => None,
+    };
+    if let (Some(pool), Some((read, tenant))) = (&pool, ahead) {
+        // Refused (the pool is full): the read starts when the chunk in memory is spent.
+        let _ = submit_read(ctx, cs, pool, key, tenant, read);
+    }
     sent
 }
 
