@@ -208,97 +208,99 @@ fn serve(s: &mut TcpStream, shared: &Shared) {
     }
 }
 
+/// A request head: its length in bytes, the request without its body, and the body's length.
+pub(crate) struct Head {
+    pub(crate) len: usize,
+    pub(crate) request: Request,
+    pub(crate) content_length: usize,
+}
+
+/// Parses the request head at the front of `buf`: `Ok(None)` while it is incomplete (and
+/// within [`HEAD_BYTES_MAX`]), `Err` with the answer for a head that is refused.
+pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, Response> {
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => {
+            let method = req.method.unwrap_or("").to_string();
+            let target = req.path.unwrap_or("").to_string();
+            let mut cl: Option<usize> = None;
+            let mut hdrs = Headers::default();
+            let text = |v: &[u8]| String::from_utf8_lossy(v).trim().to_string();
+            for h in req.headers.iter() {
+                if h.name.eq_ignore_ascii_case("content-length") {
+                    let v = std::str::from_utf8(h.value)
+                        .ok()
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .ok_or_else(|| Response::error(400, "bad Content-Length"))?;
+                    if cl.is_some_and(|c| c != v) {
+                        return Err(Response::error(400, "conflicting Content-Length headers"));
+                    }
+                    cl = Some(v);
+                } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                    return Err(Response::error(
+                        411,
+                        "send the body with Content-Length (no Transfer-Encoding)",
+                    ));
+                } else if h.name.eq_ignore_ascii_case("authorization") {
+                    hdrs.authorization = Some(text(h.value));
+                } else if h.name.eq_ignore_ascii_case("host") {
+                    hdrs.host = Some(text(h.value));
+                } else if h.name.eq_ignore_ascii_case("origin") {
+                    hdrs.origin = Some(text(h.value));
+                } else if h.name.eq_ignore_ascii_case("content-type") {
+                    hdrs.content_type = Some(text(h.value));
+                }
+            }
+            let content_length = cl.unwrap_or(0);
+            if content_length > BODY_BYTES_MAX {
+                return Err(Response::error(413, "request body larger than 64 KiB"));
+            }
+            let (path, query) = match target.split_once('?') {
+                Some((p, q)) => (p.to_string(), q.to_string()),
+                None => (target, String::new()),
+            };
+            Ok(Some(Head {
+                len: n,
+                request: Request {
+                    method,
+                    path,
+                    query,
+                    headers: hdrs,
+                    body: Vec::new(),
+                },
+                content_length,
+            }))
+        }
+        Ok(httparse::Status::Partial) if buf.len() >= HEAD_BYTES_MAX => {
+            Err(Response::error(431, "request head larger than 16 KiB"))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            Err(Response::error(431, "more than 64 request headers"))
+        }
+        Err(e) => Err(Response::error(400, &format!("malformed request: {e}"))),
+    }
+}
+
 fn read_request(s: &mut TcpStream) -> Result<Request, ReadError> {
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
-    // The head.
-    let (head_len, method, target, content_length, hdrs) = loop {
-        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(n)) => {
-                let method = req.method.unwrap_or("").to_string();
-                let target = req.path.unwrap_or("").to_string();
-                let mut cl: Option<usize> = None;
-                let mut hdrs = Headers::default();
-                let text = |v: &[u8]| String::from_utf8_lossy(v).trim().to_string();
-                for h in req.headers.iter() {
-                    if h.name.eq_ignore_ascii_case("content-length") {
-                        let v = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .ok_or_else(|| {
-                                ReadError::Answer(Response::error(400, "bad Content-Length"))
-                            })?;
-                        if cl.is_some_and(|c| c != v) {
-                            return Err(ReadError::Answer(Response::error(
-                                400,
-                                "conflicting Content-Length headers",
-                            )));
-                        }
-                        cl = Some(v);
-                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                        return Err(ReadError::Answer(Response::error(
-                            411,
-                            "send the body with Content-Length (no Transfer-Encoding)",
-                        )));
-                    } else if h.name.eq_ignore_ascii_case("authorization") {
-                        hdrs.authorization = Some(text(h.value));
-                    } else if h.name.eq_ignore_ascii_case("host") {
-                        hdrs.host = Some(text(h.value));
-                    } else if h.name.eq_ignore_ascii_case("origin") {
-                        hdrs.origin = Some(text(h.value));
-                    } else if h.name.eq_ignore_ascii_case("content-type") {
-                        hdrs.content_type = Some(text(h.value));
-                    }
-                }
-                break (n, method, target, cl.unwrap_or(0), hdrs);
-            }
-            Ok(httparse::Status::Partial) => {
-                if buf.len() >= HEAD_BYTES_MAX {
-                    return Err(ReadError::Answer(Response::error(
-                        431,
-                        "request head larger than 16 KiB",
-                    )));
-                }
-            }
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(ReadError::Answer(Response::error(
-                    431,
-                    "more than 64 request headers",
-                )))
-            }
-            Err(e) => {
-                return Err(ReadError::Answer(Response::error(
-                    400,
-                    &format!("malformed request: {e}"),
-                )))
-            }
+    let head = loop {
+        match parse_head(&buf) {
+            Ok(Some(h)) => break h,
+            Ok(None) => read_some(s, &mut buf, &mut chunk, deadline, HEAD_BYTES_MAX)?,
+            Err(r) => return Err(ReadError::Answer(r)),
         }
-        read_some(s, &mut buf, &mut chunk, deadline, HEAD_BYTES_MAX)?;
     };
-    if content_length > BODY_BYTES_MAX {
-        return Err(ReadError::Answer(Response::error(
-            413,
-            "request body larger than 64 KiB",
-        )));
+    let end = head.len + head.content_length;
+    while buf.len() < end {
+        read_some(s, &mut buf, &mut chunk, deadline, end)?;
     }
-    while buf.len() < head_len + content_length {
-        read_some(s, &mut buf, &mut chunk, deadline, head_len + content_length)?;
-    }
-    let body = buf[head_len..head_len + content_length].to_vec();
-    let (path, query) = match target.split_once('?') {
-        Some((p, q)) => (p.to_string(), q.to_string()),
-        None => (target, String::new()),
-    };
-    Ok(Request {
-        method,
-        path,
-        query,
-        headers: hdrs,
-        body,
-    })
+    let mut req = head.request;
+    req.body = buf[head.len..end].to_vec();
+    Ok(req)
 }
 
 /// Reads more bytes (at most up to `limit` in `buf`) before the deadline.

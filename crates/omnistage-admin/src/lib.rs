@@ -31,7 +31,10 @@
 //! activities, 405 for a wrong method, 409 for a change the activity tree refuses (weight out
 //! of range, removing `/infra`, a cycle, a node with children, removing or moving an activity
 //! the server's running config owns (a tenant's or a class's: the reason says to edit the
-//! config file and reload instead)...; nothing changes), 411/413/
+//! config file and reload instead), a p90 change to an activity under its tenant's
+//! class-priority controller, a network or disk cap of 0 B/s, a cache budget over the server's
+//! `cache_bytes_max`...; nothing changes: every part of a request is checked before any part is
+//! applied or written to the file), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
 //! `application/json`, 501 for what the runtime cannot change (`persist=true` without an HTTP
 //! server, or on a removal or move; network and
@@ -153,6 +156,11 @@ pub trait Tenants: Send + Sync {
     /// Applies `change` to the tenant whose activity is `path`. `Err` names the problem: no
     /// such tenant (the API answers 404) or a refused value (409).
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError>;
+    /// Whether [`Tenants::set_tenant`] would take `change`, without applying it: the API checks
+    /// every part of a request before it changes anything or writes the config file.
+    fn check_tenant(&self, _path: &str, _change: &TenantChange) -> Result<(), TenantError> {
+        Ok(())
+    }
     /// Bytes each tenant has in the cache, by activity path.
     fn cache_bytes(&self) -> Vec<(String, u64)> {
         Vec::new()
@@ -290,6 +298,63 @@ where
     })
 }
 
+/// The admin API without its listener and threads: answers the bytes of one request the way a
+/// handler thread does (the same head parsing, limits and routes), for the fuzz target and for
+/// tests that want no sockets. A panic in a route is not caught here (the listener answers it
+/// with 500): a fuzzer is to see it.
+pub struct InProcess {
+    shared: http::Shared,
+}
+
+/// What [`InProcess::answer`] answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Vec<u8>,
+}
+
+impl InProcess {
+    /// For an owner with tenants (an HTTP server), as [`start_admin_with_tenants`] serves it;
+    /// `token` as in [`AdminConfig::token`].
+    pub fn with_tenants<S, F>(owner: Arc<S>, get: F, token: Option<String>) -> InProcess
+    where
+        S: Tenants + Send + Sync + 'static,
+        F: Fn(&S) -> &Runtime + Send + Sync + 'static,
+    {
+        let source: Arc<dyn Source> = Arc::new(WithTenants { owner, get });
+        InProcess {
+            shared: http::Shared {
+                source,
+                state: Default::default(),
+                token,
+            },
+        }
+    }
+
+    /// The answer to `raw` (a request head and its body), or `None` when `raw` holds less than
+    /// a whole request (the listener would wait for more, then time out with 408). Bytes past
+    /// the request are ignored (the listener reads one request per connection).
+    pub fn answer(&self, raw: &[u8]) -> Option<Answer> {
+        let r = match http::parse_head(raw) {
+            Ok(None) => return None,
+            Err(r) => r,
+            Ok(Some(head)) => {
+                let end = head.len + head.content_length;
+                let body = raw.get(head.len..end)?;
+                let mut req = head.request;
+                req.body = body.to_vec();
+                routes::handle(&self.shared, &req)
+            }
+        };
+        Some(Answer {
+            status: r.status,
+            content_type: r.content_type.to_string(),
+            body: r.body,
+        })
+    }
+}
+
 /// Starts the admin server for an `Arc<Runtime>`.
 pub fn start_admin_rt(rt: Arc<Runtime>, cfg: AdminConfig) -> Result<AdminHandle, String> {
     fn itself(r: &Runtime) -> &Runtime {
@@ -301,30 +366,45 @@ pub fn start_admin_rt(rt: Arc<Runtime>, cfg: AdminConfig) -> Result<AdminHandle,
 /// An HTTP server's tenants through the admin API: a change is applied as a reload of the
 /// server's configuration with that tenant's settings changed (so it reaches the send and
 /// disk stages and the cache the same way a SIGHUP does), and is not written to the file.
+/// The tenant name of `path` (`/tenants/NAME`), or why it is not a tenant's.
+fn tenant_name(path: &str) -> Result<&str, TenantError> {
+    path.strip_prefix("/tenants/")
+        .filter(|n| !n.contains('/'))
+        .ok_or_else(|| TenantError::NotATenant(format!("{path} is not a tenant")))
+}
+
+/// `change` applied to a tenant's settings.
+fn apply_change(change: &TenantChange, t: &mut omnistage_http::config::TenantConfig) {
+    if let Some(v) = change.net_cap_bytes_per_s {
+        t.net_cap_bytes_per_s = v;
+    }
+    if let Some(v) = change.disk_cap_bytes_per_s {
+        t.disk_cap_bytes_per_s = v;
+    }
+    if let Some(v) = change.cache_bytes {
+        t.cache_bytes = v;
+    }
+    if let Some(v) = change.send_order {
+        t.send_order = v;
+    }
+}
+
+fn update_error(e: omnistage_http::server::UpdateError) -> TenantError {
+    match e {
+        omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
+        omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
+    }
+}
+
 impl Tenants for omnistage_http::server::Server {
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
-        let name = path
-            .strip_prefix("/tenants/")
-            .filter(|n| !n.contains('/'))
-            .ok_or_else(|| TenantError::NotATenant(format!("{path} is not a tenant")))?;
-        self.update_tenant(name, |t| {
-            if let Some(v) = change.net_cap_bytes_per_s {
-                t.net_cap_bytes_per_s = v;
-            }
-            if let Some(v) = change.disk_cap_bytes_per_s {
-                t.disk_cap_bytes_per_s = v;
-            }
-            if let Some(v) = change.cache_bytes {
-                t.cache_bytes = v;
-            }
-            if let Some(v) = change.send_order {
-                t.send_order = v;
-            }
-        })
-        .map_err(|e| match e {
-            omnistage_http::server::UpdateError::NoTenant(m) => TenantError::NotATenant(m),
-            omnistage_http::server::UpdateError::Refused(m) => TenantError::Refused(m),
-        })
+        self.update_tenant(tenant_name(path)?, |t| apply_change(change, t))
+            .map_err(update_error)
+    }
+
+    fn check_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
+        self.check_tenant_update(tenant_name(path)?, |t| apply_change(change, t))
+            .map_err(update_error)
     }
 
     fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {

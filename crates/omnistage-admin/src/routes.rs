@@ -739,6 +739,38 @@ fn bytes_setting(v: &serde_json::Value, what: &str) -> Result<Option<u64>, Respo
     }
 }
 
+/// The server-side part of a change (network and disk caps, cache budget, send order),
+/// parsed; `None` when the change has none.
+fn tenant_change(change: &ActivityChange) -> Result<Option<crate::TenantChange>, Response> {
+    let server_side = change.cap_net.is_some()
+        || change.cap_disk.is_some()
+        || change.budget.is_some()
+        || change.send_order.is_some();
+    if !server_side {
+        return Ok(None);
+    }
+    let mut tc = crate::TenantChange::default();
+    if let Some(v) = &change.cap_net {
+        tc.net_cap_bytes_per_s = Some(bytes_setting(v, "cap_net")?);
+    }
+    if let Some(v) = &change.cap_disk {
+        tc.disk_cap_bytes_per_s = Some(bytes_setting(v, "cap_disk")?);
+    }
+    if let Some(v) = &change.budget {
+        tc.cache_bytes = Some(bytes_setting(v, "budget")?);
+    }
+    if let Some(v) = &change.send_order {
+        tc.send_order = Some(
+            omnistage_http::config::SendOrder::parse(v).map_err(|e| Response::error(400, &e))?,
+        );
+    }
+    Ok(Some(tc))
+}
+
+/// `PUT /api/v1/activities/{path}`: every part of the change is parsed and checked first (the
+/// body, the server-side settings, the activity's settings, the admission predicate), then the
+/// file is written (`persist=true`), then the change is applied; so a refused request changes
+/// nothing.
 fn put_activity(
     rt: &Runtime,
     tenants: Option<&dyn crate::Tenants>,
@@ -756,64 +788,16 @@ fn put_activity(
         Ok(c) => c,
         Err(r) => return r,
     };
-    if persist {
-        // The file first: a change it refuses (changed on disk, invalid, embedded default)
-        // changes nothing; one it took is then applied live, as a reload would.
-        let edits = match persist_edits(tenants, path, &change) {
-            Ok(e) => e,
-            Err(r) => return r,
-        };
-        if let Some(t) = tenants {
-            if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
-                t.persist(&edits)
-            {
-                return Response::error(409, &format!("not persisted, nothing changed: {m}"));
-            }
-        }
-    }
-    let server_side = change.cap_net.is_some()
-        || change.cap_disk.is_some()
-        || change.budget.is_some()
-        || change.send_order.is_some();
-    if server_side {
-        let Some(tenants) = tenants else {
-            return Response::error(
-                501,
-                "network and disk caps, cache budgets and send orders live in the HTTP server: \
-                 this admin server runs without one",
-            );
-        };
-        let mut tc = crate::TenantChange::default();
-        if let Some(v) = &change.cap_net {
-            match bytes_setting(v, "cap_net") {
-                Ok(x) => tc.net_cap_bytes_per_s = Some(x),
-                Err(r) => return r,
-            }
-        }
-        if let Some(v) = &change.cap_disk {
-            match bytes_setting(v, "cap_disk") {
-                Ok(x) => tc.disk_cap_bytes_per_s = Some(x),
-                Err(r) => return r,
-            }
-        }
-        if let Some(v) = &change.budget {
-            match bytes_setting(v, "budget") {
-                Ok(x) => tc.cache_bytes = Some(x),
-                Err(r) => return r,
-            }
-        }
-        if let Some(v) = &change.send_order {
-            match omnistage_http::config::SendOrder::parse(v) {
-                Ok(o) => tc.send_order = Some(o),
-                Err(e) => return Response::error(400, &e),
-            }
-        }
-        if let Err(e) = tenants.set_tenant(path, &tc) {
-            return match e {
-                crate::TenantError::NotATenant(m) => Response::error(404, &m),
-                crate::TenantError::Refused(m) => Response::error(409, &m),
-            };
-        }
+    let tenant_change = match tenant_change(&change) {
+        Ok(tc) => tc,
+        Err(r) => return r,
+    };
+    if tenant_change.is_some() && tenants.is_none() {
+        return Response::error(
+            501,
+            "network and disk caps, cache budgets and send orders live in the HTTP server: \
+             this admin server runs without one",
+        );
     }
     let existing = rt.with_activities(|t| {
         t.lookup(path)
@@ -849,7 +833,6 @@ fn put_activity(
             },
         };
     }
-    // Check everything before changing anything.
     if let Err(e) = spec.validate() {
         return Response::error(activity_status(&e, path), &e.to_string());
     }
@@ -859,6 +842,22 @@ fn put_activity(
             let Some(stage) = view::stage_by_name(rt, &a.stage) else {
                 return Response::error(400, &format!("no stage named {:?}", a.stage));
             };
+            let current = existing
+                .as_ref()
+                .and_then(|(id, _)| rt.admission(stage, *id));
+            if let Some(Predicate::ClassedP90 { .. }) = current {
+                return Response::error(
+                    409,
+                    &format!(
+                        "{path}'s admission on {} is a level of its tenant's class-priority \
+                         controller (the config's [[tenant.class]] priorities): changing it \
+                         alone would take it out of its classes' controller; change the \
+                         p90_target_ms of the tenant or its classes in the config file and \
+                         reload (SIGHUP)",
+                        a.stage
+                    ),
+                );
+            }
             match admission_predicate(rt, stage, existing.as_ref().map(|(id, _)| *id), a) {
                 Ok(p) => Some((stage, p)),
                 Err(r) => return r,
@@ -868,6 +867,56 @@ fn put_activity(
     let weight_changed = existing
         .as_ref()
         .is_some_and(|(_, old)| old.weight != spec.weight);
+    // What the file would get (refusals here are the file's: no key, not in it).
+    let edits = if persist {
+        match persist_edits(tenants, path, &change) {
+            Ok(e) => Some(e),
+            Err(r) => return r,
+        }
+    } else {
+        None
+    };
+    if let (Some(t), Some(_)) = (tenants, &tenant_change) {
+        // Only a configured tenant has these settings: refuse before anything is changed.
+        let is_tenant = path
+            .strip_prefix("/tenants/")
+            .is_some_and(|n| !n.contains('/'))
+            && t.configured_activities().iter().any(|a| a == path);
+        if !is_tenant {
+            return Response::error(
+                404,
+                &format!(
+                    "{path} is not a tenant of the running config: network and disk caps, \
+                     cache budgets and send orders are a configured tenant's settings"
+                ),
+            );
+        }
+    }
+    if let (Some(t), Some(tc)) = (tenants, &tenant_change) {
+        if let Err(e) = t.check_tenant(path, tc) {
+            return match e {
+                crate::TenantError::NotATenant(m) => Response::error(404, &m),
+                crate::TenantError::Refused(m) => Response::error(409, &m),
+            };
+        }
+    }
+    if let (Some(edits), Some(t)) = (&edits, tenants) {
+        // The file first: a change it refuses (changed on disk, invalid, embedded default)
+        // changes nothing; one it took is then applied live, as a reload would.
+        if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
+            t.persist(edits)
+        {
+            return Response::error(409, &format!("not persisted, nothing changed: {m}"));
+        }
+    }
+    if let (Some(t), Some(tc)) = (tenants, &tenant_change) {
+        if let Err(e) = t.set_tenant(path, tc) {
+            return match e {
+                crate::TenantError::NotATenant(m) => Response::error(404, &m),
+                crate::TenantError::Refused(m) => Response::error(409, &m),
+            };
+        }
+    }
     let (id, action) = match &existing {
         Some((id, _)) => match rt.set_activity(path, spec) {
             Ok(()) => (*id, "changed"),

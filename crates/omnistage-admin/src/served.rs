@@ -6,7 +6,7 @@ use crate::{TenantChange, TenantError, Tenants};
 use omnistage::exec::Runtime;
 use omnistage_http::config::Config;
 use omnistage_http::persist::{ConfigFile, Edit};
-use omnistage_http::server::Server;
+use omnistage_http::server::{Reloaded, Server};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// A running server and its config file (`None`: the embedded default, nothing to write).
@@ -48,8 +48,9 @@ impl Served {
 
     /// SIGHUP: reads the file again and reloads the server from it; the file's bytes become the
     /// ones later persisted changes are checked against. Ok: the file's path and the config
-    /// now running (for the layers beside the server that keep their own copy, the fleet's).
-    pub fn reload_file(&self) -> Result<(String, Config), String> {
+    /// now running (for the layers beside the server that keep their own copy, the fleet's),
+    /// and what of it waits for a restart.
+    pub fn reload_file(&self) -> Result<(String, Config, Reloaded), String> {
         let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(f) = file.as_ref() else {
             return Err("no config file to reload (embedded default)".into());
@@ -60,14 +61,18 @@ impl Served {
         // Remember the new bytes even if the reload is only partly applied (listeners): they
         // are what the running config now comes from.
         *file = Some(fresh);
-        self.server.reload(config.clone())?;
-        Ok((path.display().to_string(), config))
+        let reloaded = self.server.reload(config.clone())?;
+        Ok((path.display().to_string(), config, reloaded))
     }
 }
 
 impl Tenants for Served {
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
         self.server.set_tenant(path, change)
+    }
+
+    fn check_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
+        Tenants::check_tenant(&*self.server, path, change)
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {

@@ -27,7 +27,8 @@ pub struct ServeArgs {
     /// Pin worker i to CPU i.
     #[arg(long)]
     pin: bool,
-    /// Scheduling bypass (FIFO, no accounting): a baseline for measurements only.
+    /// Scheduling bypass (FIFO, no accounting, no clock read per dispatch): a baseline for
+    /// measurements only.
     #[arg(long)]
     bypass: bool,
     /// Seconds open connections get to finish after SIGTERM.
@@ -132,8 +133,11 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     for sig in signals.forever() {
         match sig {
             SIGHUP => match server.reload_file() {
-                Ok((p, c)) => {
+                Ok((p, c, reloaded)) => {
                     eprintln!("omnistage: reloaded {p}");
+                    for not_applied in &reloaded.not_applied {
+                        eprintln!("omnistage: reload: {not_applied}");
+                    }
                     if c.cluster != cluster {
                         eprintln!("omnistage: reload: [cluster] changes only on restart");
                     }

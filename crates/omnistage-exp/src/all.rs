@@ -362,6 +362,81 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             },
         },
         Exp {
+            file: "proxy-vs-nginx",
+            args: [
+                v(&["proxy-vs-nginx", "--repeats", "3", "--seconds"]),
+                vec![sec(4.0)],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "issue 10: reverse proxy vs nginx (req/s >= 1.0x, proxy CPU/request <= nginx's)",
+            seed_number: "-",
+            ours: |j| {
+                let mode = |i: usize, who: &str| {
+                    let c = &j["compared"][i];
+                    format!(
+                        "{} {} req/s, {:.1} µs CPU/req",
+                        c["mode"].as_str().unwrap_or("-"),
+                        spread(c, &format!("/{who}_req_per_s"), 0),
+                        f(c, &format!("/{who}_cpu_us"))
+                    )
+                };
+                (
+                    format!("{}; {}", mode(0, "omnistage"), mode(1, "omnistage")),
+                    Some(if j["compared"][0]["nginx_req_per_s"].is_object() {
+                        format!(
+                            "nginx {}; {} (req/s ratios {:.2}, {:.2}; worker on CPUs {})",
+                            mode(0, "nginx"),
+                            mode(1, "nginx"),
+                            f(j, "/compared/0/ratio"),
+                            f(j, "/compared/1/ratio"),
+                            peer_cpus(j)
+                        )
+                    } else {
+                        format!(
+                            "nginx not run: {}",
+                            j["nginx_note"].as_str().unwrap_or("not installed")
+                        )
+                    }),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
+            file: "shared-backend",
+            args: [
+                v(&["shared-backend", "--seconds"]),
+                vec![s((10.0 * a.scale).max(2.0))],
+            ]
+            .concat(),
+            writes_own: true,
+            seed: "issue 10: a shared 16-slot backend, one tenant flooding (Envoy #14550, nginx max_conns)",
+            seed_number: "a's p99 flooded <= 1.5x alone, no errors, backend busy",
+            ours: |j| {
+                let row = |name: &str| {
+                    j["verdicts"]
+                        .as_array()
+                        .and_then(|v| v.iter().find(|x| x["server"] == name))
+                        .map(|x| {
+                            format!(
+                                "{name}: a p99 {:.1} → {:.1} ms ({:.2}×), a errors {}, backend in flight {:.1}",
+                                f(x, "/a_p99_alone_ms"),
+                                f(x, "/a_p99_flood_ms"),
+                                f(x, "/p99_ratio"),
+                                x["a_errors"],
+                                f(x, "/backend_in_flight_mean")
+                            )
+                        })
+                        .unwrap_or_else(|| format!("{name}: not run"))
+                };
+                (
+                    row("omnistage fair"),
+                    Some(format!("{}; {}", row("omnistage fifo"), row("nginx max_conns"))),
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
+        Exp {
             file: "attribution",
             args: [v(&["attribution", "--seconds"]), vec![sec(10.0)]].concat(),
             writes_own: true,

@@ -2,12 +2,15 @@
 //! with weights 2:1, then 4:1, then strict priority (A first). The ledger is sampled every
 //! 250 ms: each tenant's share of charged CPU and its requests/s (messages of `http.work`) over
 //! time. Under strict priority B's load runs throughout and A's only in the middle third: B
-//! should starve exactly while A is backlogged.
+//! should starve exactly while A is backlogged. Every phase is also judged on the clients'
+//! completed requests (each the same fixed work): over the whole phase for the weights, in the
+//! load generator's own 250 ms windows for priority.
 
 use super::harness;
 use super::report::{self, Doc, Table};
 use super::share;
 use super::util::machine;
+use super::windowing;
 use super::Common;
 use clap::Args;
 use omnistage::activity::ActivitySpec;
@@ -57,9 +60,16 @@ struct Phase {
     client_share_ratio: Option<f64>,
     client_ratio_error: Option<f64>,
     client_completions_min: Option<u64>,
-    /// Strict priority: B's share while A was backlogged, and while it was not.
+    /// Strict priority: B's share while A was backlogged, and while it was not (the ledger's
+    /// charged CPU in its 250 ms windows).
     b_share_while_a_loaded: Option<f64>,
     b_share_while_a_idle: Option<f64>,
+    /// The same shares by the clients: B's completed requests / A's and B's together, in the
+    /// load generator's own 250 ms windows over the same spans (each request the same work).
+    client_b_share_while_a_loaded: Option<f64>,
+    client_b_share_while_a_idle: Option<f64>,
+    /// The clients' completions (A and B together) in those spans: (loaded, idle).
+    client_completions_priority: Option<(u64, u64)>,
     goal_met: bool,
 }
 
@@ -76,6 +86,10 @@ struct Report {
 const TICK: Duration = Duration::from_millis(250);
 const WARMUP_S: f64 = 1.0;
 const GOAL: f64 = 0.05;
+/// Strict priority: B's share at most this while A is backlogged...
+const PRIORITY_LOADED_MAX: f64 = 0.05;
+/// ...and at least this while A is idle.
+const PRIORITY_IDLE_MIN: f64 = 0.95;
 
 /// |measured / target − 1|, the goal's measure.
 pub fn ratio_error(measured: f64, target: f64) -> f64 {
@@ -117,12 +131,18 @@ fn phase(
         .collect::<Result<_, _>>()?;
     let work = web.server.work_stage();
     let tenant = |n: &str| format!("{n}:{n}.test:{}:burn={}", a.conns, a.burn_us);
-    let lb = harness::load_args(
-        &web.addr,
-        seconds,
-        WARMUP_S,
-        &["--tenant".into(), tenant("b")],
-    )?;
+    // Under priority the clients count their completions per 250 ms window too, so B's
+    // share while A is loaded comes from the clients as well as from the ledger.
+    let priority = weights.is_none();
+    let window_ms = TICK.as_millis().to_string();
+    let load_extra = |n: &str| {
+        let mut v = vec!["--tenant".to_string(), tenant(n)];
+        if priority {
+            v.extend(["--window-ms".to_string(), window_ms.clone()]);
+        }
+        v
+    };
+    let lb = harness::load_args(&web.addr, seconds, WARMUP_S, &load_extra("b"))?;
     // Under priority A's load runs only in the middle third; otherwise throughout.
     let (a_from, a_len) = if weights.is_none() {
         (seconds / 3.0, seconds / 3.0)
@@ -133,7 +153,7 @@ fn phase(
         &web.addr,
         a_len,
         if weights.is_none() { 0.0 } else { WARMUP_S },
-        &["--tenant".into(), tenant("a")],
+        &load_extra("a"),
     )?;
     let hb = harness::spawn_load(lb);
     let mut ha = if weights.is_some() {
@@ -148,8 +168,11 @@ fn phase(
     let (mut tot_a, mut tot_b) = (0u64, 0u64);
     let (mut in_a, mut in_b, mut out_a, mut out_b) = (0u64, 0u64, 0u64, 0u64);
     let mut k = 1u32;
+    // When A's load actually started (its clients' windows count from there).
+    let mut a_started_s = 0.0;
     while start.elapsed().as_secs_f64() < seconds - 1e-3 {
         if ha.is_none() && start.elapsed().as_secs_f64() >= a_from {
+            a_started_s = start.elapsed().as_secs_f64();
             ha = Some(harness::spawn_load(la.clone()));
         }
         let due = start + TICK * k;
@@ -202,6 +225,28 @@ fn phase(
         _ => None,
     };
     web.stop();
+    // Priority by the clients: each tenant's completions in the same spans as the ledger's
+    // windows (one window left out at each edge of A's load).
+    let dt = TICK.as_secs_f64();
+    let client_priority = match (priority, &ra) {
+        (true, Some(ra)) => {
+            let wb = windowing::client_windows(&rb, 0.0);
+            let wa = windowing::client_windows(ra, a_started_s);
+            let span = |w: &[windowing::ClientWindow], from: f64, to: f64| {
+                windowing::totals(w, dt, from, to).0
+            };
+            let (lo, hi) = (a_from + dt, a_from + a_len - dt);
+            let loaded = (span(&wa, lo, hi), span(&wb, lo, hi));
+            let (before, after) = (a_from - dt / 2.0, a_from + a_len + dt);
+            let idle = (
+                span(&wa, f64::MIN, before) + span(&wa, after, f64::MAX),
+                span(&wb, f64::MIN, before) + span(&wb, after, f64::MAX),
+            );
+            Some((loaded, idle))
+        }
+        _ => None,
+    };
+    let b_of = |(ca, cb): (u64, u64)| cb as f64 / (ca + cb).max(1) as f64;
     let sum = (tot_a + tot_b).max(1) as f64;
     let share_ratio = weights.map(|_| tot_a as f64 / tot_b.max(1) as f64);
     let ratio_err =
@@ -216,9 +261,16 @@ fn phase(
     let client_ratio_err = weights
         .zip(client_ratio)
         .map(|((x, y), r)| ratio_error(r, x as f64 / y as f64));
-    let goal_met = match (ratio_err, b_in, b_out) {
-        (Some(e), _, _) => e.abs() <= GOAL && client_ratio_err.is_some_and(|c| c.abs() <= GOAL),
-        (None, Some(i), Some(o)) => i <= 0.05 && o >= 0.95,
+    let client_b_in = client_priority.map(|(l, _)| b_of(l));
+    let client_b_out = client_priority.map(|(_, i)| b_of(i));
+    let goal_met = match (ratio_err, b_in, b_out, client_b_in, client_b_out) {
+        (Some(e), ..) => e.abs() <= GOAL && client_ratio_err.is_some_and(|c| c.abs() <= GOAL),
+        (None, Some(i), Some(o), Some(ci), Some(co)) => {
+            i <= PRIORITY_LOADED_MAX
+                && o >= PRIORITY_IDLE_MIN
+                && ci <= PRIORITY_LOADED_MAX
+                && co >= PRIORITY_IDLE_MIN
+        }
         _ => false,
     };
     Ok(Phase {
@@ -235,6 +287,9 @@ fn phase(
         client_completions_min: client.map(|(a, b)| a.min(b)),
         b_share_while_a_loaded: b_in,
         b_share_while_a_idle: b_out,
+        client_b_share_while_a_loaded: client_b_in,
+        client_b_share_while_a_idle: client_b_out,
+        client_completions_priority: client_priority.map(|(l, i)| (l.0 + l.1, i.0 + i.1)),
         goal_met,
     })
 }
@@ -264,6 +319,10 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
         v.map(|v| format!("{:.1} %", v * 100.0))
             .unwrap_or_else(|| "-".into())
     };
+    let both = |l: Option<f64>, c: Option<f64>| match (l, c) {
+        (None, None) => "-".to_string(),
+        _ => format!("{} / {}", pct(l), pct(c)),
+    };
     let mut t = Table::new(&[
         "phase",
         "share A",
@@ -273,8 +332,8 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
         "client A/B ratio",
         "client ratio error",
         "client completions (fewer)",
-        "B share while A loaded",
-        "B share while A idle",
+        "B share while A loaded (ledger / clients)",
+        "B share while A idle (ledger / clients)",
         "goal",
     ]);
     for p in &r.phases {
@@ -297,8 +356,8 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
             p.client_completions_min
                 .map(|v| v.to_string())
                 .unwrap_or_else(|| "-".into()),
-            pct(p.b_share_while_a_loaded),
-            pct(p.b_share_while_a_idle),
+            both(p.b_share_while_a_loaded, p.client_b_share_while_a_loaded),
+            both(p.b_share_while_a_idle, p.client_b_share_while_a_idle),
             if p.goal_met { "met" } else { "not met" }.into(),
         ]);
     }
@@ -315,7 +374,10 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
              2:1, weights 4:1, and strict priority (`/tenants` policy `priority`, A level 0, B level 1) with B's load \
              throughout and A's only from {:.1} s to {:.1} s. Shares are of charged CPU, sampled every 250 ms. Goal: the \
              A/B CPU ratio within 5 % of the weight ratio, both by the ledger's charged CPU and by the \
-             clients' completed requests (each the same fixed work, counted by the load generator); under priority, B ≤ 5 % while A is loaded and ≥ 95 % otherwise.",
+             clients' completed requests (each the same fixed work, counted by the load generator); under priority, B's share \
+             ≤ 5 % while A is loaded and ≥ 95 % otherwise, both by the ledger's 250 ms windows and by the clients' own 250 ms \
+             windows (`omnistage load --window-ms 250`; B's completions over A's and B's, one window left out at each edge \
+             of A's load).",
             a.conns,
             a.burn_us,
             per / 3.0,
@@ -347,8 +409,7 @@ pub fn run(a: IsolationArgs) -> Result<(), String> {
     })
 }
 
-/// The caveats the run's own figures call for: too few completions for the clients' ratio, and
-/// the priority phase judged by the ledger's windows alone.
+/// The caveats the run's own figures call for: too few completions for the clients' figures.
 fn isolation_notes(r: &Report) -> Vec<String> {
     let mut notes = Vec::new();
     for p in &r.phases {
@@ -364,12 +425,19 @@ fn isolation_notes(r: &Report) -> Vec<String> {
             ));
         }
     }
-    notes.push(
-        "The priority phase is judged on the ledger's 250 ms windows only: the load generator \
-         reports totals per run, not per window, so the clients cannot say what B got while A \
-         was loaded."
-            .into(),
-    );
+    for p in &r.phases {
+        if let Some((loaded, idle)) = p.client_completions_priority {
+            if loaded.min(idle) < share::COMPLETIONS_MIN {
+                notes.push(format!(
+                    "Phase {}: the clients completed {loaded} requests while A was loaded and {idle} \
+                     while it was idle (fewer than {} in one span): too few for a share exact to \
+                     5 %; run longer.",
+                    p.name,
+                    share::COMPLETIONS_MIN
+                ));
+            }
+        }
+    }
     notes
 }
 

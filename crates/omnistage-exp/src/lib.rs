@@ -8,6 +8,7 @@ mod adversary;
 mod all;
 mod args;
 mod attribution;
+mod backend;
 mod breakdown;
 mod cfgweb;
 mod classes;
@@ -20,12 +21,14 @@ mod isolation;
 pub(crate) mod nginx;
 mod overhead;
 mod priority;
+mod proxy_vs_nginx;
 pub(crate) mod report;
 mod rounds;
 mod sched_cost;
 mod shape;
 mod shaping;
 mod share;
+mod shared_backend;
 mod specweb;
 mod spike;
 mod tasks;
@@ -56,6 +59,10 @@ enum Which {
     WebShare(web::WebShareArgs),
     /// omnistage and nginx side by side: one worker each, 1 KiB file, 64 keep-alive conns.
     HttpVsNginx(http_vs_nginx::HttpVsNginxArgs),
+    /// The same backend behind omnistage's proxy and nginx's: req/s and proxy CPU per request.
+    ProxyVsNginx(proxy_vs_nginx::ProxyVsNginxArgs),
+    /// A 16-slot upstream whose backend takes 20 ms: tenant a's p99 alone and while b floods; fair vs FIFO vs nginx max_conns.
+    SharedBackend(shared_backend::SharedBackendArgs),
     /// Unattributed core time under web load, light and saturated (Omni-Kernel §IV).
     Attribution(attribution::AttributionArgs),
     /// Charged CPU per stage and per request vs requests per connection (Vortex Fig. 7).
@@ -97,6 +104,8 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::SchedCost(a) => sched_cost::run(a),
         Which::WebShare(a) => web::run(a),
         Which::HttpVsNginx(a) => http_vs_nginx::run(a),
+        Which::ProxyVsNginx(a) => proxy_vs_nginx::run(a),
+        Which::SharedBackend(a) => shared_backend::run(a),
         Which::Attribution(a) => attribution::run(a),
         Which::Breakdown(a) => breakdown::run(a),
         Which::Overhead(a) => overhead::run(a),

@@ -17,7 +17,7 @@
 use super::nginx::{self, Tuning};
 use super::report::{self, Doc, Table};
 use super::rounds::{self, Spread};
-use super::util::machine;
+use super::util::{self, machine};
 use super::{harness, Common};
 use clap::Args;
 use omnistage_http::config::parse_config;
@@ -265,18 +265,6 @@ fn load(
     (n as f64 / (t1 - t0).as_secs_f64(), e1 - e0, n)
 }
 
-/// CPU time (user + system) of a process, ns, from /proc/PID/stat.
-fn process_cpu_ns(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    // SAFETY: sysconf(3) reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some(ticks * 1_000_000_000 / hz)
-}
-
 fn omnistage_round(
     a: &TlsArgs,
     mode: Mode,
@@ -361,7 +349,7 @@ fn nginx_round(
     let pid = ng.pid();
     let mut cpu = (None, None);
     let (per_s, errors, n) = load(addr, cfg, mode, a.conns, a.common.seconds, |start| {
-        let v = process_cpu_ns(pid);
+        let v = util::process_cpu_ns(pid);
         if start {
             cpu.0 = v;
         } else {

@@ -83,6 +83,42 @@ pub fn water_fill(weights: &[f64], allowed: &[u64], cores: usize) -> Vec<f64> {
     alloc.iter().map(|a| a / cores as f64).collect()
 }
 
+/// CPU time (user + system) of a process, ns, from /proc/PID/stat.
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    process_cpu_ns_at(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime of a `stat` file of /proc, ns.
+fn process_cpu_ns_at(path: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf(3) reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000_000 / hz)
+}
+
+/// CPU time (user + system, from /proc/self/task/TID/stat) of this process's threads whose
+/// name starts with `prefix`, ns: the same clock as [`process_cpu_ns`], for a server run inside
+/// the experiment's process beside its load generator.
+pub fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("comm"))
+                .is_ok_and(|c| c.trim().starts_with(prefix))
+        })
+        .filter_map(|e| {
+            let tid: u32 = e.file_name().to_str()?.parse().ok()?;
+            process_cpu_ns_at(&format!("/proc/self/task/{tid}/stat"))
+        })
+        .sum()
+}
+
 /// One line naming the machine: CPU model, CPUs, memory, kernel.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

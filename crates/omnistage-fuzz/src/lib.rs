@@ -20,6 +20,11 @@
 //! | `chunked`   | response framing with chunked bodies ([`omnistage_load::parse::ResponseReader`]) |
 //! | `config`    | the TOML config file ([`omnistage_http::config::parse_config`])      |
 //! | `upstream`  | the proxy's upstream response heads and chunked bodies ([`omnistage_http::proxy`]) |
+//! | `admin`     | admin API requests: heads, JSON bodies, every route's checks ([`admin`]) |
+
+mod admin;
+
+pub use admin::admin;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -46,6 +51,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("chunked", chunked),
     ("config", config),
     ("upstream", upstream),
+    ("admin", admin),
 ];
 
 /// Reads a little-endian u64 from the front of `data` (zero-padded), and the rest.

@@ -93,6 +93,7 @@ properties! {
     chunked_bodies => "chunked", omnistage_fuzz::chunked;
     config_files => "config", omnistage_fuzz::config;
     upstream_responses => "upstream", omnistage_fuzz::upstream;
+    admin_requests => "admin", omnistage_fuzz::admin;
 }
 
 /// Every seed passes its own target unchanged (the corpus holds no known crash).

@@ -26,3 +26,16 @@ fn response_status_below_100_is_refused() {
     omnistage_fuzz::chunked(b"\xffHTTP/1.1 000 OK\r\nContent-Length: 0\r\n\r\n");
     omnistage_fuzz::chunked(b"\xffHTTP/1.1 053 Service Unavailable\r\nContent-Length: 2\r\n\r\nno");
 }
+
+/// Found by the `admin` target's first seeds (2026-11-23): a PUT whose network cap was valid but
+/// whose weight was refused (409) had already applied the network cap: a refused request
+/// changed the running config.
+#[test]
+fn admin_put_refused_after_a_valid_server_setting_changes_nothing() {
+    omnistage_fuzz::admin(
+        b"\x01/api/v1/activities/tenants/b\n{\"cap_net\": \"5MB/s\", \"weight\": 0}",
+    );
+    omnistage_fuzz::admin(
+        b"\x01/api/v1/activities/tenants/b\n{\"budget\": 1000, \"policy\": \"x\"}",
+    );
+}

@@ -1674,6 +1674,49 @@ fn reload_changes_tenant_settings() {
     assert_eq!(c.get("/hello.txt", "b.test").body, b"hello from b\n");
 }
 
+/// A reload that also asks for other listeners and another worker count applies everything
+/// else, succeeds, and names what waits for a restart; the running listener keeps serving.
+/// Asked again, it says so again (it compares with what runs, not with the last file).
+#[test]
+fn reload_applies_and_names_what_waits_for_a_restart() {
+    let (dir, ts) = two_tenants("", "");
+    let mut c = ts.connect();
+    assert_eq!(c.get("/hello.txt", "c.test").status, 421);
+    let tables = vec![
+        tenant(
+            "a",
+            &dir.path().join("a"),
+            "hosts = [\"a.test\", \"c.test\"]",
+        ),
+        tenant("b", &dir.path().join("b"), "hosts = [\"b.test\"]"),
+    ];
+    let text = config_text("", &tables).replace(
+        "listen = [\"127.0.0.1:0\"]",
+        "listen = [\"127.0.0.1:0\", \"127.0.0.2:0\"]\nworkers = 3",
+    );
+    for _ in 0..2 {
+        let r = ts
+            .server()
+            .reload(parse_config(&text).unwrap())
+            .expect("the reload applies");
+        assert_eq!(r.not_applied.len(), 2, "{r:?}");
+        assert!(
+            r.not_applied[0].contains("[server] listen changes only on restart")
+                && r.not_applied[0].contains("127.0.0.2:0"),
+            "{r:?}"
+        );
+        assert!(r.not_applied[1].contains("workers"), "{r:?}");
+        // The tenants' change applied, on the listener that runs.
+        assert_eq!(c.get("/hello.txt", "c.test").body, b"hello from a\n");
+    }
+    // The same listeners as at start: nothing is left out.
+    let r = ts
+        .server()
+        .reload(parse_config(&config_text("", &tables)).unwrap())
+        .unwrap();
+    assert!(r.not_applied.is_empty(), "{r:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The send scheduler (link and tenant network caps)
 // ---------------------------------------------------------------------------------------------

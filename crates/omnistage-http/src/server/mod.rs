@@ -71,7 +71,7 @@ mod work;
 
 pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
 pub use shared::{ServerOptions, ServerStats};
-pub use tenants::{FleetTenant, UpdateError};
+pub use tenants::{FleetTenant, Reloaded, UpdateError};
 pub use upstream_pool::UpstreamTenantStats;
 pub use work::burn;
 
@@ -83,7 +83,7 @@ use disk::{on_disk, DiskDone};
 use proxy::{on_proxy, ProxyGo};
 use send::{on_send, Pump};
 use shared::ServerShared;
-use tenants::{apply_tenants, Live};
+use tenants::{apply_tenants, Live, RestartOnly};
 use timer::{on_tick, Tick};
 use upstream::on_upstream;
 use work::{calibrate_burn, on_work, Work};
@@ -122,7 +122,9 @@ struct Stages {
 /// A running server.
 pub struct Server {
     rt: Arc<Runtime>,
-    reloading: Mutex<()>,
+    /// Held by a reload (one at a time); it holds what a reload cannot change, as the server
+    /// started with it.
+    reloading: Mutex<RestartOnly>,
     shared: Arc<ServerShared>,
     boot: StageRef<Boot>,
     work: StageId,
@@ -288,6 +290,7 @@ impl Server {
             );
             let _ = shared.disk.set(pool);
         }
+        let restart_only = RestartOnly::of(&config.server);
         let live = apply_tenants(&rt, config, None, work.id())?;
         *shared.live.write().expect("live lock") = Arc::new(live);
         for core in 0..workers {
@@ -296,7 +299,7 @@ impl Server {
         }
         Ok(Server {
             rt,
-            reloading: Mutex::new(()),
+            reloading: Mutex::new(restart_only),
             shared,
             boot,
             work: work.id(),

@@ -11,6 +11,7 @@ use omnistage::activity::ActivitySpec;
 use omnistage::admit::P90Params;
 use omnistage::exec::{ClassGroup, Predicate, Runtime};
 use omnistage::sched::{ShaperKind, ShaperSpec};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -282,6 +283,61 @@ pub(super) fn apply_tenants(
     })
 }
 
+/// What [`Server::reload`] did: everything it was given, except what `not_applied` lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Settings that change only on restart and differ from the running ones, one sentence
+    /// each (the running values stay).
+    pub not_applied: Vec<String>,
+}
+
+/// The settings a reload cannot change, as the server started with them.
+pub(super) struct RestartOnly {
+    listen: Vec<SocketAddr>,
+    listen_tls: Vec<SocketAddr>,
+    workers: Option<usize>,
+}
+
+impl RestartOnly {
+    pub(super) fn of(s: &crate::config::ServerConfig) -> RestartOnly {
+        RestartOnly {
+            listen: s.listen.clone(),
+            listen_tls: s.listen_tls.clone(),
+            workers: s.workers,
+        }
+    }
+
+    /// What `new` asks for that a reload leaves as it is.
+    fn differences(&self, new: &crate::config::ServerConfig) -> Vec<String> {
+        let mut out = Vec::new();
+        let list = |v: &[SocketAddr]| {
+            let s: Vec<String> = v.iter().map(|a| a.to_string()).collect();
+            format!("[{}]", s.join(", "))
+        };
+        for (key, running, asked) in [
+            ("listen", &self.listen, &new.listen),
+            ("listen_tls", &self.listen_tls, &new.listen_tls),
+        ] {
+            if running != asked {
+                out.push(format!(
+                    "[server] {key} changes only on restart: still {} (the file says {})",
+                    list(running),
+                    list(asked)
+                ));
+            }
+        }
+        if self.workers != new.workers {
+            let show = |w: Option<usize>| w.map_or("unset".to_string(), |w| w.to_string());
+            out.push(format!(
+                "[server] workers changes only on restart: still {} (the file says {})",
+                show(self.workers),
+                show(new.workers)
+            ));
+        }
+        out
+    }
+}
+
 impl Server {
     /// The running configuration (as last loaded or changed through [`Server::update_tenant`]).
     pub fn config(&self) -> Config {
@@ -386,22 +442,29 @@ impl Server {
         out
     }
 
-    /// Applies a new configuration: tenants' weights and caps, docroots, limits. Listeners are
-    /// not changed by a reload (a restart is needed for that); the reply says so if they differ.
-    pub fn reload(&self, config: Config) -> Result<(), String> {
+    /// Applies a new configuration: tenants' weights and caps, docroots, limits, upstreams,
+    /// certificates. Settings that only a restart changes (listen addresses, worker count) keep
+    /// their running values: the reload still applies, and [`Reloaded::not_applied`] says what
+    /// it left. An error means nothing was applied and the old configuration keeps serving.
+    pub fn reload(&self, config: Config) -> Result<Reloaded, String> {
         // One reload at a time: each builds on the state the previous one left.
-        let _one = self.reloading.lock().expect("reload lock");
+        let restart_only = self.reloading.lock().expect("reload lock");
+        let not_applied = restart_only.differences(&config.server);
         let old = self.shared.live.read().expect("live lock").clone();
-        let same_listen = old.config.server.listen == config.server.listen
-            && old.config.server.listen_tls == config.server.listen_tls;
         let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);
-        if same_listen {
-            Ok(())
-        } else {
-            Err("reloaded, but listen addresses change only on restart".into())
-        }
+        Ok(Reloaded { not_applied })
+    }
+
+    /// Whether [`Server::update_tenant`] would take the change, without applying it (the admin
+    /// API checks every part of a request before it changes anything or writes the file).
+    pub fn check_tenant_update(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<(), UpdateError> {
+        self.updated_config(name, f).map(|_| ())
     }
 
     /// Changes one tenant's settings in the running configuration (a reload with that change).
@@ -410,6 +473,19 @@ impl Server {
         name: &str,
         f: impl FnOnce(&mut crate::config::TenantConfig),
     ) -> Result<(), UpdateError> {
+        let config = self.updated_config(name, f)?;
+        // The running config with one tenant changed: nothing in it waits for a restart.
+        self.reload(config)
+            .map(|_| ())
+            .map_err(UpdateError::Refused)
+    }
+
+    /// The running config with `f` applied to tenant `name`, checked.
+    fn updated_config(
+        &self,
+        name: &str,
+        f: impl FnOnce(&mut crate::config::TenantConfig),
+    ) -> Result<Config, UpdateError> {
         let mut config = self.shared.live.read().expect("live lock").config.clone();
         // What runs may differ from the file: weights and CPU caps changed through the runtime
         // (the admin API) are kept, not reset by this reload.
@@ -451,6 +527,6 @@ impl Server {
                 config.server.cache_bytes_max
             )));
         }
-        self.reload(config).map_err(UpdateError::Refused)
+        Ok(config)
     }
 }

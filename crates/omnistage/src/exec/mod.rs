@@ -549,8 +549,10 @@ impl Builder {
         self.pin = pin;
         self
     }
-    /// Scheduling bypass: a FIFO of ready queues and no accounting, the baseline that the
-    /// overhead experiment compares against. Shares and caps do not hold in this mode.
+    /// Scheduling bypass: a FIFO of ready queues, no accounting and no clock read per dispatch
+    /// (its own copy of the worker loop; see `worker::run`), the baseline that the overhead
+    /// experiments compare against. Shares and caps do not hold in this mode, gates'
+    /// controllers get no feedback, and timers may fire up to 32 dispatches late.
     pub fn bypass(mut self, bypass: bool) -> Self {
         self.bypass = bypass;
         self

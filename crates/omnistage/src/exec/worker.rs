@@ -257,7 +257,18 @@ pub(crate) struct Batch {
 /// A stage's handler with its message type erased.
 pub(crate) trait ErasedStage {
     fn new_queues(&self) -> Box<dyn Any>;
+    /// Handles up to `batch_max` messages of queue `q` with accounting: the messages' queue
+    /// waits are summed and their enqueue times kept for the histograms and the gate's
+    /// controller.
     fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch;
+    /// The same without any accounting (the bypass): no waits, no enqueue times, no controller.
+    fn run_bypass(
+        &mut self,
+        st: &mut CoreState,
+        shared: &Shared,
+        q: u32,
+        batch_max: usize,
+    ) -> Batch;
 }
 
 struct Typed<M, H> {
@@ -295,6 +306,35 @@ where
     }
 
     fn run(&mut self, st: &mut CoreState, shared: &Shared, q: u32, batch_max: usize) -> Batch {
+        self.run_mode::<true>(st, shared, q, batch_max)
+    }
+
+    fn run_bypass(
+        &mut self,
+        st: &mut CoreState,
+        shared: &Shared,
+        q: u32,
+        batch_max: usize,
+    ) -> Batch {
+        self.run_mode::<false>(st, shared, q, batch_max)
+    }
+}
+
+impl<M, H> Typed<M, H>
+where
+    M: Send + 'static,
+    H: FnMut(&mut Ctx<'_>, M) + 'static,
+{
+    /// One dispatch; `ACCOUNTED` is constant per instance of this function, so the bypass's
+    /// copy carries none of the accounting's code and no branch on the mode.
+    #[inline(always)]
+    fn run_mode<const ACCOUNTED: bool>(
+        &mut self,
+        st: &mut CoreState,
+        shared: &Shared,
+        q: u32,
+        batch_max: usize,
+    ) -> Batch {
         let now = st.now_ns;
         let load = &shared.stages[self.id as usize].load;
         // The gate is cloned only when its controller will be fed after the batch: the common
@@ -307,20 +347,18 @@ where
             lq.gate.release_n(load, n);
             (
                 lq.activity,
-                lq.gate.has_controller().then(|| lq.gate.clone()),
+                (ACCOUNTED && lq.gate.has_controller()).then(|| lq.gate.clone()),
             )
         };
         let n = self.buf.len();
         debug_assert!(n > 0, "dispatched an empty queue");
         let mut wait_ns = 0;
-        st.responses.clear();
-        let observe = observe_gate.is_some();
-        // Enqueue times feed the controller and, when accounting, the latency histograms
-        // (a reused buffer: no allocation once it has grown to the batch size).
-        let keep = observe || !st.bypass;
-        for e in &self.buf {
-            wait_ns += now.saturating_sub(e.enq_ns);
-            if keep {
+        if ACCOUNTED {
+            // Enqueue times feed the latency histograms and the gate's controller (a reused
+            // buffer: no allocation once it has grown to the batch size).
+            st.responses.clear();
+            for e in &self.buf {
+                wait_ns += now.saturating_sub(e.enq_ns);
                 st.responses.push(e.enq_ns);
             }
         }
@@ -361,7 +399,7 @@ pub(crate) struct CoreState {
     core: usize,
     tree: Tree,
     bypass: bool,
-    bypass_ready: VecDeque<NodeId>,
+    bypass_fifo: VecDeque<NodeId>,
     leaves: Vec<Option<LeafInfo>>,
     queues: Vec<Box<dyn Any>>,
     activities: IdMap<ActivityId, LocalActivity>,
@@ -409,7 +447,7 @@ impl CoreState {
             core,
             tree,
             bypass: shared.bypass,
-            bypass_ready: VecDeque::new(),
+            bypass_fifo: VecDeque::new(),
             leaves: Vec::new(),
             queues: handlers
                 .iter()
@@ -770,12 +808,10 @@ impl CoreState {
     }
 
     fn leaf_ready(&mut self, leaf: NodeId) {
+        // A branch per enqueue on a field constant for the runtime's life, paid alike in both
+        // modes (the loop itself has one copy per mode; see `run`).
         if self.bypass {
-            let li = self.leaves[leaf as usize].as_mut().expect("leaf info");
-            if !li.in_bypass {
-                li.in_bypass = true;
-                self.bypass_ready.push_back(leaf);
-            }
+            self.bypass_ready(leaf);
         } else {
             self.tree.leaf_ready(leaf, self.now_ns);
         }
@@ -825,13 +861,27 @@ impl CoreState {
             .map(|t| t.due_ns.saturating_sub(self.now_ns))
     }
 
-    fn pick(&mut self) -> Option<NodeId> {
-        if self.bypass {
-            let leaf = self.bypass_ready.pop_front()?;
+    /// The next leaf to dispatch: the tree's pick, or the bypass's FIFO (constant per copy of
+    /// the loop, see [`run`]).
+    #[inline(always)]
+    fn pick<const ACCOUNTED: bool>(&mut self) -> Option<NodeId> {
+        if ACCOUNTED {
+            self.tree.pick(self.now_ns)
+        } else {
+            let leaf = self.bypass_fifo.pop_front()?;
             self.leaves[leaf as usize].as_mut().expect("leaf").in_bypass = false;
             Some(leaf)
-        } else {
-            self.tree.pick(self.now_ns)
+        }
+    }
+
+    /// Puts a ready leaf at the back of the bypass's FIFO, unless it is there already (a
+    /// handler may have sent to its own queue during the dispatch).
+    #[inline(always)]
+    fn bypass_ready(&mut self, leaf: NodeId) {
+        let li = self.leaves[leaf as usize].as_mut().expect("leaf info");
+        if !li.in_bypass {
+            li.in_bypass = true;
+            self.bypass_fifo.push_back(leaf);
         }
     }
 }
@@ -1100,8 +1150,33 @@ struct LoopTime {
     wake_ns: u64,
 }
 
-/// The worker thread's body.
+/// The worker thread's body: one copy of the loop per mode, chosen once here, so the
+/// scheduled loop carries no test of the mode per dispatch and the bypass carries none of the
+/// accounting.
+///
+/// The bypass (`Builder::bypass`) is the baseline the overhead experiments compare against: a
+/// FIFO of ready queues, no tree, no ledger cells or histograms, no batch-size or admission
+/// controller feedback, and no clock read per dispatch. It reads the clock once every
+/// [`IO_POLL_EVERY_DISPATCHES`] dispatches (for timers, the I/O poll and the 10 ms counter
+/// flush, which still publishes the OS's CPU clock of the thread) and around sleeps; messages
+/// keep their enqueue stamp field, filled with that last reading (a store, no clock read). It
+/// still counts messages handled (`handled`, one add per dispatch) and the pending count each
+/// core keeps for routing.
 pub(crate) fn run(
+    core: usize,
+    pin: Option<usize>,
+    shared: Arc<Shared>,
+    factories: &[HandlerFactory],
+    poll: mio::Poll,
+) {
+    if shared.bypass {
+        run_loop::<false>(core, pin, shared, factories, poll)
+    } else {
+        run_loop::<true>(core, pin, shared, factories, poll)
+    }
+}
+
+fn run_loop<const ACCOUNTED: bool>(
     core: usize,
     pin: Option<usize>,
     shared: Arc<Shared>,
@@ -1178,10 +1253,16 @@ pub(crate) fn run(
     let mut time = LoopTime::default();
     let mut next_flush_ns = 0u64;
     let mut stop = false;
+    // The bypass's clock: dispatches since it was last read, and whether the loop found
+    // nothing to do on a reading that may be stale (then it reads again before sleeping).
+    let mut since_clock = 0u32;
+    let mut stale_idle = false;
 
     let mut flush = |time: &mut LoopTime, seg_start: &mut u64| {
         let t = clock.raw();
-        time.infra_ns += clock.delta_as_nanos(*seg_start, t);
+        if ACCOUNTED {
+            time.infra_ns += clock.delta_as_nanos(*seg_start, t);
+        }
         *seg_start = t;
         let cpu = sys::thread_cpu_ns().saturating_sub(cpu_begin);
         let rq = schedstat
@@ -1225,8 +1306,14 @@ pub(crate) fn run(
             }
             drained += 1;
         }
-        let mut now_raw = clock.raw();
-        st.now_ns = shared.ns_of_raw(now_raw);
+        let mut now_raw = seg_start;
+        let fresh = ACCOUNTED || stale_idle || since_clock >= IO_POLL_EVERY_DISPATCHES;
+        if fresh {
+            now_raw = clock.raw();
+            st.now_ns = shared.ns_of_raw(now_raw);
+            since_clock = 0;
+            stale_idle = false;
+        }
         if (st.io_live > 0 || super::task::io_live())
             && (dispatches_since_poll >= IO_POLL_EVERY_DISPATCHES
                 || st.now_ns.saturating_sub(last_poll_ns) >= IO_POLL_INTERVAL_NS)
@@ -1247,14 +1334,44 @@ pub(crate) fn run(
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
-        if st.fire_timers(shared) | super::task::turn(&mut st, shared) {
+        if (st.fire_timers(shared) | super::task::turn(&mut st, shared)) && ACCOUNTED {
             // Delivering timers and queueing woken tasks is the loop's work (infra), not the
             // next dispatch's.
             now_raw = clock.raw();
             st.now_ns = shared.ns_of_raw(now_raw);
         }
-        if let Some(leaf) = st.pick() {
+        if let Some(leaf) = st.pick::<ACCOUNTED>() {
             dispatches_since_poll += 1;
+            if !ACCOUNTED {
+                since_clock += 1;
+                let (stage, q) = {
+                    let li = st.leaves[leaf as usize]
+                        .as_ref()
+                        .expect("picked leaf has info");
+                    (li.stage as usize, li.q)
+                };
+                let batch_max =
+                    shared.stages[stage].batch_now[core].load(Ordering::Relaxed) as usize;
+                let mut h = handlers[stage].take().expect("handler not re-entered");
+                let b = h.run_bypass(&mut st, shared, q, batch_max);
+                handlers[stage] = Some(h);
+                if b.still_backlogged {
+                    st.bypass_ready(leaf);
+                }
+                if b.panics > 0 {
+                    counters.panics.add(u64::from(b.panics));
+                }
+                counters.handled.add(u64::from(b.messages));
+                shared.core_pending[core]
+                    .0
+                    .fetch_sub(b.messages as usize, Ordering::AcqRel);
+                if st.now_ns >= next_flush_ns || stop {
+                    flush(&mut time, &mut seg_start);
+                    counters.dropped.set(st.dropped);
+                    next_flush_ns = st.now_ns + FLUSH_INTERVAL_NS;
+                }
+                continue;
+            }
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
             let (stage, q) = {
                 let li = st.leaves[leaf as usize]
@@ -1280,27 +1397,21 @@ pub(crate) fn run(
                     bc.window_ns = 0;
                 }
             }
-            if st.bypass {
-                if b.still_backlogged {
-                    st.leaf_ready(leaf);
-                }
-            } else {
-                st.tree.charge(leaf, cost, b.still_backlogged, end_ns);
-                let cell = &st.leaves[leaf as usize].as_ref().expect("leaf info").cell;
-                cell.cpu_ns.add(cost);
-                cell.dispatches.add(1);
-                cell.messages.add(u64::from(b.messages));
-                cell.queue_wait_ns.add(b.wait_ns);
-                for &enq in &st.responses {
-                    cell.wait_hist.record(st.now_ns.saturating_sub(enq));
-                    cell.response_hist.record(end_ns.saturating_sub(enq));
-                }
-                if b.panics > 0 {
-                    cell.panics.add(u64::from(b.panics));
-                    counters.panics.add(u64::from(b.panics));
-                }
-                time.dispatch_ns += cost;
+            st.tree.charge(leaf, cost, b.still_backlogged, end_ns);
+            let cell = &st.leaves[leaf as usize].as_ref().expect("leaf info").cell;
+            cell.cpu_ns.add(cost);
+            cell.dispatches.add(1);
+            cell.messages.add(u64::from(b.messages));
+            cell.queue_wait_ns.add(b.wait_ns);
+            for &enq in &st.responses {
+                cell.wait_hist.record(st.now_ns.saturating_sub(enq));
+                cell.response_hist.record(end_ns.saturating_sub(enq));
             }
+            if b.panics > 0 {
+                cell.panics.add(u64::from(b.panics));
+                counters.panics.add(u64::from(b.panics));
+            }
+            time.dispatch_ns += cost;
             counters.handled.add(u64::from(b.messages));
             shared.core_pending[core]
                 .0
@@ -1313,7 +1424,15 @@ pub(crate) fn run(
             }
             seg_start = end_raw;
         } else {
-            time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
+            if !fresh {
+                // The bypass found nothing on a reading up to a round old: read the clock
+                // before deciding how long to sleep (a timer may be due by now).
+                stale_idle = true;
+                continue;
+            }
+            if ACCOUNTED {
+                time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
+            }
             let wait_ns = [
                 st.next_timer_ns(),
                 st.tree.next_decision_ns(st.now_ns),
@@ -1344,9 +1463,14 @@ pub(crate) fn run(
             // The window is stamped by our clock outside the OS reads, so the reads' own CPU
             // lands inside it and is counted once (by the OS's clock, as wake time), not also
             // as the loop's time on either side.
-            let window_start = clock.raw();
-            let cpu_before = sys::thread_cpu_ns();
-            let rq_before = sleep_schedstat.read().map(|(_, w)| w);
+            // The bypass takes none of these readings.
+            let window_start = if ACCOUNTED { clock.raw() } else { now_raw };
+            let cpu_before = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
+            let rq_before = if ACCOUNTED {
+                sleep_schedstat.read().map(|(_, w)| w)
+            } else {
+                None
+            };
             if let Err(e) = poll.poll(&mut events, Some(Duration::from_nanos(wait))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
@@ -1354,8 +1478,12 @@ pub(crate) fn run(
             }
             // The CPU clock is read first before and last after, so its interval covers the
             // schedstat reads too.
-            let rq_after = sleep_schedstat.read().map(|(_, w)| w);
-            let cpu_after = sys::thread_cpu_ns();
+            let rq_after = if ACCOUNTED {
+                sleep_schedstat.read().map(|(_, w)| w)
+            } else {
+                None
+            };
+            let cpu_after = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
             let after = clock.raw();
             if precise_armed {
                 if let Some(t) = &precise {
@@ -1369,13 +1497,15 @@ pub(crate) fn run(
                 (Some(b), Some(a)) => a.saturating_sub(b),
                 _ => 0,
             };
-            // The OS's readings lie inside the window; never move more than its length.
-            let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
-            time.wake_ns += wake;
-            time.idle_ns += window - wake;
-            // Arming the sleep is the loop's work; so is the wake. What follows the window
-            // falls in the next segment, which starts at `after`.
-            time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
+            if ACCOUNTED {
+                // The OS's readings lie inside the window; never move more than its length.
+                let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
+                time.wake_ns += wake;
+                time.idle_ns += window - wake;
+                // Arming the sleep is the loop's work; so is the wake. What follows the window
+                // falls in the next segment, which starts at `after`.
+                time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
+            }
             seg_start = after;
             st.now_ns = shared.ns_of_raw(after);
             last_poll_ns = st.now_ns;

@@ -1,0 +1,423 @@
+//! `shared-backend`: what fair slots buy when tenants share a slow backend. One upstream with
+//! `concurrency_max = 16` in front of a backend ([`super::backend`]) that holds every request
+//! 20 ms and limits nothing itself; it counts the requests it holds, so whether it stays busy
+//! is measured by the backend, not by the proxy. Tenant a sends a modest open-loop rate (far
+//! below its half of the backend); tenant b floods (hundreds of closed-loop connections). Two
+//! phases: a alone, then a while b floods. Side by side in the same run: omnistage with
+//! `fair = true` (per-tenant queues, SFQ over the slots), omnistage with `fair = false` (one
+//! FIFO queue), and nginx with `max_conns` on the upstream server (what open-source nginx can
+//! do: it answers 502 when the slots are taken, counted here).
+//!
+//! Goals (judged for `fair = true`; the others are the baselines): a's p99 with b flooding at
+//! most 1.5× its p99 alone (the clients' clock, open loop, measured from each request's
+//! scheduled time), no errors for a, and the backend's mean requests in flight during the flood
+//! at least 90 % of the 16 slots (b takes what a leaves).
+
+use super::backend::{Backend, Tally};
+use super::nginx::{self, Tuning};
+use super::report::{self, Doc, Table};
+use super::util::machine;
+use super::{cfgweb, harness, proxy_vs_nginx, Common};
+use clap::Args;
+use omnistage_load::TenantReport;
+use serde::Serialize;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The upstream's slots.
+const SLOTS: usize = 16;
+/// Goal: a's p99 with b flooding at most this × alone.
+const GOAL_P99_RATIO: f64 = 1.5;
+/// Goal: the backend's mean in flight during the flood at least this fraction of the slots.
+const GOAL_BUSY_FRACTION: f64 = 0.9;
+/// Warm-up before each measured window (b's connections all open and queued by then).
+const WARMUP_S: f64 = 1.0;
+/// Connections of tenant a (open loop: enough that a late response never holds back a send).
+const A_CONNS: usize = 64;
+
+#[derive(Args, Clone)]
+#[command(mut_arg("seconds", |a| a.default_value("10.0").help("Measured seconds of each phase.")))]
+#[command(mut_arg("repeats", |a| a.default_value("1")))]
+pub struct SharedBackendArgs {
+    /// Tenant a's open-loop rate, requests/s (the backend's capacity is 16 / 20 ms = 800/s).
+    #[arg(long, default_value_t = 100.0)]
+    a_rate: f64,
+    /// Tenant b's closed-loop connections.
+    #[arg(long, default_value_t = 256)]
+    b_conns: usize,
+    /// How long the backend holds each request, ms.
+    #[arg(long, default_value_t = 20)]
+    backend_ms: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Serialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum Phase {
+    Alone,
+    Flood,
+}
+
+#[derive(Serialize, Clone)]
+struct Row {
+    repeat: usize,
+    server: &'static str,
+    phase: Phase,
+    a_req_per_s: f64,
+    a_p50_ms: f64,
+    a_p99_ms: f64,
+    a_errors: u64,
+    /// a's 502s (nginx refusing at `max_conns`) and 503s (omnistage's queue bounds).
+    a_502_503: u64,
+    b_req_per_s: f64,
+    b_errors: u64,
+    /// Mean requests the backend held over the measured window, by its own count.
+    backend_in_flight_mean: f64,
+    /// Most it held at once in the window (a proxy that stops waiting for a response the
+    /// backend still works on frees its slot early: then this exceeds the slots).
+    backend_in_flight_max: u64,
+}
+
+#[derive(Serialize)]
+struct Verdict {
+    server: &'static str,
+    a_p99_alone_ms: f64,
+    a_p99_flood_ms: f64,
+    p99_ratio: f64,
+    a_errors: u64,
+    backend_in_flight_mean: f64,
+    goal_met: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    experiment: &'static str,
+    machine: String,
+    seconds_per_phase: f64,
+    repeats: usize,
+    slots: usize,
+    backend_ms: u64,
+    a_rate_per_s: f64,
+    b_conns: usize,
+    rows: Vec<Row>,
+    /// Per server, the median repeat's figures.
+    verdicts: Vec<Verdict>,
+    peer_cpus: Vec<String>,
+    nginx_note: Option<String>,
+    /// The goals met by omnistage with `fair = true`.
+    goal_met: bool,
+}
+
+fn errors_5xx(t: &TenantReport) -> u64 {
+    t.errors.http_5xx + t.errors.rejected_503
+}
+
+/// One phase against `addr`: the load, with the backend's tally read at the window's edges.
+fn phase(
+    a: &SharedBackendArgs,
+    addr: &str,
+    backend: &Backend,
+    phase: Phase,
+) -> Result<(TenantReport, Option<TenantReport>, f64, u64), String> {
+    let mut extra = vec![
+        "--tenant".to_string(),
+        format!("a:a.test:{A_CONNS}:path=/x,rate={}", a.a_rate),
+    ];
+    if phase == Phase::Flood {
+        extra.extend(["--tenant".into(), format!("b:b.test:{}:path=/x", a.b_conns)]);
+    }
+    let args = harness::load_args(addr, a.common.seconds, WARMUP_S, &extra)?;
+    let h = harness::spawn_load(args);
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let (t0, at0) = (backend.tally_window(), Instant::now());
+    std::thread::sleep(Duration::from_secs_f64(a.common.seconds));
+    let (t1, at1): (Tally, Instant) = (backend.tally_window(), Instant::now());
+    let r = harness::join_load(h)?;
+    let mean = t1.mean_in_flight_since(&t0, (at1 - at0).as_secs_f64());
+    let find = |n: &str| r.tenants.iter().find(|t| t.name == n).cloned();
+    let ta = find("a").ok_or("no report for tenant a")?;
+    Ok((ta, find("b"), mean, t1.in_flight_max))
+}
+
+const SERVERS: [&str; 3] = ["omnistage fair", "omnistage fifo", "nginx max_conns"];
+
+fn omnistage_config(backend: &Backend, fair: bool) -> String {
+    format!(
+        "[[upstream]]\nname = \"be\"\nservers = [\"{}\"]\nconcurrency_max = {SLOTS}\nfair = {fair}\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\nweight = 1\nupstream = \"be\"\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\nweight = 1\nupstream = \"be\"\n",
+        backend.addr()
+    )
+}
+
+pub fn run(a: SharedBackendArgs) -> Result<(), String> {
+    a.common.check(1.0)?;
+    if !(1.0..=10_000.0).contains(&a.a_rate)
+        || !(1..=10_000).contains(&a.b_conns)
+        || !(1..=10_000).contains(&a.backend_ms)
+    {
+        return Err("--a-rate 1..=10000, --b-conns 1..=10000, --backend-ms 1..=10000".into());
+    }
+    let dir = std::env::temp_dir().join(format!("omnistage-shared-backend-{}", std::process::id()));
+    let result = measure(&a, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let report = result?;
+    page(&a, &report)
+}
+
+fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
+    let backend = Backend::start(64, Duration::from_millis(a.backend_ms), harness::LOAD_CPU)?;
+    let nginx_ok = a.common.nginx.exists();
+    let nginx_note = (!nginx_ok).then(|| {
+        format!(
+            "{} not found: nginx not installed; omnistage alone",
+            a.common.nginx.display()
+        )
+    });
+    let mut rows = Vec::new();
+    let mut peer_cpus = Vec::new();
+    for repeat in 0..a.common.repeats {
+        let mut order: Vec<&'static str> = SERVERS.to_vec();
+        if !nginx_ok {
+            order.pop();
+        }
+        if repeat % 2 == 1 {
+            order.reverse();
+        }
+        for server in order {
+            for ph in [Phase::Alone, Phase::Flood] {
+                let (ra, rb, mean, max) = if server == "nginx max_conns" {
+                    let port = nginx::free_port()?;
+                    let block = proxy_vs_nginx::nginx_proxy_block(
+                        port,
+                        backend.addr(),
+                        &format!(" max_conns={SLOTS}"),
+                        SLOTS,
+                    );
+                    let ng = nginx::start(
+                        &a.common.nginx,
+                        dir,
+                        port,
+                        a.b_conns + A_CONNS,
+                        Tuning::default(),
+                        &block,
+                    )?;
+                    let r = phase(a, &format!("127.0.0.1:{port}"), &backend, ph)?;
+                    peer_cpus.push(ng.serving_cpus()?);
+                    r
+                } else {
+                    let (srv, addr) = cfgweb::start(
+                        "connections_max = 100000",
+                        &omnistage_config(&backend, server == "omnistage fair"),
+                    )?;
+                    let r = phase(a, &addr, &backend, ph);
+                    srv.drain(Duration::from_millis(200));
+                    r?
+                };
+                rows.push(Row {
+                    repeat: repeat + 1,
+                    server,
+                    phase: ph,
+                    a_req_per_s: ra.req_per_s,
+                    a_p50_ms: ra.p50_ms,
+                    a_p99_ms: ra.p99_ms,
+                    a_errors: harness::errors(&ra),
+                    a_502_503: errors_5xx(&ra),
+                    b_req_per_s: rb.as_ref().map_or(0.0, |b| b.req_per_s),
+                    b_errors: rb.as_ref().map_or(0, harness::errors),
+                    backend_in_flight_mean: mean,
+                    backend_in_flight_max: max,
+                });
+            }
+        }
+    }
+    let mut verdicts = Vec::new();
+    for server in SERVERS {
+        let of = |ph: Phase| -> Vec<&Row> {
+            rows.iter()
+                .filter(|r| r.server == server && r.phase == ph)
+                .collect()
+        };
+        let (alone, flood) = (of(Phase::Alone), of(Phase::Flood));
+        if alone.is_empty() {
+            continue;
+        }
+        let med = |v: &[&Row], f: fn(&Row) -> f64| {
+            harness::median(&v.iter().map(|r| f(r)).collect::<Vec<f64>>())
+        };
+        let p_alone = med(&alone, |r| r.a_p99_ms);
+        let p_flood = med(&flood, |r| r.a_p99_ms);
+        let busy = med(&flood, |r| r.backend_in_flight_mean);
+        let a_errors: u64 = alone.iter().chain(&flood).map(|r| r.a_errors).sum();
+        let ratio = if p_alone > 0.0 {
+            p_flood / p_alone
+        } else {
+            f64::INFINITY
+        };
+        verdicts.push(Verdict {
+            server,
+            a_p99_alone_ms: p_alone,
+            a_p99_flood_ms: p_flood,
+            p99_ratio: ratio,
+            a_errors,
+            backend_in_flight_mean: busy,
+            goal_met: ratio <= GOAL_P99_RATIO
+                && a_errors == 0
+                && busy >= GOAL_BUSY_FRACTION * SLOTS as f64,
+        });
+    }
+    let goal_met = verdicts
+        .iter()
+        .find(|v| v.server == "omnistage fair")
+        .is_some_and(|v| v.goal_met);
+    Ok(Report {
+        experiment: "shared-backend",
+        machine: machine(),
+        seconds_per_phase: a.common.seconds,
+        repeats: a.common.repeats,
+        slots: SLOTS,
+        backend_ms: a.backend_ms,
+        a_rate_per_s: a.a_rate,
+        b_conns: a.b_conns,
+        rows,
+        verdicts,
+        peer_cpus,
+        nginx_note,
+        goal_met,
+    })
+}
+
+fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
+    let mut t = Table::new(&[
+        "repeat",
+        "server",
+        "phase",
+        "a req/s",
+        "a p50 ms",
+        "a p99 ms",
+        "a errors (502/503)",
+        "b req/s",
+        "b errors",
+        "backend in flight mean / max",
+    ]);
+    for r in &report.rows {
+        t.row(vec![
+            r.repeat.to_string(),
+            r.server.into(),
+            match r.phase {
+                Phase::Alone => "a alone",
+                Phase::Flood => "b floods",
+            }
+            .into(),
+            format!("{:.0}", r.a_req_per_s),
+            format!("{:.1}", r.a_p50_ms),
+            format!("{:.1}", r.a_p99_ms),
+            format!("{} ({})", r.a_errors, r.a_502_503),
+            format!("{:.0}", r.b_req_per_s),
+            r.b_errors.to_string(),
+            format!(
+                "{:.1} / {}",
+                r.backend_in_flight_mean, r.backend_in_flight_max
+            ),
+        ]);
+    }
+    let mut s = Table::new(&[
+        "server",
+        "a p99 alone ms",
+        "a p99 b flooding ms",
+        "ratio (goal ≤ 1.5)",
+        "a errors (goal 0)",
+        "backend in flight (goal ≥ 14.4)",
+        "all three",
+    ]);
+    for v in &report.verdicts {
+        s.row(vec![
+            v.server.into(),
+            format!("{:.1}", v.a_p99_alone_ms),
+            format!("{:.1}", v.a_p99_flood_ms),
+            format!("{:.2}", v.p99_ratio),
+            v.a_errors.to_string(),
+            format!("{:.1}", v.backend_in_flight_mean),
+            if v.goal_met { "yes" } else { "no" }.into(),
+        ]);
+    }
+    let mut notes = vec![format!(
+        "Goals for omnistage with fair = true: a's p99 while b floods ≤ {GOAL_P99_RATIO}× alone, \
+         no errors for a, the backend's mean in flight during the flood ≥ {:.0} % of the {SLOTS} \
+         slots (its own count): {}. The other two rows are the baselines the page compares with.",
+        GOAL_BUSY_FRACTION * 100.0,
+        if report.goal_met { "met" } else { "not met" }
+    )];
+    match &report.nginx_note {
+        Some(n) => notes.push(n.clone()),
+        None => {
+            let mut c = report.peer_cpus.clone();
+            c.sort_unstable();
+            c.dedup();
+            notes.push(format!(
+                "nginx's worker was confined to CPU {} as read from /proc/PID/status after each \
+                 of its {} runs: {}. nginx's `max_conns={SLOTS}` refuses with 502 when the slots \
+                 are taken (no queue in open-source nginx); those 502s are a's and b's errors.",
+                nginx::SERVER_CPU,
+                report.peer_cpus.len(),
+                c.join(", ")
+            ));
+        }
+    }
+    let doc = Doc {
+        title: "shared-backend: a tenant's latency while another floods a shared backend".into(),
+        command: format!(
+            "omnistage exp shared-backend {} --a-rate {} --b-conns {} --backend-ms {}",
+            a.common.words(),
+            a.a_rate,
+            a.b_conns,
+            a.backend_ms
+        ),
+        machine: report.machine.clone(),
+        intro: vec![format!(
+            "One upstream with concurrency_max = {SLOTS}; its backend (inside the experiment, one \
+             mio thread on CPU 1) holds every request {} ms and limits nothing itself, so it can \
+             serve {:.0} requests/s through the {SLOTS} slots. Tenant a sends {} requests/s open \
+             loop ({A_CONNS} connections, latency from each request's scheduled time); tenant b \
+             floods with {} closed-loop connections; equal weights. Phases of {} s after {WARMUP_S} \
+             s of warm-up: a alone, then a while b floods. The proxy runs one worker on CPU {} \
+             (omnistage: one process, the fair and FIFO disciplines in turn; nginx: \
+             `server ... max_conns={SLOTS}` with keepalive {SLOTS}); the load generator on CPU 1.",
+            a.backend_ms,
+            SLOTS as f64 * 1000.0 / a.backend_ms as f64,
+            a.a_rate,
+            a.b_conns,
+            a.common.seconds,
+            nginx::SERVER_CPU,
+        )],
+        tables: vec![("Verdicts".into(), s), ("Runs".into(), t)],
+        notes,
+    };
+    report::emit(
+        "shared-backend",
+        report,
+        &doc,
+        a.common.json,
+        a.common.out(),
+        |p| {
+            let cats: Vec<String> = report.verdicts.iter().map(|v| v.server.into()).collect();
+            report::svg_bars(
+                p,
+                "tenant a's p99 (ms), alone and while b floods",
+                "ms",
+                &cats,
+                &[
+                    (
+                        "a alone".into(),
+                        report.verdicts.iter().map(|v| v.a_p99_alone_ms).collect(),
+                    ),
+                    (
+                        "b floods".into(),
+                        report.verdicts.iter().map(|v| v.a_p99_flood_ms).collect(),
+                    ),
+                ],
+            )
+        },
+    )
+}
