@@ -864,6 +864,9 @@ fn put_activity(
             }
         }
     };
+    let weight_changed = existing
+        .as_ref()
+        .is_some_and(|(_, old)| old.weight != spec.weight);
     // What the file would get (refusals here are the file's: no key, not in it).
     let edits = if persist {
         match persist_edits(tenants, path, &change) {
@@ -927,6 +930,22 @@ fn put_activity(
     if let Some((stage, p)) = admission {
         if let Err(e) = rt.set_admission(stage, id, p) {
             return runtime_error(&e, path);
+        }
+    }
+    // A configured tenant's weight is also its weight on the link (the HTTP server's send
+    // scheduler takes it from the running configuration): an empty change folds the runtime's
+    // weights into that configuration, as a reload does. An activity the configuration does
+    // not own has no node on the link (NotATenant: nothing to do).
+    if weight_changed {
+        if let Some(t) = tenants {
+            if let Err(crate::TenantError::Refused(m)) =
+                t.set_tenant(path, &crate::TenantChange::default())
+            {
+                return Response::error(
+                    409,
+                    &format!("the CPU weight changed, the link weight did not: {m}"),
+                );
+            }
         }
     }
     changed(rt, path, id, action)

@@ -110,6 +110,18 @@ fn configured_activities_cannot_be_removed_or_moved() {
         Some(r#"{"weight": 7}"#),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    // The weight reached the running configuration, which the send scheduler takes its
+    // tenants' link weights from (not only the CPU tree).
+    let weight_of = |name: &str| {
+        server
+            .config()
+            .tenants
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.weight)
+    };
+    assert_eq!(weight_of("a"), Some(7));
+    assert_eq!(weight_of("b"), Some(100));
     let r = req(
         "PUT",
         "/api/v1/activities/tenants/a/extra",

@@ -202,9 +202,12 @@ fn run_loads(
 #[derive(Serialize, Clone, Default)]
 struct SharesRun {
     cluster: bool,
-    /// Bytes/s the clients received, per node: (a, b).
+    /// Bytes/s the clients read in their window (counted as they arrived), per node: (a, b).
     per_node_bytes_per_s: Vec<(f64, f64)>,
     a_share_of_node1: f64,
+    /// The same share by node 1's ledger (`omnistage_activity_sent_bytes`, scraped when the
+    /// clients' window starts and ends), beside the clients' figure; null if a scrape failed.
+    ledger_a_share_of_node1: Option<f64>,
     a_fleet_share: f64,
     b_fleet_share: f64,
     fleet_bytes_per_s: f64,
@@ -217,6 +220,15 @@ struct SharesRun {
 fn shares_run(dir: &Path, redis: Option<(u16, u64)>, seconds: f64) -> Result<SharesRun, String> {
     let nodes = start_nodes(dir, redis)?;
     let loads = run_loads(&nodes, seconds, shares_load)?;
+    // Node 1's ledger over (about) the clients' measured window.
+    std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
+    let before = ledger_sent(nodes[0].admin);
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let after = ledger_sent(nodes[0].admin);
+    let ledger_a_share_of_node1 = before.zip(after).map(|((a0, b0), (a1, b1))| {
+        let (a, b) = (a1 - a0, b1 - b0);
+        a / (a + b).max(1.0)
+    });
     let mut per = Vec::new();
     let mut errors = 0;
     for h in loads {
@@ -225,7 +237,7 @@ fn shares_run(dir: &Path, redis: Option<(u16, u64)>, seconds: f64) -> Result<Sha
             r.tenants
                 .iter()
                 .find(|t| t.name == name)
-                .map_or(0.0, |t| t.bytes_per_s)
+                .map_or(0.0, |t| t.received_bytes_per_s)
         };
         errors += r.tenants.iter().map(harness::errors).sum::<u64>();
         per.push((bytes("a"), bytes("b")));
@@ -244,6 +256,7 @@ fn shares_run(dir: &Path, redis: Option<(u16, u64)>, seconds: f64) -> Result<Sha
     Ok(SharesRun {
         cluster: redis.is_some(),
         a_share_of_node1: per[0].0 / (per[0].0 + per[0].1).max(1.0),
+        ledger_a_share_of_node1,
         a_fleet_share: a / (a + b).max(1.0),
         b_fleet_share: b / (a + b).max(1.0),
         fleet_bytes_per_s: a + b,
@@ -335,6 +348,18 @@ fn scrape(admin: SocketAddr) -> Option<(bool, f64)> {
         &["omnistage_fleet_connected{", "omnistage_fleet_nodes_seen{"],
     )?;
     Some((v[0] > 0.5, v[1]))
+}
+
+/// The bytes a node's ledger counts as sent for tenants a and b.
+fn ledger_sent(admin: SocketAddr) -> Option<(f64, f64)> {
+    let v = scrape_values(
+        admin,
+        &[
+            "omnistage_activity_sent_bytes_total{activity=\"/tenants/a\"}",
+            "omnistage_activity_sent_bytes_total{activity=\"/tenants/b\"}",
+        ],
+    )?;
+    Some((v[0], v[1]))
 }
 
 /// The values of the first series of each named metric in a node's `/metrics`.
@@ -549,6 +574,7 @@ fn page(o: &Out) -> Doc {
         let mut t = Table::new(&[
             "run",
             "a of node 1",
+            "(ledger)",
             "a fleet",
             "b fleet",
             "fleet MB/s",
@@ -568,6 +594,8 @@ fn page(o: &Out) -> Doc {
                 }
                 .into(),
                 format!("{:.3}", r.a_share_of_node1),
+                r.ledger_a_share_of_node1
+                    .map_or_else(|| "–".into(), |x| format!("{x:.3}")),
                 pct(r.a_fleet_share),
                 pct(r.b_fleet_share),
                 format!("{:.2}", r.fleet_bytes_per_s / 1e6),
@@ -582,6 +610,7 @@ fn page(o: &Out) -> Doc {
         t.row(vec![
             "water-fill".into(),
             "≥ 0.97 (goal)".into(),
+            String::new(),
             pct(o.expected_a_fleet_share),
             pct(o.expected_b_fleet_share),
             format!("{:.0}", 3.0 * LINK_BYTES_PER_S as f64 / 1e6),
@@ -665,7 +694,7 @@ fn page(o: &Out) -> Doc {
                 "Three `omnistage serve` processes (one worker each, `net_link_cap = \"10MB/s\"`) and a \
                  `redis-server` of their own on loopback; `sync_ms = {}`. Tenant a (weight {WEIGHT_A}) reaches only \
                  node 1, b (weight {WEIGHT_B}) all three, closed loop on `/_bytes?n={BODY_BYTES}` (a 16 connections, \
-                 b 8 per node); figures are the clients'. All processes share this machine's cores, so the run \
+                 b 8 per node); figures are the bytes the clients read in their measured window, counted as they arrive (b's responses on node 1 take seconds each at its 1 % floor, so counting whole responses as they complete credited their earlier bytes to the window), with node 1's ledger beside them. All processes share this machine's cores, so the run \
                  is as noisy as the machine is busy.",
                 o.sync_ms
             ),

@@ -37,8 +37,14 @@ struct Point {
     rate_mb_per_s: f64,
     /// Ledger bytes_out of the tenant over the measured window, per second.
     achieved_bytes_per_s: f64,
-    /// The load generator's body bytes per second (what arrived, heads excluded).
+    /// Bytes per second the load generator read in its measured window, counted as they
+    /// arrived (heads included, as in the ledger).
     load_bytes_per_s: f64,
+    /// Of the cap, bytes per second the tenant's bucket discarded over the measured window
+    /// while the tenant was backlogged (wake-ups later than a leaky bucket's catch-up
+    /// allowance; a token bucket's full burst) and while it was idle (no output to send).
+    lost_backlogged_bytes_per_s: f64,
+    lost_idle_bytes_per_s: f64,
     /// achieved / rate.
     achieved_over_rate: f64,
     /// Largest bytes in one ~100 ms ledger window / (rate × that window's length).
@@ -111,6 +117,14 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
     let h = harness::spawn_load(la);
     std::thread::sleep(Duration::from_secs_f64(WARMUP_S));
     let start = Instant::now();
+    let lost = || {
+        server
+            .net_cap_lost_bytes()
+            .into_iter()
+            .find(|(n, _, _)| n == "a")
+            .map_or((0, 0), |(_, b, i)| (b, i))
+    };
+    let lost_first = lost();
     let first = cfgweb::bytes_out(&rt.snapshot(), id);
     let (mut prev_b, mut prev_t) = (first, start);
     let (mut max_ratio, mut max_excess, mut windows) = (0.0f64, 0.0f64, 0usize);
@@ -134,6 +148,7 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
         last = b;
     }
     let elapsed = prev_t.duration_since(start).as_secs_f64().max(1e-9);
+    let lost_last = lost();
     let r = harness::join_load(h)?;
     server.drain(Duration::from_millis(300));
     let achieved = (last - first) as f64 / elapsed;
@@ -141,7 +156,9 @@ fn point(kind: &'static str, rate_mb: f64, a: &ShapingArgs) -> Result<Point, Str
         kind,
         rate_mb_per_s: rate_mb,
         achieved_bytes_per_s: achieved,
-        load_bytes_per_s: r.total.bytes_per_s,
+        load_bytes_per_s: r.total.received_bytes_per_s,
+        lost_backlogged_bytes_per_s: lost_last.0.saturating_sub(lost_first.0) as f64 / elapsed,
+        lost_idle_bytes_per_s: lost_last.1.saturating_sub(lost_first.1) as f64 / elapsed,
         achieved_over_rate: achieved / rate,
         max_window_ratio: max_ratio,
         max_window_excess_bytes: max_excess.max(0.0),
@@ -224,6 +241,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
         "achieved/cap",
         "max 100 ms window / cap",
         "max excess KiB",
+        "lost late / idle (of cap)",
         "errors",
     ]);
     for p in &r.points {
@@ -235,6 +253,11 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
             format!("{:.4}", p.achieved_over_rate),
             format!("{:.3}", p.max_window_ratio),
             format!("{:.1}", p.max_window_excess_bytes / 1024.0),
+            format!(
+                "{:.4} / {:.4}",
+                p.lost_backlogged_bytes_per_s / (p.rate_mb_per_s * 1e6),
+                p.lost_idle_bytes_per_s / (p.rate_mb_per_s * 1e6)
+            ),
             p.errors.to_string(),
         ]);
     }
@@ -275,10 +298,16 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
              at least one 16 KiB send quantum). The load generator on CPU 1 keeps {} closed-loop connections asking for \
              /_bytes?n={BODY}, far more than any cap. Achieved = the tenant's ledger `bytes_out` over {} s after a {WARMUP_S} s \
              warmup; the ledger is also read every 100 ms, and the largest window is compared with the rate × its length. \
+             The clients' figure is the bytes they read in their measured window, counted as they arrive (counting \
+             whole responses as they complete would credit a 64 KiB response to the window it ends in: at 2 MB/s the \
+             16 connections finish together every half second). \
              Goal, per kind, on both the ledger's bytes and the bytes the clients received: slope \
              {SLOPE_MIN}–{SLOPE_MAX} and R² ≥ {GOAL_R2} (below the link's speed; loopback is far faster than 32 MB/s), and for the \
              leaky bucket no 100 ms window above the rate (bytes are charged after each write, so one quantum over is \
-             the design's bound).",
+             the design's bound). \
+             \"Lost\" is what the tenant's bucket discarded of its rate over the window (`Server::net_cap_lost_bytes`): \
+             late, while backlogged (a wake-up later than the leaky bucket's catch-up allowance, or a token bucket \
+             already full), and idle, while the tenant had nothing to send.",
             a.conns, a.common.seconds
         )],
         tables: vec![(String::new(), t), ("Linear fit of achieved vs cap".into(), tf)],

@@ -303,7 +303,8 @@ impl State {
             let cpu_backlogged = queued > 0 || was_queued == Some(true) || s.rejected > p.rejected;
             let d_picks = s.picks.saturating_sub(p.picks);
             let d_backlogged = s.picks_backlogged.saturating_sub(p.picks_backlogged);
-            let link_backlogged = d_picks > 0 && 2 * d_backlogged >= d_picks;
+            let link_backlogged =
+                water::link_backlogged(d_picks, d_backlogged, t.hooks.send_waiting());
             let req_demand_per_s = per_s(s.req_attempts, p.req_attempts) as f64;
             // Bytes wanted: what was sent, scaled up by the share of requests the byte pool
             // refused (they would have sent about as much each).

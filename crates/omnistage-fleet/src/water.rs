@@ -166,6 +166,21 @@ pub fn water_fill(weights: &[u32], nodes: &[NodeDemand]) -> Fill {
     }
 }
 
+/// Whether a tenant counts as backlogged on a node's link over one sync interval: from the
+/// send scheduler's picks of it in the interval (`picks`, of which `picks_waiting` left output
+/// of it waiting), the majority; with no pick at all, whether output of it waits now
+/// (`waiting_now`). A tenant held at [`WEIGHT_FLOOR`] on a slow link is picked less often than
+/// once per interval (1 % of 10 MB/s in 16 KiB quanta: one pick per 160 ms); counting those
+/// intervals as "no demand" left it out of the node's entry, so its weight jumped from the
+/// floor to its configured share every other interval.
+pub fn link_backlogged(picks: u64, picks_waiting: u64, waiting_now: bool) -> bool {
+    if picks == 0 {
+        waiting_now
+    } else {
+        2 * picks_waiting.min(picks) >= picks
+    }
+}
+
 /// Weights for one node's local scheduler from its part of the fill (`alloc`, as in
 /// [`Fill::alloc`] for this node): a tenant with demand here gets
 /// `WEIGHT_SCALE × given / capacity`, at least [`WEIGHT_FLOOR`]; a tenant without demand here
@@ -200,6 +215,21 @@ pub fn local_weights(weights: &[u32], capacity: u64, alloc: &[(usize, u64)]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_backlog_without_picks_is_whether_output_waits() {
+        // No pick in the interval: output waiting (a tenant at the floor) is backlogged,
+        // nothing waiting is not.
+        assert!(link_backlogged(0, 0, true));
+        assert!(!link_backlogged(0, 0, false));
+        // With picks, the majority of them says, whatever waits at the sample.
+        assert!(link_backlogged(4, 2, false));
+        assert!(!link_backlogged(4, 1, true));
+        assert!(link_backlogged(1, 1, false));
+        // Counts from another core's race (more waiting picks than picks) are clamped.
+        assert!(link_backlogged(1, 5, false));
+        assert!(!link_backlogged(3, 0, true));
+    }
 
     fn backlogged() -> Demand {
         Demand {

@@ -570,7 +570,13 @@ impl<'r, 'p> Worker<'r, 'p> {
                     }
                     break;
                 }
-                Ok(n) => self.on_bytes(idx, &buf[..n], now),
+                Ok(n) => {
+                    if self.run.measured(now) {
+                        let tenant = self.conns[idx].tenant;
+                        self.stats(tenant).received_bytes += n as u64;
+                    }
+                    self.on_bytes(idx, &buf[..n], now)
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {

@@ -72,6 +72,12 @@ pub struct TenantReport {
     pub bytes: u64,
     /// Body bytes of successful responses per second.
     pub bytes_per_s: f64,
+    /// Bytes read from the tenant's sockets in the measured window, counted as they arrive
+    /// (heads included, any status): the rate to compare with a byte rate the server enforces,
+    /// since `bytes` counts a response only when it completes (a slow response's bytes from
+    /// before the window, or none at all if it ends after it).
+    pub received_bytes: u64,
+    pub received_bytes_per_s: f64,
     /// Latency quantiles of successful responses, ms, measured from the intended send time.
     pub p50_ms: f64,
     pub p90_ms: f64,
@@ -144,6 +150,8 @@ pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> 
         req_per_s: per_s(s.ok),
         bytes: s.body_bytes,
         bytes_per_s: per_s(s.body_bytes),
+        received_bytes: s.received_bytes,
+        received_bytes_per_s: per_s(s.received_bytes),
         p50_ms: q(0.5),
         p90_ms: q(0.9),
         p99_ms: q(0.99),

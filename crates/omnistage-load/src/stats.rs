@@ -105,8 +105,12 @@ pub struct TenantStats {
     pub ok: u64,
     /// Complete responses of any status.
     pub responses: u64,
-    /// Body bytes of successful responses.
+    /// Body bytes of successful responses (counted when a response completes).
     pub body_bytes: u64,
+    /// Bytes read from the tenant's sockets during the measured window (heads and bodies of
+    /// any status), counted as they arrive: unlike `body_bytes`, a response that spans the
+    /// window's edges counts only its bytes inside it.
+    pub received_bytes: u64,
     pub errors: ErrorCounts,
     /// Responses that carried `Retry-After`.
     pub retry_after: u64,
@@ -156,6 +160,7 @@ impl TenantStats {
             ok: 0,
             responses: 0,
             body_bytes: 0,
+            received_bytes: 0,
             errors: ErrorCounts::default(),
             retry_after: 0,
             reconnects: 0,
@@ -188,6 +193,7 @@ impl TenantStats {
         self.ok += o.ok;
         self.responses += o.responses;
         self.body_bytes += o.body_bytes;
+        self.received_bytes += o.received_bytes;
         self.errors.add(&o.errors);
         self.retry_after += o.retry_after;
         self.reconnects += o.reconnects;

@@ -163,6 +163,11 @@ fn counts_keep_alive_requests_exactly() {
     );
     let a = tenant(&r, "a");
     assert_clean(a, 100, 500);
+    // Every byte of the 100 responses arrived in the measured window (no warmup), counted as
+    // it was read.
+    let reply = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello".len() as u64;
+    assert_eq!(a.received_bytes, 100 * reply);
+    assert_eq!(r.total.received_bytes, 100 * reply);
     assert_eq!(a.connections, 4);
     assert_eq!(a.reconnects, 0);
     assert!(a.jain_fairness.is_some_and(|j| j > 0.0 && j <= 1.0));
@@ -520,6 +525,8 @@ fn report_json_and_table() {
         "req_per_s",
         "bytes",
         "bytes_per_s",
+        "received_bytes",
+        "received_bytes_per_s",
         "p50_ms",
         "p90_ms",
         "p99_ms",

@@ -32,7 +32,8 @@ use std::time::SystemTime;
 pub(super) const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 /// Bytes of a streamed body read from the file per step: the flow's credit window, so a
-/// connection never has more than this (plus one response head) in memory, whatever the file.
+/// connection never has more than this (plus one response head) in memory, whatever the file;
+/// twice this on the send scheduler's path, which reads the next chunk ahead (`send.rs`).
 pub(super) const FLOW_CHUNK_BYTES: usize = 64 * 1024;
 /// Most flow chunks sent per dispatch before yielding to the scheduler (fairness between
 /// tenants streaming large files).
@@ -145,6 +146,10 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let _ = ctx.io_deregister(c.handle, &mut c.stream);
     if let Some(ss) = &mut cs.send {
         ss.forget(key);
+        // Its tenant's link backlog for the fleet layer: whether output of it still waits.
+        if let Some(t) = &c.tenant {
+            t.fleet.note_send_waiting(ss.tenant_waits(t.activity));
+        }
     }
     cs.free.push(slot);
     pool::give_buf(std::mem::take(&mut c.inbuf));

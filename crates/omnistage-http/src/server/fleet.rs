@@ -100,6 +100,10 @@ pub struct FleetHooks {
     pub bytes: LeasePool,
     send_picks: AtomicU64,
     send_picks_backlogged: AtomicU64,
+    /// Output of the tenant waits in a send scheduler: set when a response of it becomes a
+    /// client there, and after each pick of it and each close of one of its connections to
+    /// whether any of its output still waits on that core (the latest event on any core wins).
+    send_waiting: AtomicBool,
     /// Weight of the tenant's node in the send scheduler; 0: the configured weight.
     send_weight: AtomicU32,
 }
@@ -115,9 +119,21 @@ impl FleetHooks {
     /// waiting on that core afterwards.
     pub(crate) fn note_pick(&self, backlogged: bool) {
         self.send_picks.fetch_add(1, Ordering::Relaxed);
+        self.send_waiting.store(backlogged, Ordering::Relaxed);
         if backlogged {
             self.send_picks_backlogged.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether output of the tenant waits in a send scheduler (see the field).
+    pub(crate) fn note_send_waiting(&self, waiting: bool) {
+        self.send_waiting.store(waiting, Ordering::Relaxed);
+    }
+
+    /// Whether output of the tenant waited in a send scheduler at the latest pick, close or
+    /// new response: the link backlog of a tenant picked less than once per sync interval.
+    pub fn send_waiting(&self) -> bool {
+        self.send_waiting.load(Ordering::Relaxed)
     }
 
     /// Picks of the send scheduler for this tenant, and those that left it backlogged, since
@@ -228,7 +244,11 @@ mod tests {
         assert!(h.set_send_weight(None));
         assert_eq!(h.send_weight(), None);
         h.note_pick(true);
+        assert!(h.send_waiting());
         h.note_pick(false);
         assert_eq!(h.send_picks(), (2, 1));
+        assert!(!h.send_waiting(), "the latest pick left nothing waiting");
+        h.note_send_waiting(true);
+        assert!(h.send_waiting());
     }
 }

@@ -6,7 +6,9 @@
 use super::tenants::{cap_kind, Live, TenantRuntime};
 use crate::config::SendOrder;
 use omnistage::account::ActivityId;
-use omnistage::sched::{ClientParams, NodeId, PolicyKind, ShaperKind, ShaperSpec, Tree};
+use omnistage::sched::{
+    ClientParams, NodeId, PolicyKind, ShaperKind, ShaperLost, ShaperSpec, Tree,
+};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -48,6 +50,9 @@ pub(super) struct SendSched {
     pub(super) arrivals: HashMap<u64, Arrival>,
     /// Each configured tenant's `send_order`, by activity (refreshed by `configure`).
     pub(super) order_of: HashMap<ActivityId, SendOrder>,
+    /// What each tenant node's bucket had discarded when last reported to its tenant's
+    /// counters (which sum the cores).
+    pub(super) lost_reported: HashMap<NodeId, ShaperLost>,
 }
 
 /// When a response arrived in an ordered queue.
@@ -121,6 +126,7 @@ impl SendSched {
             queued: HashMap::new(),
             arrivals: HashMap::new(),
             order_of: HashMap::new(),
+            lost_reported: HashMap::new(),
         }
     }
 
@@ -303,6 +309,25 @@ impl SendSched {
                 Some(n)
             }
         }
+    }
+
+    /// What a tenant node's bucket discarded since the last call (zero without a bucket).
+    pub(super) fn take_lost(&mut self, node: NodeId) -> ShaperLost {
+        let now = self.tree.shaper_lost(node).unwrap_or_default();
+        let seen = self.lost_reported.entry(node).or_default();
+        let d = ShaperLost {
+            backlogged: now.backlogged.saturating_sub(seen.backlogged),
+            idle: now.idle.saturating_sub(seen.idle),
+        };
+        *seen = now;
+        d
+    }
+
+    /// Whether output of a tenant waits here (its node has a ready client).
+    pub(super) fn tenant_waits(&self, activity: ActivityId) -> bool {
+        self.tenants
+            .get(&activity)
+            .is_some_and(|&n| self.tree.has_work(n))
     }
 
     pub(super) fn forget(&mut self, key: u64) {

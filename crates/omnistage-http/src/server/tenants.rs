@@ -37,6 +37,10 @@ pub(super) struct TenantRuntime {
     pub(super) cache_bytes: AtomicU64,
     /// Bytes the disk stage read for this tenant.
     pub(super) disk_bytes: AtomicU64,
+    /// Bytes of its `net_cap` its send buckets discarded (all cores): while it was backlogged
+    /// (wake-ups later than the bucket's allowance) and while it was idle.
+    pub(super) net_cap_lost_backlogged_bytes: AtomicU64,
+    pub(super) net_cap_lost_idle_bytes: AtomicU64,
     /// The fleet layer's hooks (lease pools, link backlog, link weight).
     pub(super) fleet: Arc<FleetHooks>,
 }
@@ -264,6 +268,8 @@ pub(super) fn apply_tenants(
                 open: AtomicUsize::new(0),
                 cache_bytes: AtomicU64::new(0),
                 disk_bytes: AtomicU64::new(0),
+                net_cap_lost_backlogged_bytes: AtomicU64::new(0),
+                net_cap_lost_idle_bytes: AtomicU64::new(0),
                 fleet: Arc::new(FleetHooks::default()),
             })),
         }
@@ -392,6 +398,24 @@ impl Server {
         live.tenants
             .iter()
             .map(|t| (t.name.clone(), t.disk_bytes.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// What each tenant's `net_cap` buckets discarded of their rate (all cores), in config
+    /// order: `(name, bytes lost while backlogged, bytes lost while idle)`. The first is what
+    /// wake-ups later than a leaky bucket's catch-up allowance cost the tenant; the second is
+    /// the rate it had no output to use.
+    pub fn net_cap_lost_bytes(&self) -> Vec<(String, u64, u64)> {
+        let live = self.shared.live.read().expect("live lock").clone();
+        live.tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.net_cap_lost_backlogged_bytes.load(Ordering::Relaxed),
+                    t.net_cap_lost_idle_bytes.load(Ordering::Relaxed),
+                )
+            })
             .collect()
     }
 

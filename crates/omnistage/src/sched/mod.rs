@@ -30,5 +30,5 @@ pub use policy::{
     PolicyKind, RoundRobin, Scheduler, SharedTag, StrictPriority, DRR_QUANTUM_NS_PER_WEIGHT,
     VT_SCALE, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN,
 };
-pub use shaper::{Shaper, ShaperKind, ShaperSpec, LEAKY_CATCH_UP_NS};
+pub use shaper::{Shaper, ShaperKind, ShaperLost, ShaperSpec, LEAKY_CATCH_UP_NS};
 pub use tree::{NodeId, NodeStats, Tree, TreeError, MIN_COST_DEFAULT};

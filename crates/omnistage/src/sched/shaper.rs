@@ -92,6 +92,22 @@ pub struct Shaper {
     last_ns: u64,
     /// The node went idle (leaky bucket: earn no more than one unit-ns until it has work).
     idle: bool,
+    /// Earnings the bucket discarded, in unit-ns: while its node was backlogged (beyond the
+    /// burst, or a leaky bucket's catch-up allowance: what wake-ups later than that cost it),
+    /// and while idle or on going idle (a leaky bucket banks nothing then, by design).
+    lost_backlogged: u128,
+    lost_idle: u128,
+}
+
+/// What a bucket discarded of what its rate earned, in whole units (see [`Shaper::lost`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShaperLost {
+    /// While its node was backlogged: earnings beyond the bucket's depth (a token bucket's
+    /// burst; a leaky bucket's catch-up allowance, i.e. the part of a wake-up later than
+    /// [`LEAKY_CATCH_UP_NS`] that could not be caught up).
+    pub backlogged: u64,
+    /// While its node was idle, or banked when it went idle (a leaky bucket keeps nothing).
+    pub idle: u64,
 }
 
 impl Shaper {
@@ -103,6 +119,8 @@ impl Shaper {
             balance: 0,
             last_ns: now_ns,
             idle: true,
+            lost_backlogged: 0,
+            lost_idle: 0,
         };
         s.balance = s.depth();
         s
@@ -133,7 +151,9 @@ impl Shaper {
     fn refill(&mut self, now_ns: u64) {
         if now_ns > self.last_ns {
             let earned = i128::from(now_ns - self.last_ns) * i128::from(self.spec.rate_per_s);
-            self.balance = (self.balance + earned).min(self.depth().max(self.balance));
+            let full = self.balance + earned;
+            self.balance = full.min(self.depth().max(self.balance));
+            self.note_lost(full - self.balance);
             self.last_ns = now_ns;
         }
     }
@@ -143,7 +163,28 @@ impl Shaper {
     /// last charge. A token bucket keeps its tokens.
     pub fn idle(&mut self) {
         self.idle = true;
-        self.balance = self.balance.min(self.depth());
+        let kept = self.balance.min(self.depth());
+        self.lost_idle += (self.balance - kept).unsigned_abs();
+        self.balance = kept;
+    }
+
+    /// Counts `lost` unit-ns (≥ 0) as discarded in the node's present state.
+    fn note_lost(&mut self, lost: i128) {
+        let lost = lost.unsigned_abs();
+        if self.idle {
+            self.lost_idle += lost;
+        } else {
+            self.lost_backlogged += lost;
+        }
+    }
+
+    /// What the bucket has discarded of its earnings since it was made, in whole units.
+    pub fn lost(&self) -> ShaperLost {
+        let units = |x: u128| u64::try_from(x / NS_PER_S as u128).unwrap_or(u64::MAX);
+        ShaperLost {
+            backlogged: units(self.lost_backlogged),
+            idle: units(self.lost_idle),
+        }
     }
 
     /// Earliest time at which the node may be dispatched; `<= now_ns` means now.
@@ -199,6 +240,8 @@ impl Shaper {
             // The state kept outside holds no idleness: a rebuilt leaky bucket counts as
             // backlogged (its catch-up allowance applies; `idle()` drops it).
             idle: false,
+            lost_backlogged: 0,
+            lost_idle: 0,
         };
         // A debt deeper than an hour at the rate is not a state any caller produces.
         let floor = -i128::from(spec.rate_per_s) * 3600 * NS_PER_S;
@@ -263,6 +306,70 @@ mod tests {
                 "a second send at {now} would run ahead of the rate"
             );
         }
+    }
+
+    /// The bucket counts what it discards, by state: a leaky bucket woken 60 µs late loses
+    /// nothing, one woken 5 ms + 300 µs late loses exactly the 300 µs beyond the allowance, and
+    /// what it earns while idle (and what it had banked when it went idle) counts as idle.
+    #[test]
+    fn leaky_bucket_counts_what_it_discards() {
+        let rate = 1_000_000u64; // 1 unit per µs
+        let mut s = Shaper::new(ShaperSpec::leaky(rate), 0);
+        assert_eq!(s.eligible_at(0), 0);
+        s.charge(100, 0);
+        assert_eq!(s.eligible_at(160_000), 160_000);
+        assert_eq!(
+            s.lost(),
+            ShaperLost::default(),
+            "a late wake-up within the allowance"
+        );
+        s.charge(100, 160_000);
+        // Due at 200 µs; woken at 200 µs + 5 ms + 300 µs: 300 units beyond the allowance.
+        let late = 200_000 + LEAKY_CATCH_UP_NS + 300_000;
+        assert_eq!(s.eligible_at(late), late);
+        assert_eq!(
+            s.lost(),
+            ShaperLost {
+                backlogged: 300,
+                idle: 0
+            }
+        );
+        // It sends the 5,000 units it kept, no more.
+        let mut sent = 0;
+        while s.eligible_at(late) <= late {
+            s.charge(1, late);
+            sent += 1;
+        }
+        assert_eq!(sent, 5_000);
+        // Idle with nothing banked (nothing to drop), for 1 ms: of the 1,000 units earned it
+        // keeps one unit-ns, so 999 whole units count as lost while idle.
+        s.idle();
+        assert_eq!(
+            s.lost(),
+            ShaperLost {
+                backlogged: 300,
+                idle: 0
+            }
+        );
+        assert_eq!(s.eligible_at(late + 1_000_000), late + 1_000_000);
+        assert_eq!(
+            s.lost(),
+            ShaperLost {
+                backlogged: 300,
+                idle: 999
+            }
+        );
+        // Banked 50 units while backlogged, then idle: those 50 are dropped as idle.
+        s.charge(1, late + 1_000_000);
+        assert_eq!(s.eligible_at(late + 1_051_000), late + 1_051_000);
+        s.idle();
+        assert_eq!(
+            s.lost(),
+            ShaperLost {
+                backlogged: 300,
+                idle: 1_049
+            }
+        );
     }
 
     /// The catch-up allowance is bounded: a node held back far longer than the allowance gets

@@ -11,7 +11,7 @@
 //! moved and removed between decisions (QLinux's hsfq_mknod, hsfq_admin, hsfq_move).
 
 use super::policy::{AnyPolicy, ClientId, ClientParams, PolicyKind, Scheduler};
-use super::shaper::{Shaper, ShaperSpec};
+use super::shaper::{Shaper, ShaperLost, ShaperSpec};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -198,6 +198,17 @@ impl Tree {
 
     pub fn stats(&self, id: NodeId) -> Result<NodeStats, TreeError> {
         Ok(self.node(id)?.stats)
+    }
+
+    /// What a node's shaper has discarded of its rate's earnings (zero without a shaper; kept
+    /// in the shaper, not in [`NodeStats`], so a node stays within one cache line).
+    pub fn shaper_lost(&self, id: NodeId) -> Result<ShaperLost, TreeError> {
+        Ok(self
+            .node(id)?
+            .shaper
+            .as_ref()
+            .map(|s| s.lost())
+            .unwrap_or_default())
     }
 
     pub fn params(&self, id: NodeId) -> Result<&ClientParams, TreeError> {
