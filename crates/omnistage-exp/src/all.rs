@@ -754,6 +754,36 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed_number: "a ≥ 0.97 of node 1 (0.8 without); cap ±5 %; fallback ≤ 1, resync and reclaim ≤ 3 intervals",
             ours: fleet_row,
         },
+        Exp {
+            file: "soak",
+            args: [v(&["soak", "--seconds"]), vec![s((120.0 * a.scale).max(60.0))]].concat(),
+            writes_own: true,
+            seed: "issue 15: a soak under faults",
+            seed_number: "no panic, 500 or wrong byte; RSS/fds flat; shares ±5 pts; fresh client ≤ 1 s",
+            ours: |j| {
+                (
+                    format!(
+                        "{:.0} s: {} answers checked, 500s {}, wrong bytes {}, panics {}; RSS last third {:.1} MiB (bound {:.1}), fds {:.0} (bound {:.0}); worst quiet-window share error {:.2} pts; slowest fresh client {:.0} ms",
+                        f(j, "/seconds"),
+                        f(j, "/requests_ok"),
+                        f(j, "/status_500"),
+                        f(j, "/wrong_bytes"),
+                        f(j, "/panics_metric"),
+                        f(j, "/rss/last_third_max") / 1024.0,
+                        f(j, "/rss/bound") / 1024.0,
+                        f(j, "/fds/last_third_max"),
+                        f(j, "/fds/bound"),
+                        j["quiet_windows"].as_array().map_or(f64::NAN, |w| w
+                            .iter()
+                            .map(|x| x["max_error_pts"].as_f64().unwrap_or(f64::NAN))
+                            .fold(0.0, f64::max)),
+                        f(j, "/fresh_max_ms")
+                    ),
+                    None,
+                    j["goal_met"].as_bool(),
+                )
+            },
+        },
     ];
     if let Some(unknown) = a
         .only

@@ -112,7 +112,7 @@ const FD_SLACK: u64 = 200;
 const WORKER_THREAD: &str = "omnistage-w0";
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub(super) mod sys {
+pub(crate) mod sys {
     #[repr(C)]
     struct RLimit {
         cur: u64,
@@ -157,7 +157,7 @@ pub(super) mod sys {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub(super) mod sys {
+pub(crate) mod sys {
     pub fn raise_nofile() -> Option<(u64, u64)> {
         None
     }

@@ -76,14 +76,14 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     Ok(TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| format!("no free port: {e}"))?
         .port())
 }
 
-fn wait_connect(addr: SocketAddr, what: &str) -> Result<(), String> {
+pub(crate) fn wait_connect(addr: SocketAddr, what: &str) -> Result<(), String> {
     let deadline = Instant::now() + START_WAIT;
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         if Instant::now() > deadline {

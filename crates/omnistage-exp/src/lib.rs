@@ -29,6 +29,7 @@ mod shape;
 mod shaping;
 mod share;
 mod shared_backend;
+mod soak;
 mod specweb;
 mod spike;
 mod tasks;
@@ -93,6 +94,8 @@ enum Which {
     Tasks(tasks::TasksArgs),
     /// TLS 1.3 new connections/s and keep-alive requests/s over TLS, omnistage vs nginx.
     Tls(tls::TlsArgs),
+    /// `omnistage serve` for --minutes under mixed load and faults: no panic, 500 or wrong byte; RSS and descriptors flat; shares in the quiet windows.
+    Soak(soak::SoakArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -121,6 +124,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Fleet(a) => fleet::run(a),
         Which::Tasks(a) => tasks::run(a),
         Which::Tls(a) => tls::run(a),
+        Which::Soak(a) => soak::run(a),
         Which::All(a) => all::run(a),
     }
 }
