@@ -304,5 +304,10 @@ fn adversary_smoke() {
         assert!(p[1]["adversary"][k].is_number(), "{k}");
     }
     assert!(p[1]["ledger"]["adversary_cpu_ms"].is_number());
+    // The worker's stretches and the victim's clients' windows, per phase.
+    assert!(p[1]["stretches"]["dispatch_p99_us"].is_number());
+    assert!(p[1]["stretches"]["io_round_max_us"].is_number());
+    assert!(p[1]["victim_windows"].is_array());
+    assert!(r["stretch_goal_met"].is_boolean());
     assert!(r["nginx_note"].is_string());
 }

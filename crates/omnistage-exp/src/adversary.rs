@@ -51,6 +51,8 @@ const SIZING_S: f64 = 1.0;
 const SIZING_STEPS: usize = 3;
 /// A step this far above the target still counts as on it (the OS's clock over one second).
 const SIZING_SLACK: f64 = 0.02;
+/// The sizing never offers more than this fraction of the closed-loop capacity.
+const SIZING_CAP_FRACTION: f64 = 0.7;
 /// Goal for the stretches in which omnistage's worker can pick nothing else (each dispatch,
 /// each I/O round): p99 ≤ this, µs.
 const STRETCH_P99_GOAL_US: f64 = 200.0;
@@ -590,6 +592,8 @@ struct Sizing {
     tried: Vec<(f64, f64)>,
     /// The rate picked for the target.
     rate_per_s: f64,
+    /// The fraction of the worker's CPU aimed at.
+    target: f64,
 }
 
 impl Sizing {
@@ -599,11 +603,21 @@ impl Sizing {
             .iter()
             .map(|(r, f)| format!("{r:.0} req/s → {:.0} %", f * 100.0))
             .collect();
+        let reached = self
+            .tried
+            .iter()
+            .any(|(_, f)| (f - self.target).abs() <= SIZING_SLACK);
         format!(
-            "{}: {}, picked {:.0} req/s",
+            "{}: {}, picked {:.0} req/s{}",
             self.server,
             tried.join(", "),
-            self.rate_per_s
+            self.rate_per_s,
+            if reached {
+                ""
+            } else {
+                " (target NOT reached within 70 % of the closed-loop capacity: the load \
+                 generator, not the server, limited the rate)"
+            }
         )
     }
 }
@@ -619,7 +633,7 @@ fn size_victim(tg: &Target<'_>, cap: f64, target: f64) -> Result<Sizing, String>
             tg.server
         ));
     };
-    let mut rate = (cap * target).max(100.0);
+    let mut rate = (cap * target.min(SIZING_CAP_FRACTION)).max(100.0);
     let mut tried = Vec::new();
     for _ in 0..SIZING_STEPS {
         let args = harness::load_args(
@@ -643,9 +657,11 @@ fn size_victim(tg: &Target<'_>, cap: f64, target: f64) -> Result<Sizing, String>
         };
         tried.push((rate.round(), f));
         std::thread::sleep(Duration::from_millis(200));
-        // Scale toward the target, never past the capacity; an idle reading keeps the rate.
+        // Scale toward the target, never past SIZING_CAP_FRACTION of the capacity (beyond it
+        // the victim's own generator, not the server, sets its latency); an idle reading keeps
+        // the rate.
         if f > 0.0 {
-            rate = (rate * target / f).clamp(100.0, cap.max(100.0));
+            rate = (rate * target / f).clamp(100.0, (cap * SIZING_CAP_FRACTION).max(100.0));
         }
     }
     // The tried rate whose CPU came closest to the target from below (else the lowest).
@@ -660,6 +676,7 @@ fn size_victim(tg: &Target<'_>, cap: f64, target: f64) -> Result<Sizing, String>
         server: tg.server.into(),
         tried,
         rate_per_s,
+        target,
     })
 }
 

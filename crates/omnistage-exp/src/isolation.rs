@@ -246,7 +246,8 @@ fn phase(
         }
         _ => None,
     };
-    let b_of = |(ca, cb): (u64, u64)| cb as f64 / (ca + cb).max(1) as f64;
+    // No completions in a span: no figure (and no verdict), not a share of zero.
+    let b_of = |(ca, cb): (u64, u64)| (ca + cb > 0).then(|| cb as f64 / (ca + cb) as f64);
     let sum = (tot_a + tot_b).max(1) as f64;
     let share_ratio = weights.map(|_| tot_a as f64 / tot_b.max(1) as f64);
     let ratio_err =
@@ -261,8 +262,8 @@ fn phase(
     let client_ratio_err = weights
         .zip(client_ratio)
         .map(|((x, y), r)| ratio_error(r, x as f64 / y as f64));
-    let client_b_in = client_priority.map(|(l, _)| b_of(l));
-    let client_b_out = client_priority.map(|(_, i)| b_of(i));
+    let client_b_in = client_priority.and_then(|(l, _)| b_of(l));
+    let client_b_out = client_priority.and_then(|(_, i)| b_of(i));
     let goal_met = match (ratio_err, b_in, b_out, client_b_in, client_b_out) {
         (Some(e), ..) => e.abs() <= GOAL && client_ratio_err.is_some_and(|c| c.abs() <= GOAL),
         (None, Some(i), Some(o), Some(ci), Some(co)) => {
