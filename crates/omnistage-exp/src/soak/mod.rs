@@ -384,6 +384,8 @@ fn soak(
         "omnistage admin",
     )?;
     let admin = Client::new(&format!("http://127.0.0.1:{admin_port}"), None)?;
+    // Read before this thread pins itself: pinned, it would see one CPU.
+    let machine = machine();
     pin_to_load_cpu();
 
     let sh = Arc::new(Shared {
@@ -587,7 +589,7 @@ fn soak(
     let examples = st.examples.lock().expect("stats").clone();
     Ok(SoakResult {
         experiment: "soak",
-        machine: machine(),
+        machine,
         seconds,
         interval_s: a.interval_s,
         warmup_s,
@@ -622,7 +624,7 @@ fn soak(
 }
 
 fn yes(b: bool) -> String {
-    if b { "yes" } else { "**no**" }.into()
+    if b { "**yes**" } else { "**no**" }.into()
 }
 
 fn page(r: &SoakResult, a: &SoakArgs) -> Doc {
@@ -715,7 +717,7 @@ fn page(r: &SoakResult, a: &SoakArgs) -> Doc {
         ]);
     }
     let mut notes = vec![format!(
-        "Goal met: **{}** (correctness {}, flat {}, shares {}, fresh client {}). The run fails \
+        "Goal met: {} (correctness {}, flat {}, shares {}, fresh client {}). The run fails \
          (exit status) only when a correctness goal is broken; the timing goals are reported.",
         yes(r.goal_met),
         yes(r.correctness_met),
