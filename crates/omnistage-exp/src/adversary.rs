@@ -12,7 +12,7 @@
 //! shared load CPU they take what the victim's generator leaves rather than delaying its sends.
 
 use super::cfgweb;
-use super::harness::{self, LOAD_CPU};
+use super::harness;
 use super::nginx;
 use super::report::{self, Doc, Table};
 use super::rounds::{self, Spread};
@@ -327,17 +327,7 @@ fn raise_nofile() -> Option<u64> {
     Some(r.rlim_cur)
 }
 
-/// Pins the calling thread to the load CPU (best effort).
-fn pin_to_load_cpu() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: the cpu_set_t is a local zeroed value set with CPU_SET before use; the call
-    // reads it and changes only this thread's affinity.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(LOAD_CPU, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
+use harness::pin_to_load_cpu;
 
 /// Counters of a slow-reader thread.
 #[derive(Default)]

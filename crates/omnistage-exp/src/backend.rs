@@ -161,14 +161,7 @@ impl Drop for Backend {
     }
 }
 
-fn pin(cpu: usize) {
-    // SAFETY: sched_setaffinity(2) on this thread with a cpu_set_t on our stack.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
+use super::harness::pin_this_thread as pin;
 
 struct Conn {
     stream: TcpStream,

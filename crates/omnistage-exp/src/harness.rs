@@ -21,6 +21,24 @@ pub struct Web {
 /// The CPU the load generator is pinned to (the server's worker is on CPU 0).
 pub const LOAD_CPU: usize = 1;
 
+/// Pins the calling thread to `cpu` (best effort: an experiment still runs unpinned, and its
+/// page reads the placement back where it matters).
+pub fn pin_this_thread(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it, and
+    // sched_setaffinity(2) only reads it, for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Pins the calling thread to [`LOAD_CPU`] (best effort).
+pub fn pin_to_load_cpu() {
+    pin_this_thread(LOAD_CPU);
+}
+
 /// Starts the server: one pinned worker, tenants `(name, weight)` with hosts `NAME.test`,
 /// synthetic endpoints on, and `files` `(name, bytes)` in the shared docroot.
 pub fn start(

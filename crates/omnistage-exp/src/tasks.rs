@@ -185,15 +185,7 @@ impl Drop for Server {
     }
 }
 
-fn pin_this_thread(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it, and
-    // sched_setaffinity reads it for the calling thread (pid 0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
+use super::harness::pin_this_thread;
 
 fn start_omnistage(iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
     let mut b = Runtime::builder()

@@ -207,16 +207,7 @@ impl Rng {
     }
 }
 
-pub(super) fn pin_to_load_cpu() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: the cpu_set_t is a local zeroed value set with CPU_SET before use; the call
-    // reads it and changes only this thread's affinity.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(crate::harness::LOAD_CPU, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
+pub(super) use crate::harness::pin_to_load_cpu;
 
 /// The share load: one keep-alive connection of burn requests to tenant `t`.
 pub(super) fn share_client(sh: &Shared, t: usize) {
