@@ -908,10 +908,16 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             earlier.join(", ")
         )
     };
+    // Each share verdict recomputed from the raw counts in the JSON just written; a
+    // disagreement is listed in the index (and is a bug in the experiment that wrote it).
+    let rechecked = match super::recheck::check_dir(&a.out) {
+        Ok(rows) => super::recheck::markdown(&rows),
+        Err(e) => format!("\n## Verdicts recomputed from the clients' numbers\n\nfailed: {e}\n"),
+    };
     let md = format!(
         "# Results\n\nWritten by `omnistage exp all --out {}` in {:.0} s on **{}**.{partial} One row per experiment; numbers are read from each \
          experiment's JSON beside this file; each experiment's page (`.md`) has its tables and chart (`.svg`).\n\n\
-         | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}{shortfalls}",
+         | experiment | command | seed figure | seed's number | ours | peer | goal met |\n|---|---|---|---|---|---|---|\n{rows}{shortfalls}{rechecked}",
         a.out.display(), t_all.elapsed().as_secs_f64(), machine()
     );
     let p = a.out.join("README.md");

@@ -60,6 +60,8 @@ struct Phase {
     client_share_ratio: Option<f64>,
     client_ratio_error: Option<f64>,
     client_completions_min: Option<u64>,
+    /// The clients' completions (A, B) over the phase (weighted phases), for `exp recheck`.
+    client_completions: Option<(u64, u64)>,
     /// Strict priority: B's share while A was backlogged, and while it was not (the ledger's
     /// charged CPU in its 250 ms windows).
     b_share_while_a_loaded: Option<f64>,
@@ -70,6 +72,8 @@ struct Phase {
     client_b_share_while_a_idle: Option<f64>,
     /// The clients' completions (A and B together) in those spans: (loaded, idle).
     client_completions_priority: Option<(u64, u64)>,
+    /// The same per tenant: ((A, B) while A was loaded, (A, B) while it was idle).
+    client_completions_by_tenant: Option<((u64, u64), (u64, u64))>,
     goal_met: bool,
 }
 
@@ -286,11 +290,13 @@ fn phase(
         client_share_ratio: client_ratio,
         client_ratio_error: client_ratio_err,
         client_completions_min: client.map(|(a, b)| a.min(b)),
+        client_completions: client,
         b_share_while_a_loaded: b_in,
         b_share_while_a_idle: b_out,
         client_b_share_while_a_loaded: client_b_in,
         client_b_share_while_a_idle: client_b_out,
         client_completions_priority: client_priority.map(|(l, i)| (l.0 + l.1, i.0 + i.1)),
+        client_completions_by_tenant: client_priority,
         goal_met,
     })
 }

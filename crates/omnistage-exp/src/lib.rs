@@ -22,6 +22,7 @@ pub(crate) mod nginx;
 mod overhead;
 mod priority;
 mod proxy_vs_nginx;
+mod recheck;
 pub(crate) mod report;
 mod rounds;
 mod sched_cost;
@@ -96,6 +97,8 @@ enum Which {
     Tls(tls::TlsArgs),
     /// `omnistage serve` for --minutes under mixed load and faults: no panic, 500 or wrong byte; RSS and descriptors flat; shares in the quiet windows.
     Soak(soak::SoakArgs),
+    /// Recomputes each share experiment's verdict from the raw counts in its JSON (--dir).
+    Recheck(recheck::RecheckArgs),
     /// Runs every experiment briefly, writing JSON, pages, charts and README.md into --out.
     All(all::AllArgs),
 }
@@ -125,6 +128,7 @@ pub fn run(args: ExpArgs) -> Result<(), String> {
         Which::Tasks(a) => tasks::run(a),
         Which::Tls(a) => tls::run(a),
         Which::Soak(a) => soak::run(a),
+        Which::Recheck(a) => recheck::run(a),
         Which::All(a) => all::run(a),
     }
 }

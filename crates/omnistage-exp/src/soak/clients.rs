@@ -32,7 +32,9 @@ pub(super) struct Stats {
     pub(super) wrong_bytes: AtomicU64,
     pub(super) status_500: AtomicU64,
     pub(super) status_503: AtomicU64,
-    pub(super) errors: Mutex<BTreeMap<&'static str, u64>>,
+    /// Client errors by (kind, client, phase): which client saw it and when says whether it
+    /// is a fault the soak injected or a server bug.
+    pub(super) errors: Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
     pub(super) examples: Mutex<Vec<String>>,
     pub(super) share_judged: [AtomicU64; 3],
     pub(super) fresh_max_us: AtomicU64,
@@ -43,8 +45,18 @@ pub(super) struct Stats {
 }
 
 impl Stats {
-    pub(super) fn error(&self, kind: &'static str) {
-        *self.errors.lock().expect("stats").entry(kind).or_default() += 1;
+    pub(super) fn error(&self, kind: &'static str, client: &'static str, phase: u8) {
+        let phase = match phase {
+            BURST => "burst",
+            SETTLE => "settle",
+            _ => "judged",
+        };
+        *self
+            .errors
+            .lock()
+            .expect("stats")
+            .entry((kind, client, phase))
+            .or_default() += 1;
     }
     pub(super) fn errors_total(&self) -> u64 {
         self.errors.lock().expect("stats").values().sum()
@@ -56,7 +68,14 @@ impl Stats {
         }
     }
     /// Checks one answer to a correct request.
-    pub(super) fn check(&self, what: &str, r: &Resp, status: u16, body: &[u8]) -> bool {
+    pub(super) fn check(
+        &self,
+        what: &'static str,
+        phase: u8,
+        r: &Resp,
+        status: u16,
+        body: &[u8],
+    ) -> bool {
         match r.status {
             500 => {
                 self.status_500.fetch_add(1, Ordering::Relaxed);
@@ -68,7 +87,7 @@ impl Stats {
                 false
             }
             s if s != status => {
-                self.error("unexpected_status");
+                self.error("unexpected_status", what, phase);
                 self.example(format!("{s} for {what} (want {status})"));
                 false
             }
@@ -108,6 +127,18 @@ impl Shared {
             std::thread::sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// Checks one answer to a correct request (see [`Stats::check`]) in the current phase.
+    fn check(&self, what: &'static str, r: &Resp, status: u16, body: &[u8]) -> bool {
+        self.stats
+            .check(what, self.phase.load(Ordering::Relaxed), r, status, body)
+    }
+
+    /// Counts a client error of `kind` seen by `client` in the current phase.
+    fn error(&self, kind: &'static str, client: &'static str) {
+        self.stats
+            .error(kind, client, self.phase.load(Ordering::Relaxed));
     }
 }
 
@@ -215,7 +246,7 @@ pub(super) fn share_client(sh: &Shared, t: usize) {
     let req = request(TENANTS[t].0, &format!("/_burn?us={BURN_US}"), "");
     while !sh.stop.load(Ordering::Relaxed) {
         let Ok(mut s) = connect(sh.addr) else {
-            sh.stats.error("connect");
+            sh.error("connect", "burn");
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
@@ -227,7 +258,7 @@ pub(super) fn share_client(sh: &Shared, t: usize) {
             match r {
                 Ok(r) => {
                     let judged = sh.phase.load(Ordering::Relaxed) == JUDGED;
-                    if sh.stats.check("burn", &r, 200, BURN_BODY) && judged {
+                    if sh.check("burn", &r, 200, BURN_BODY) && judged {
                         sh.stats.share_judged[t].fetch_add(1, Ordering::Relaxed);
                     }
                     if r.close {
@@ -235,7 +266,7 @@ pub(super) fn share_client(sh: &Shared, t: usize) {
                     }
                 }
                 Err(e) => {
-                    sh.stats.error(io_kind(&e));
+                    sh.error(io_kind(&e), "burn");
                     break;
                 }
             }
@@ -286,14 +317,14 @@ pub(super) fn mixed_client(sh: &Shared, t: usize) {
             ),
         };
         let Ok(mut s) = connect(sh.addr) else {
-            sh.stats.error("connect");
+            sh.error("connect", "mixed");
             continue;
         };
         let mut buf = Vec::new();
         let mut answers = want.iter();
         'conn: for r in &reqs {
             if let Err(e) = s.write_all(r.as_bytes()) {
-                sh.stats.error(io_kind(&e));
+                sh.error(io_kind(&e), "mixed");
                 break;
             }
             // A write holds one request, or all the pipelined ones.
@@ -304,10 +335,10 @@ pub(super) fn mixed_client(sh: &Shared, t: usize) {
                 };
                 match read_response(&mut s, &mut buf) {
                     Ok(resp) => {
-                        sh.stats.check("mixed", &resp, status, body);
+                        sh.check("mixed", &resp, status, body);
                     }
                     Err(e) => {
-                        sh.stats.error(io_kind(&e));
+                        sh.error(io_kind(&e), "mixed");
                         break 'conn;
                     }
                 }
@@ -352,7 +383,7 @@ pub(super) fn fault_client(sh: &Shared) {
     while sh.next_burst_round() {
         round += 1;
         let Ok(mut s) = connect(sh.addr) else {
-            sh.stats.error("connect");
+            sh.error("connect", "fault");
             continue;
         };
         let host = TENANTS[round % 3].0;
@@ -377,9 +408,9 @@ pub(super) fn fault_client(sh: &Shared) {
                     .and_then(|()| read_response(&mut s, &mut Vec::new()));
                 match r {
                     Ok(r) => {
-                        sh.stats.check("half-closed", &r, 200, &sh.small);
+                        sh.check("half-closed", &r, 200, &sh.small);
                     }
-                    Err(e) => sh.stats.error(io_kind(&e)),
+                    Err(e) => sh.error(io_kind(&e), "fault"),
                 }
             }
             _ => {
@@ -447,10 +478,10 @@ pub(super) fn fresh_client(sh: &Shared) {
             read_response(&mut s, &mut Vec::new())
         });
         let us = match r {
-            Ok(r) if sh.stats.check("fresh", &r, 200, &sh.small) => t0.elapsed().as_micros(),
+            Ok(r) if sh.check("fresh", &r, 200, &sh.small) => t0.elapsed().as_micros(),
             Ok(_) => IO_TIMEOUT.as_micros(),
             Err(e) => {
-                sh.stats.error(io_kind(&e));
+                sh.error(io_kind(&e), "fresh");
                 IO_TIMEOUT.as_micros()
             }
         };

@@ -584,7 +584,7 @@ fn soak(
         .lock()
         .expect("stats")
         .iter()
-        .map(|(k, v)| (k.to_string(), *v))
+        .map(|((kind, client, phase), v)| (format!("{kind} ({client} client, {phase})"), *v))
         .collect();
     let examples = st.examples.lock().expect("stats").clone();
     Ok(SoakResult {
