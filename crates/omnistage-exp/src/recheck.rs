@@ -162,8 +162,11 @@ fn recheck_isolation(j: &Value) -> Result<(bool, String), String> {
     Ok((all_met, detail.join("; ")))
 }
 
+/// Recomputes one experiment's verdict from its JSON: (met, what it was computed from).
+type RecheckFn = fn(&Value) -> Result<(bool, String), String>;
+
 /// The share experiments `exp all` writes, with how each is rechecked.
-fn rechecks() -> [(&'static str, fn(&Value) -> Result<(bool, String), String>); 6] {
+fn rechecks() -> [(&'static str, RecheckFn); 6] {
     [
         ("cpu-share", |j| recheck_rows(j, "activities", "completed")),
         ("cross-core", |j| recheck_rows(j, "activities", "completed")),
