@@ -216,7 +216,8 @@ struct Phase {
     victim_rate_per_s: f64,
     victim: Victim,
     adversary: Option<Adversary>,
-    /// attacked p99 / alone p99 of the same server.
+    /// attacked p99 / alone p99 of the same server; None when either phase's victim got no
+    /// answer at all (a p99 of nothing is not 0 ms, and the ratio would read as a win).
     p99_ratio: Option<f64>,
     /// The victim's clients' own windows of the measured window ([`VICTIM_WINDOW_MS`] each,
     /// the load generator's `--window-ms`), and the largest p99 among them.
@@ -272,6 +273,10 @@ struct Report {
     /// omnistage's victim p99 under the combined attack / alone.
     omnistage_p99_ratio: Option<f64>,
     nginx_p99_ratio: Option<f64>,
+    /// Rounds in which each server's victim got no answer at all under the combined attack
+    /// (no ratio then: it is a miss, not a 0×).
+    omnistage_victim_unanswered_rounds: usize,
+    nginx_victim_unanswered_rounds: usize,
     /// omnistage_p99_ratio ≤ 1.5 and the victim had no errors under attack.
     goal_met: Option<bool>,
     /// Under the combined attack (median over rounds), the larger of the worker's dispatch and
@@ -847,10 +852,25 @@ fn run_server(
         }
     }
     let alone = out[0].victim.p99_ms;
+    let alone_answered = out[0].victim.req_per_s > 0.0;
     for p in out.iter_mut().skip(1) {
-        p.p99_ratio = (alone > 0.0).then(|| p.victim.p99_ms / alone);
+        p.p99_ratio = attacked_ratio(alone_answered, alone, &p.victim);
     }
     Ok(out)
+}
+
+/// The victim's attacked/alone p99 ratio, or None when a phase's victim got no answers.
+fn attacked_ratio(alone_answered: bool, alone_p99_ms: f64, attacked: &Victim) -> Option<f64> {
+    (alone_answered && alone_p99_ms > 0.0 && attacked.req_per_s > 0.0)
+        .then(|| attacked.p99_ms / alone_p99_ms)
+}
+
+/// Rounds in which `server`'s victim got no answer at all under the combined attack.
+fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
+    phases
+        .iter()
+        .filter(|p| p.server == server && p.phase == "all" && p.victim.req_per_s <= 0.0)
+        .count()
 }
 
 fn omnistage_toml(root: &Path, victim_weight: u32) -> (String, String) {
@@ -1082,7 +1102,14 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         .filter(|p| p.server == "omnistage" && p.phase == "all")
         .map(|p| p.victim.errors)
         .sum();
-    let goal_met = omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0);
+    let omnistage_victim_unanswered_rounds = unanswered_rounds(&phases, "omnistage");
+    let nginx_victim_unanswered_rounds = unanswered_rounds(&phases, "nginx");
+    // A victim with no answer at all in some round is a miss, whatever the other rounds' ratio.
+    let goal_met = if omnistage_victim_unanswered_rounds > 0 {
+        Some(false)
+    } else {
+        omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0)
+    };
     let stretch_p99_us = {
         let v: Vec<f64> = phases
             .iter()
@@ -1125,6 +1152,8 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         fd_note,
         omnistage_p99_ratio,
         nginx_p99_ratio,
+        omnistage_victim_unanswered_rounds,
+        nginx_victim_unanswered_rounds,
         goal_met,
         stretch_p99_us,
         stretch_goal_met: stretch_p99_us.map(|v| v <= STRETCH_P99_GOAL_US),
@@ -1253,11 +1282,32 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         (Some(x), _) => format!(
             "**Goal not met**: omnistage's victim p99 under the combined attack is {x:.2}× its p99 alone (goal ≤ 1.5×, and no victim errors)."
         ),
+        (_, Some(false)) => format!(
+            "**Goal not met**: omnistage's victim got no answer at all under the combined attack in {} of {} rounds.",
+            r.omnistage_victim_unanswered_rounds, r.repeats
+        ),
         _ => "Goal not judged: no p99 alone to compare with.".into(),
     };
+    let unanswered = |n: usize| {
+        if n > 0 {
+            format!(
+                " In {n} of {} rounds its victim got no answer at all under the attack (a miss, not a ratio).",
+                r.repeats
+            )
+        } else {
+            String::new()
+        }
+    };
     let peer = match (r.nginx_p99_ratio, &r.nginx_note) {
-        (Some(x), _) => format!("nginx under the same attack: {x:.2}× its p99 alone."),
+        (Some(x), _) => format!(
+            "nginx under the same attack: {x:.2}× its p99 alone.{}",
+            unanswered(r.nginx_victim_unanswered_rounds)
+        ),
         (None, Some(n)) => format!("nginx not measured: {n}."),
+        (None, None) if r.nginx_victim_unanswered_rounds > 0 => format!(
+            "nginx under the same attack: no ratio.{}",
+            unanswered(r.nginx_victim_unanswered_rounds)
+        ),
         _ => String::new(),
     };
     let noise = match r.runqueue_fraction_max {
@@ -1415,6 +1465,26 @@ mod tests {
         Cli::try_parse_from(std::iter::once("adversary").chain(extra.iter().copied()))
             .expect("parses")
             .a
+    }
+
+    fn victim(req_per_s: f64, p99_ms: f64) -> Victim {
+        Victim {
+            req_per_s,
+            p50_ms: p99_ms / 2.0,
+            p99_ms,
+            max_ms: p99_ms,
+            errors: 0,
+            errors_by_kind: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_victim_without_answers_has_no_ratio() {
+        assert_eq!(attacked_ratio(true, 2.0, &victim(100.0, 3.0)), Some(1.5));
+        // nginx's victim completed nothing under the combined attack: its p99 reads 0 ms,
+        // which must not become a 0.00× "win".
+        assert_eq!(attacked_ratio(true, 2.0, &victim(0.0, 0.0)), None);
+        assert_eq!(attacked_ratio(false, 0.0, &victim(100.0, 3.0)), None);
     }
 
     #[test]

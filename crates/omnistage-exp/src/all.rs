@@ -417,15 +417,20 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                     j["verdicts"]
                         .as_array()
                         .and_then(|v| v.iter().find(|x| x["server"] == name))
-                        .map(|x| {
-                            format!(
-                                "{name}: a p99 {:.1} → {:.1} ms ({:.2}×), a errors {}, backend in flight {:.1}",
+                        .map(|x| match x["p99_ratio"].as_f64() {
+                            Some(r) => format!(
+                                "{name}: a p99 {:.1} → {:.1} ms ({r:.2}×), a errors {}, backend in flight {:.1}",
                                 f(x, "/a_p99_alone_ms"),
                                 f(x, "/a_p99_flood_ms"),
-                                f(x, "/p99_ratio"),
                                 x["a_errors"],
                                 f(x, "/backend_in_flight_mean")
-                            )
+                            ),
+                            None => format!(
+                                "{name}: a p99 {:.1} ms alone, no answers while b floods ({} errors), backend in flight {:.1}",
+                                f(x, "/a_p99_alone_ms"),
+                                x["a_errors"],
+                                f(x, "/backend_in_flight_mean")
+                            ),
                         })
                         .unwrap_or_else(|| format!("{name}: not run"))
                 };
@@ -737,10 +742,14 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                             p99("nginx", "alone"),
                             p99("nginx", "all")
                         ),
-                        None => format!(
-                            "nginx not run: {}",
-                            j["nginx_note"].as_str().unwrap_or("not installed")
-                        ),
+                        None => match j["nginx_note"].as_str() {
+                            Some(n) => format!("nginx not run: {n}"),
+                            None => format!(
+                                "nginx {:.2} ms alone; its victim got no answer attacked in {} round(s)",
+                                p99("nginx", "alone"),
+                                j["nginx_victim_unanswered_rounds"]
+                            ),
+                        },
                     }),
                     j["goal_met"].as_bool(),
                 )

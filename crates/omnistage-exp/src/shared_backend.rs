@@ -83,8 +83,10 @@ struct Row {
 struct Verdict {
     server: &'static str,
     a_p99_alone_ms: f64,
-    a_p99_flood_ms: f64,
-    p99_ratio: f64,
+    /// None when a got no answer at all while b flooded (every request refused or failed).
+    a_p99_flood_ms: Option<f64>,
+    /// None then too: a p99 of nothing is not 0 ms, and the ratio would read as a win.
+    p99_ratio: Option<f64>,
     a_errors: u64,
     backend_in_flight_mean: f64,
     goal_met: bool,
@@ -250,11 +252,9 @@ fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
         let p_flood = med(&flood, |r| r.a_p99_ms);
         let busy = med(&flood, |r| r.backend_in_flight_mean);
         let a_errors: u64 = alone.iter().chain(&flood).map(|r| r.a_errors).sum();
-        let ratio = if p_alone > 0.0 {
-            p_flood / p_alone
-        } else {
-            f64::INFINITY
-        };
+        let answered = |v: &[&Row]| v.iter().any(|r| r.a_req_per_s > 0.0);
+        let p_flood = answered(&flood).then_some(p_flood);
+        let ratio = flood_ratio(answered(&alone).then_some(p_alone), p_flood);
         verdicts.push(Verdict {
             server,
             a_p99_alone_ms: p_alone,
@@ -262,7 +262,7 @@ fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
             p99_ratio: ratio,
             a_errors,
             backend_in_flight_mean: busy,
-            goal_met: ratio <= GOAL_P99_RATIO
+            goal_met: ratio.is_some_and(|r| r <= GOAL_P99_RATIO)
                 && a_errors == 0
                 && busy >= GOAL_BUSY_FRACTION * SLOTS as f64,
         });
@@ -286,6 +286,14 @@ fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
         nginx_note,
         goal_met,
     })
+}
+
+/// a's p99 while b floods over its p99 alone; None when a got no answer in either phase.
+fn flood_ratio(p99_alone_ms: Option<f64>, p99_flood_ms: Option<f64>) -> Option<f64> {
+    match (p99_alone_ms, p99_flood_ms) {
+        (Some(alone), Some(flood)) if alone > 0.0 => Some(flood / alone),
+        _ => None,
+    }
 }
 
 fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
@@ -335,8 +343,12 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
         s.row(vec![
             v.server.into(),
             format!("{:.1}", v.a_p99_alone_ms),
-            format!("{:.1}", v.a_p99_flood_ms),
-            format!("{:.2}", v.p99_ratio),
+            v.a_p99_flood_ms
+                .map_or("no answers".into(), |x| format!("{x:.1}")),
+            v.p99_ratio.map_or(
+                format!("— (a got no answers: {} errors)", v.a_errors),
+                |x| format!("{x:.2}"),
+            ),
             v.a_errors.to_string(),
             format!("{:.1}", v.backend_in_flight_mean),
             if v.goal_met { "yes" } else { "no" }.into(),
@@ -414,10 +426,29 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
                     ),
                     (
                         "b floods".into(),
-                        report.verdicts.iter().map(|v| v.a_p99_flood_ms).collect(),
+                        report
+                            .verdicts
+                            .iter()
+                            .map(|v| v.a_p99_flood_ms.unwrap_or(0.0))
+                            .collect(),
                     ),
                 ],
             )
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flood_ratio;
+
+    #[test]
+    fn no_answers_is_no_ratio() {
+        assert_eq!(flood_ratio(Some(20.0), Some(30.0)), Some(1.5));
+        // nginx max_conns answering every one of a's requests 502: no p99, no ratio (it read
+        // 0.00× before, as if a had been served instantly).
+        assert_eq!(flood_ratio(Some(20.0), None), None);
+        assert_eq!(flood_ratio(None, Some(30.0)), None);
+        assert_eq!(flood_ratio(Some(0.0), Some(30.0)), None);
+    }
 }
