@@ -626,6 +626,7 @@ fn cap_spec(c: &CapChange) -> Result<ShaperSpec, Response> {
             ShaperKind::Token => ((rate * burst_ms / 1e3) as u64).max(1),
             ShaperKind::Leaky => 0,
         },
+        grain: 0,
     })
 }
 

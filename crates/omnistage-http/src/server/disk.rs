@@ -93,6 +93,7 @@ impl DiskPool {
                 kind: ShaperKind::Token,
                 rate_per_s: rate,
                 burst: (rate / 100).max(FLOW_CHUNK_BYTES as u64),
+                grain: 0,
             };
             tree.set_shaper(disk, Some(spec), 0)
                 .expect("validated by the config");
@@ -305,6 +306,7 @@ pub(super) fn submit_read(
             kind: cap_kind(t.cap_kind),
             rate_per_s: r,
             burst: (r / 100).max(FLOW_CHUNK_BYTES as u64),
+            grain: 0,
         }),
         file: read.file,
         offset: read.offset,

@@ -115,9 +115,10 @@ struct Sent {
     pub(super) waiting: bool,
 }
 
-/// Writes up to one quantum of a connection's pending output (response heads, then body
-/// chunks under the credit window).
-fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
+/// Writes up to `max_bytes` (at most one quantum) of a connection's pending output (response
+/// heads, then body chunks under the credit window).
+fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, max_bytes: usize) -> Sent {
+    debug_assert!((1..=SEND_QUANTUM_BYTES).contains(&max_bytes));
     let pool = cs.shared.disk.get().cloned();
     let mut sent = Sent {
         bytes: 0,
@@ -130,9 +131,9 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Sent {
         sent.failed = true;
         return sent;
     };
-    while sent.bytes < SEND_QUANTUM_BYTES {
+    while sent.bytes < max_bytes {
         if !c.out.is_empty() {
-            match c.write_out(SEND_QUANTUM_BYTES - sent.bytes) {
+            match c.write_out(max_bytes - sent.bytes) {
                 Ok(0) => {
                     sent.failed = true;
                     break;
@@ -268,7 +269,15 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
                     }
                 },
             };
-            let sent = send_some(ctx, cs, key);
+            // A shaped tenant (or link) takes no more than its bucket holds, so a leaky bucket
+            // is never in debt by a whole quantum (at least one byte: the pick was eligible).
+            let max_bytes = ss
+                .tree
+                .shaped_room(leaf, now)
+                .map_or(SEND_QUANTUM_BYTES, |r| {
+                    (r.min(SEND_QUANTUM_BYTES as u64) as usize).max(1)
+                });
+            let sent = send_some(ctx, cs, key, max_bytes);
             let still = sent.more && !sent.blocked && !sent.failed && !sent.waiting;
             let remaining = match cs.conn(key) {
                 Some(c) if ordered && still => remaining_bytes(c),

@@ -101,8 +101,21 @@ pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
         rate_per_s,
         // 10 ms of the rate, at least one quantum (a smaller bucket could never admit a write).
         burst: (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64),
+        // A leaky bucket sends in grains of 1 ms of its rate (at most a quantum, at least
+        // 1 KiB): the send stage writes no more than the bucket holds, so no 100 ms window
+        // carries more than the rate and one grain, and the tenant is woken ≤ ~1,000 times/s.
+        grain: match kind {
+            ShaperKind::Leaky => (rate_per_s / LEAKY_GRAINS_PER_S)
+                .clamp(LEAKY_GRAIN_MIN_BYTES, SEND_QUANTUM_BYTES as u64),
+            ShaperKind::Token => 0,
+        },
     }
 }
+
+/// A leaky-capped tenant's bytes go out in grains of `rate / LEAKY_GRAINS_PER_S`...
+const LEAKY_GRAINS_PER_S: u64 = 1000;
+/// ...and at least this many bytes (a smaller write costs more in syscalls than it smooths).
+const LEAKY_GRAIN_MIN_BYTES: u64 = 1024;
 
 impl SendSched {
     /// A scheduler with only the link node (bytes as costs) and no tenants yet.

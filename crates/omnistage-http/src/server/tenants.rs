@@ -92,6 +92,7 @@ fn shaper_of(rate_per_s: Option<f64>, kind: ShaperKind) -> Option<ShaperSpec> {
         rate_per_s: r.max(1.0) as u64,
         // A token bucket may burst 10 ms of its rate.
         burst: (r / 100.0).max(1.0) as u64,
+        grain: 0,
     })
 }
 

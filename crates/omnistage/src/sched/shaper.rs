@@ -36,6 +36,14 @@ pub struct ShaperSpec {
     pub rate_per_s: u64,
     /// Bucket depth in cost units (token bucket only).
     pub burst: u64,
+    /// Leaky bucket only: it admits work once it holds this many units (0: any positive
+    /// balance), at most what it may bank while backlogged. A caller that knows its cost in
+    /// advance and takes no more than [`Shaper::available`] then never goes into debt and sends
+    /// in grains of this size: over any window `T` at most `rate * T + grain` (plus the catch-up
+    /// allowance after a late wake-up), instead of `rate * T + c_max` with a debt of one whole
+    /// chunk. The grain bounds how often the node is woken: about `rate / grain` times a second.
+    #[serde(default)]
+    pub grain: u64,
 }
 
 /// Largest rate accepted: 2^40 units/s (about 1 TB/s or 1,100 cores of CPU-ns/s).
@@ -49,6 +57,7 @@ impl ShaperSpec {
             kind: ShaperKind::Token,
             rate_per_s,
             burst,
+            grain: 0,
         }
     }
     pub fn leaky(rate_per_s: u64) -> Self {
@@ -56,13 +65,24 @@ impl ShaperSpec {
             kind: ShaperKind::Leaky,
             rate_per_s,
             burst: 0,
+            grain: 0,
         }
+    }
+    /// The same leaky bucket admitting work in grains of `grain` units (see [`ShaperSpec::grain`]).
+    pub fn with_grain(self, grain: u64) -> Self {
+        ShaperSpec { grain, ..self }
     }
     pub fn validate(&self) -> Result<(), String> {
         if self.rate_per_s == 0 || self.rate_per_s > RATE_MAX_PER_S {
             return Err(format!(
                 "shaper rate must be in 1..={RATE_MAX_PER_S} units/s, got {}",
                 self.rate_per_s
+            ));
+        }
+        if self.grain > BURST_MAX {
+            return Err(format!(
+                "shaper grain must be at most {BURST_MAX} units, got {}",
+                self.grain
             ));
         }
         if self.burst > BURST_MAX {
@@ -192,12 +212,20 @@ impl Shaper {
     pub fn eligible_at(&mut self, now_ns: u64) -> u64 {
         self.refill(now_ns);
         self.idle = false;
-        if self.balance > 0 {
+        // What the bucket must hold to admit work: one unit-ns, or a leaky bucket's grain (never
+        // more than it may bank, or it would never admit anything).
+        let need = match self.spec.kind {
+            ShaperKind::Leaky if self.spec.grain > 0 => {
+                (i128::from(self.spec.grain) * NS_PER_S).min(self.depth())
+            }
+            _ => 1,
+        };
+        if self.balance >= need {
             return now_ns;
         }
-        let debt = -self.balance + 1;
+        let short = need - self.balance;
         let rate = i128::from(self.spec.rate_per_s);
-        let wait = (debt + rate - 1) / rate;
+        let wait = (short + rate - 1) / rate;
         now_ns.saturating_add(wait.min(i128::from(u64::MAX)) as u64)
     }
 
@@ -395,6 +423,35 @@ mod tests {
         assert_eq!(s.eligible_at(t2), t2);
         s.charge(1, t2);
         assert_eq!(s.eligible_at(t2), t2 + 1_000);
+    }
+
+    #[test]
+    fn leaky_grain_admits_whole_grains_and_never_goes_into_debt() {
+        // 1,000,000 units/s (1 per µs), grain 1,000 units (1 ms of the rate).
+        const MS: u64 = 1_000_000;
+        let mut s = Shaper::new(ShaperSpec::leaky(1_000_000).with_grain(1000), 0);
+        // Idle, it holds nothing: the first grain is admitted after 1 ms.
+        assert_eq!(s.eligible_at(0), MS);
+        // A caller taking exactly what is available, each time the bucket admits it, for 100 ms
+        // of backlog woken on time: 100 grains, never a debt, never more than the rate.
+        let (mut now, mut sent) = (0u64, 0u64);
+        while now < 100 * MS {
+            now = s.eligible_at(now);
+            let take = s.available(now);
+            assert!(take >= 1000, "a whole grain at {now}: {take}");
+            s.charge(take, now);
+            sent += take;
+            assert!(s.state().0 >= 0, "never in debt");
+            assert!(sent <= now / 1000 + 1000, "sent {sent} by {now} ns");
+        }
+        assert_eq!(sent, 100_000);
+        // A grain larger than what the bucket may bank is cut to it (it would never admit).
+        let mut big = Shaper::new(ShaperSpec::leaky(1000).with_grain(1 << 30), 0);
+        assert!(big.eligible_at(0) <= LEAKY_CATCH_UP_NS + 1);
+        assert!(ShaperSpec::leaky(1)
+            .with_grain(BURST_MAX + 1)
+            .validate()
+            .is_err());
     }
 
     #[test]

@@ -211,6 +211,23 @@ impl Tree {
             .unwrap_or_default())
     }
 
+    /// The least any shaper on the path from `leaf` to the root holds at `now_ns`, in whole
+    /// units (None when no node on the path is shaped): what a caller that knows its cost in
+    /// advance may spend on the leaf just picked without putting a bucket into debt.
+    pub fn shaped_room(&mut self, leaf: NodeId, now_ns: u64) -> Option<u64> {
+        let mut room: Option<u64> = None;
+        let mut id = Some(leaf);
+        // Bounded by the tree's depth: each step goes to a parent.
+        while let Some(n) = id.and_then(|i| self.nodes.get_mut(i as usize)?.as_mut()) {
+            if let Some(shaper) = &mut n.shaper {
+                let a = shaper.available(now_ns);
+                room = Some(room.map_or(a, |r| r.min(a)));
+            }
+            id = n.parent;
+        }
+        room
+    }
+
     pub fn params(&self, id: NodeId) -> Result<&ClientParams, TreeError> {
         self.node(id)?;
         Ok(&self.params[id as usize])
@@ -703,5 +720,51 @@ mod layout {
     #[test]
     fn a_node_fits_a_cache_line() {
         assert!(std::mem::size_of::<Option<super::Node>>() <= 64);
+    }
+}
+
+#[cfg(test)]
+mod shaped_room {
+    use super::*;
+    use crate::sched::ClientParams;
+
+    #[test]
+    fn the_least_room_on_the_path() {
+        let mut t = Tree::new(PolicyKind::Sfq);
+        t.set_min_cost(1);
+        let root = t.root();
+        let link = t
+            .add_interior(root, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let tenant = t
+            .add_interior(link, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let leaf = t.add_leaf(tenant, ClientParams::default()).unwrap();
+        assert_eq!(t.shaped_room(leaf, 0), None, "nothing shaped");
+        // Link: a token bucket of 10,000 units; tenant: a leaky bucket of 1,000,000 units/s in
+        // grains of 100 (within the 5,000 it may bank while backlogged).
+        t.set_shaper(link, Some(ShaperSpec::token(1_000_000, 10_000)), 0)
+            .unwrap();
+        t.set_shaper(
+            tenant,
+            Some(ShaperSpec::leaky(1_000_000).with_grain(100)),
+            0,
+        )
+        .unwrap();
+        t.leaf_ready(leaf, 0);
+        assert_eq!(
+            t.pick(0),
+            None,
+            "the leaky bucket waits for its first grain"
+        );
+        let at = 100_000; // 100 units at 1,000,000/s
+        assert_eq!(t.pick(at), Some(leaf));
+        assert_eq!(
+            t.shaped_room(leaf, at),
+            Some(100),
+            "the tenant's grain, not the link's 10,000"
+        );
+        t.charge(leaf, 100, true, at);
+        assert_eq!(t.shaped_room(leaf, at), Some(0));
     }
 }
