@@ -563,7 +563,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             ours: |j| {
                 (
                     format!(
-                        "clients: token slope {:.3} R² {:.4}, leaky slope {:.3} R² {:.4}; ledger: token slope {:.3} R² {:.4}, leaky slope {:.3} R² {:.4}; leaky max 100 ms window {:.3}× rate",
+                        "clients: token slope {:.3} R² {:.4}, leaky slope {:.3} R² {:.4}; ledger: token slope {:.3} R² {:.4}, leaky slope {:.3} R² {:.4}; leaky max 100 ms window {:.3}× rate (clients' windows {:.3}×)",
                         f(j, "/fits/0/client_slope"),
                         f(j, "/fits/0/client_r2"),
                         f(j, "/fits/1/client_slope"),
@@ -572,7 +572,8 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                         f(j, "/fits/0/r2"),
                         f(j, "/fits/1/slope"),
                         f(j, "/fits/1/r2"),
-                        f(j, "/fits/1/max_window_ratio")
+                        f(j, "/fits/1/max_window_ratio"),
+                        f(j, "/fits/1/client_max_window_ratio")
                     ),
                     None,
                     j["goal_met"].as_bool(),

@@ -286,6 +286,16 @@ impl<'r, 'p> Worker<'r, 'p> {
         })
     }
 
+    /// The window `now` falls in, when the run has windows (bounded: `plan` caps the windows
+    /// and `now` is inside the measured window).
+    fn window_of(&self, now: Instant) -> Option<usize> {
+        self.run.plan.window.map(|w| {
+            (now.saturating_duration_since(self.run.measure_start)
+                .as_nanos()
+                / w.as_nanos().max(1)) as usize
+        })
+    }
+
     fn stats(&mut self, tenant: usize) -> &mut TenantStats {
         self.stats[tenant]
             .as_mut()
@@ -573,7 +583,12 @@ impl<'r, 'p> Worker<'r, 'p> {
                 Ok(n) => {
                     if self.run.measured(now) {
                         let tenant = self.conns[idx].tenant;
-                        self.stats(tenant).received_bytes += n as u64;
+                        let window = self.window_of(now);
+                        let st = self.stats(tenant);
+                        st.received_bytes += n as u64;
+                        if let Some(w) = window {
+                            st.window(w).received_bytes += n as u64;
+                        }
                     }
                     self.on_bytes(idx, &buf[..n], now)
                 }
@@ -649,12 +664,7 @@ impl<'r, 'p> Worker<'r, 'p> {
             (c.tenant, c.slot, c.due)
         };
         if self.run.measured(now) {
-            // The window this response completed in (bounded: `plan` caps the windows).
-            let window = self.run.plan.window.map(|w| {
-                (now.saturating_duration_since(self.run.measure_start)
-                    .as_nanos()
-                    / w.as_nanos().max(1)) as usize
-            });
+            let window = self.window_of(now);
             let st = self.stats(tenant);
             st.responses += 1;
             st.retry_after += u64::from(resp.retry_after);

@@ -40,6 +40,8 @@ pub struct WindowReport {
     /// Successful responses that completed in the window.
     pub requests: u64,
     pub rejected_503: u64,
+    /// Bytes read from the tenant's sockets in the window, counted as they arrive.
+    pub received_bytes: u64,
     /// Latency quantiles of those responses, ms (`null`: none completed).
     pub p50_ms: Option<f64>,
     pub p90_ms: Option<f64>,
@@ -174,6 +176,7 @@ pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> 
                     index,
                     requests: w.ok,
                     rejected_503: w.rejected_503,
+                    received_bytes: w.received_bytes,
                     p50_ms: q(0.5),
                     p90_ms: q(0.9),
                     p99_ms: q(0.99),

@@ -134,6 +134,8 @@ pub struct WindowStats {
     pub latency_us: Histogram<u64>,
     pub ok: u64,
     pub rejected_503: u64,
+    /// Bytes read in the window, counted as they arrive (see [`TenantStats::received_bytes`]).
+    pub received_bytes: u64,
 }
 
 impl WindowStats {
@@ -141,6 +143,7 @@ impl WindowStats {
         WindowStats {
             latency_us: new_histogram(),
             ok: 0,
+            received_bytes: 0,
             rejected_503: 0,
         }
     }
@@ -208,6 +211,7 @@ impl TenantStats {
                 .expect("histograms share bounds");
             a.ok += b.ok;
             a.rejected_503 += b.rejected_503;
+            a.received_bytes += b.received_bytes;
         }
     }
 

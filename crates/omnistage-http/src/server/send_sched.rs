@@ -105,11 +105,16 @@ pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
         // 1 KiB): the send stage writes no more than the bucket holds, so no 100 ms window
         // carries more than the rate and one grain, and the tenant is woken ≤ ~1,000 times/s.
         grain: match kind {
-            ShaperKind::Leaky => (rate_per_s / LEAKY_GRAINS_PER_S)
-                .clamp(LEAKY_GRAIN_MIN_BYTES, SEND_QUANTUM_BYTES as u64),
+            ShaperKind::Leaky => leaky_grain_bytes(rate_per_s),
             ShaperKind::Token => 0,
         },
     }
+}
+
+/// The grain in which a tenant's leaky `net_cap` of `rate_per_s` sends (see [`bucket`]): what
+/// one 100 ms window may carry beyond the rate.
+pub fn leaky_grain_bytes(rate_per_s: u64) -> u64 {
+    (rate_per_s / LEAKY_GRAINS_PER_S).clamp(LEAKY_GRAIN_MIN_BYTES, SEND_QUANTUM_BYTES as u64)
 }
 
 /// A leaky-capped tenant's bytes go out in grains of `rate / LEAKY_GRAINS_PER_S`...
