@@ -47,7 +47,9 @@
 //! response_timeout_ms = 30000       # 1 ms..=1 h from the request sent until the head: 504
 //! idle_connections_max = 64         # 0..=10,000 keep-alive connections kept per worker
 //! fair = true                       # true: a freed slot goes to the waiting tenants by weight
-//!                                   # (SFQ); false: one FIFO queue for all (a baseline)
+//!                                   # (SFQ), and with 16 or more slots per worker up to 1/16 of
+//!                                   # them stay free for recently active tenants below their
+//!                                   # share; false: one FIFO queue for all (a baseline)
 //!
 //! [[tenant]]                        # at least one, at most 10,000
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>

@@ -325,6 +325,17 @@ impl<W: PartialEq> FairSlots<W> {
         self.grant_next(now_ns)
     }
 
+    /// A slot granted to a waiter whose request had gone (its client left) comes back unused:
+    /// like [`FairSlots::release`], but no sample of the tenant's slot-time (a 0 ns sample would
+    /// pull its estimate toward nothing and win it grants it does not need).
+    pub fn give_back_unused(&mut self, tenant: u32, now_ns: u64) -> Option<(u32, W)> {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(t) = self.tenants.get_mut(&tenant) {
+            t.stats.in_flight = t.stats.in_flight.saturating_sub(1);
+        }
+        self.grant_next(now_ns)
+    }
+
     /// Grants a free slot to the next waiter, if a slot is free and someone waits.
     pub fn grant_next(&mut self, now_ns: u64) -> Option<(u32, W)> {
         if self.in_flight >= self.slots_max {
@@ -628,6 +639,21 @@ mod tests {
         for i in 0..RESERVE_DIV as u64 - 1 {
             assert_eq!(s.acquire(B, 100, i, 100, None, 2), Acquire::Granted);
         }
+    }
+
+    #[test]
+    fn an_unused_slot_is_no_sample() {
+        let mut s = FairSlots::new(1, true);
+        assert_eq!(s.acquire(A, 100, 0, 9, None, 0), Acquire::Granted);
+        assert_eq!(s.acquire(B, 100, 1, 9, None, 0), Acquire::Queued);
+        assert_eq!(s.acquire(B, 100, 2, 9, None, 0), Acquire::Queued);
+        assert_eq!(s.release(A, 5_000_000, 5), Some((B, 1)));
+        let before = s.tenants[&B].cost_ns;
+        // B's waiter 1 had gone: its slot comes back unused and goes to waiter 2.
+        assert_eq!(s.give_back_unused(B, 6), Some((B, 2)));
+        assert_eq!(s.tenants[&B].cost_ns, before, "no 0 ns sample");
+        assert_eq!(s.stats(B).in_flight, 1);
+        assert_eq!(s.in_flight(), 1);
     }
 
     #[test]

@@ -276,7 +276,9 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
             fail(ctx, cs, waiter, 502);
             return;
         }
-        next = cs.proxy.upstreams[p.upstream].slots.release(tenant, 0, now);
+        next = cs.proxy.upstreams[p.upstream]
+            .slots
+            .give_back_unused(tenant, now);
     }
 }
 
