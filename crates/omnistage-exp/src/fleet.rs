@@ -396,6 +396,8 @@ struct FaultsRun {
     reclaim_s: Option<f64>,
     /// Client errors on nodes 1 and 2 other than 503.
     errors_nodes_1_2: u64,
+    /// Those errors by node, tenant and kind (e.g. "node 1 b timeout").
+    errors_by_kind: std::collections::BTreeMap<String, u64>,
     goal_met: bool,
 }
 
@@ -442,14 +444,28 @@ fn faults_run(
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut errors = 0;
+    let mut kinds = std::collections::BTreeMap::<String, u64>::new();
     for (i, h) in loads.into_iter().enumerate() {
         let r = harness::join_load(h)?;
         if i < 2 {
-            errors += r
-                .tenants
-                .iter()
-                .map(|t| harness::errors(t) - t.errors.rejected_503)
-                .sum::<u64>();
+            for t in &r.tenants {
+                errors += harness::errors(t) - t.errors.rejected_503;
+                let e = &t.errors;
+                for (k, n) in [
+                    ("connect", e.connect),
+                    ("reset", e.reset),
+                    ("timeout", e.timeout),
+                    ("4xx", e.http_4xx),
+                    ("5xx", e.http_5xx),
+                    ("parse", e.parse),
+                ] {
+                    if n > 0 {
+                        *kinds
+                            .entry(format!("node {} {} {k}", i + 1, t.name))
+                            .or_default() += n;
+                    }
+                }
+            }
         }
     }
     drop(nodes);
@@ -477,6 +493,7 @@ fn faults_run(
         resync_s,
         reclaim_s,
         errors_nodes_1_2: errors,
+        errors_by_kind: kinds,
     })
 }
 
