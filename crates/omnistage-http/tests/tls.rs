@@ -530,32 +530,40 @@ fn backend(body: Vec<u8>) -> (SocketAddr, std::sync::mpsc::Receiver<String>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let body = std::sync::Arc::new(body);
     std::thread::spawn(move || {
+        // One thread per connection: each of the server's workers keeps its own pooled
+        // keep-alive connection to us, and a backend serving one connection at a time left the
+        // second worker's request waiting until the first connection closed (the test then
+        // timed out whenever the requests landed on different workers: 8 runs in 15).
         for s in l.incoming() {
             let Ok(mut s) = s else { return };
-            s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            loop {
-                let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                    match s.read(&mut chunk) {
-                        Ok(n) if n > 0 => {
-                            buf.extend_from_slice(&chunk[..n]);
-                            continue;
+            let (tx, body) = (tx.clone(), body.clone());
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk) {
+                            Ok(n) if n > 0 => {
+                                buf.extend_from_slice(&chunk[..n]);
+                                continue;
+                            }
+                            _ => break,
                         }
-                        _ => break,
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    if tx.send(head).is_err() {
+                        return;
                     }
-                };
-                let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                buf.drain(..end + 4);
-                if tx.send(head).is_err() {
-                    return;
+                    let out = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+                    if s.write_all(out.as_bytes()).is_err() || s.write_all(&body).is_err() {
+                        break;
+                    }
                 }
-                let out = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
-                if s.write_all(out.as_bytes()).is_err() || s.write_all(&body).is_err() {
-                    break;
-                }
-            }
+            });
         }
     });
     (addr, rx)
