@@ -40,6 +40,10 @@ pub const WINDOW_NS: u64 = 1_000_000_000;
 /// 14.8 of 16 busy; 2 and 4 of 16 cost 14.1–14.5 busy for no better p99).
 pub const RESERVE_DIV: usize = 16;
 
+/// Above this many tenants on one upstream (per worker) no reserve is kept: deciding it walks
+/// every tenant for every waiting one, which must stay cheap on the grant path.
+pub const RESERVE_TENANTS_MAX: usize = 64;
+
 /// What [`FairSlots::acquire`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Acquire {
@@ -181,10 +185,16 @@ impl<W: PartialEq> FairSlots<W> {
         reserve.min(cap)
     }
 
+    /// Whether slots are kept for light tenants at all (see [`RESERVE_DIV`],
+    /// [`RESERVE_TENANTS_MAX`]).
+    fn reserve_on(&self) -> bool {
+        self.fair && self.slots_max / RESERVE_DIV > 0 && self.tenants.len() <= RESERVE_TENANTS_MAX
+    }
+
     /// Whether a free slot may go to `tenant` now: always when it is below its share, else
     /// only if the others' reserve stays free (see the module docs). FIFO: always.
     fn may_take(&self, tenant: u32) -> bool {
-        if !self.fair || self.below_share(tenant) {
+        if !self.reserve_on() || self.below_share(tenant) {
             return true;
         }
         let free = self.slots_max.saturating_sub(self.in_flight);
@@ -346,7 +356,13 @@ impl<W: PartialEq> FairSlots<W> {
         // slot goes to the one that may with the fewest slots for its weight, outside SFQ's
         // order (it is below its share), or stays free for a reserved tenant's next request.
         let (mut blocked, mut best) = (false, None::<(u64, u32)>);
-        for (&id, t) in &self.tenants {
+        // No reserve: every waiting tenant may take the slot and SFQ picks (no scan).
+        let tenants = if self.reserve_on() {
+            Some(&self.tenants)
+        } else {
+            None
+        };
+        for (&id, t) in tenants.into_iter().flatten() {
             if t.queue.is_empty() {
                 continue;
             }
