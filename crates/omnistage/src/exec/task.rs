@@ -100,6 +100,9 @@ pub struct TaskStats {
     pub completed: u64,
     /// Sleeps that found their core's timer table full and completed at once.
     pub timers_refused: u64,
+    /// Task socket reads, writes and accepts that found nothing to do (`WouldBlock`): each
+    /// is a syscall spent for no work. A socket's readiness spares most of them.
+    pub io_would_block: u64,
 }
 
 /// What the runtime keeps about tasks (in `Shared`).
@@ -111,6 +114,7 @@ pub(crate) struct TaskShared {
     spawned: AtomicU64,
     completed: AtomicU64,
     timers_refused: AtomicU64,
+    pub(super) io_would_block: AtomicU64,
 }
 
 /// Why a spawn failed (nothing was started).
@@ -316,6 +320,7 @@ impl Builder {
             spawned: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             timers_refused: AtomicU64::new(0),
+            io_would_block: AtomicU64::new(0),
         });
         Ok(self)
     }
@@ -924,6 +929,7 @@ impl Runtime {
                 spawned: t.spawned.load(Ordering::Relaxed),
                 completed: t.completed.load(Ordering::Relaxed),
                 timers_refused: t.timers_refused.load(Ordering::Relaxed),
+                io_would_block: t.io_would_block.load(Ordering::Relaxed),
             })
             .unwrap_or_default()
     }

@@ -46,6 +46,10 @@ pub(crate) fn io_live() -> bool {
 struct IoSlot {
     generation: u32,
     live: bool,
+    /// Worth trying a read (a write): set by readiness events, cleared by `WouldBlock` or a
+    /// short transfer. A hint that errs only towards trying.
+    readable: bool,
+    writable: bool,
     read: Option<Waker>,
     write: Option<Waker>,
 }
@@ -77,6 +81,8 @@ pub(crate) fn io_event(ev: &mio::event::Event) {
         if !s.live {
             return None;
         }
+        s.readable |= read;
+        s.writable |= write;
         Some((
             if read { s.read.take() } else { None },
             if write { s.write.take() } else { None },
@@ -127,6 +133,8 @@ fn register<S: mio::event::Source>(source: &mut S) -> io::Result<IoKey> {
                 c.io.slots.push(IoSlot {
                     generation: 0,
                     live: false,
+                    readable: false,
+                    writable: false,
                     read: None,
                     write: None,
                 });
@@ -143,6 +151,9 @@ fn register<S: mio::event::Source>(source: &mut S) -> io::Result<IoKey> {
         }
         let s = &mut c.io.slots[index as usize];
         s.live = true;
+        // Unknown until tried: the first read or write goes to the kernel.
+        s.readable = true;
+        s.writable = true;
         LIVE.set(LIVE.get() + 1);
         Ok(IoKey {
             runtime: std::sync::Arc::as_ptr(&c.shared) as usize,
@@ -175,50 +186,126 @@ fn deregister<S: mio::event::Source>(key: IoKey, source: &mut S) {
     });
 }
 
+/// The live slot of `key` on this thread's core.
+fn slot_of(c: &mut super::task::CoreTasks, key: IoKey) -> io::Result<&mut IoSlot> {
+    if std::sync::Arc::as_ptr(&c.shared) as usize != key.runtime || c.core != key.core {
+        return Err(io::Error::other("task socket polled off its core"));
+    }
+    c.io.slots
+        .get_mut(key.index as usize)
+        .filter(|s| s.live && s.generation == key.generation)
+        .ok_or_else(|| io::Error::other("task socket is no longer registered"))
+}
+
 /// Leaves `waker` to be woken by the next readiness of `dir`.
+fn park_in(s: &mut IoSlot, dir: Dir, waker: &Waker) {
+    let slot = match dir {
+        Dir::Read => &mut s.read,
+        Dir::Write => &mut s.write,
+    };
+    match slot {
+        Some(w) if w.will_wake(waker) => {}
+        _ => *slot = Some(waker.clone()),
+    }
+}
+
+fn ready_mut(s: &mut IoSlot, dir: Dir) -> &mut bool {
+    match dir {
+        Dir::Read => &mut s.readable,
+        Dir::Write => &mut s.writable,
+    }
+}
+
+/// Leaves `waker` to be woken by the next readiness of `dir` (whatever the readiness now).
 fn park(key: IoKey, dir: Dir, waker: &Waker) -> io::Result<()> {
     with_core(|c| {
-        if std::sync::Arc::as_ptr(&c.shared) as usize != key.runtime || c.core != key.core {
-            return Err(io::Error::other("task socket polled off its core"));
-        }
-        let s =
-            c.io.slots
-                .get_mut(key.index as usize)
-                .filter(|s| s.live && s.generation == key.generation)
-                .ok_or_else(|| io::Error::other("task socket is no longer registered"))?;
-        let slot = match dir {
-            Dir::Read => &mut s.read,
-            Dir::Write => &mut s.write,
-        };
-        match slot {
-            Some(w) if w.will_wake(waker) => {}
-            _ => *slot = Some(waker.clone()),
-        }
+        park_in(slot_of(c, key)?, dir, waker);
         Ok(())
     })
     .unwrap_or_else(|| Err(not_on_worker()))
 }
 
-/// Runs `op` until it does not block; on `WouldBlock` parks the waker for `dir`.
+/// Whether `dir` is worth a syscall; if not, parks `waker` for its next readiness.
+fn ready_or_park(key: IoKey, dir: Dir, waker: &Waker) -> io::Result<bool> {
+    with_core(|c| {
+        let s = slot_of(c, key)?;
+        if *ready_mut(s, dir) {
+            return Ok(true);
+        }
+        park_in(s, dir, waker);
+        Ok(false)
+    })
+    .unwrap_or_else(|| Err(not_on_worker()))
+}
+
+/// `dir` has nothing more for now (a `WouldBlock` or a short transfer); with `waker`, also
+/// parks it. A socket that is gone is left to the next call to report.
+fn not_ready(key: IoKey, dir: Dir, waker: Option<&Waker>) {
+    with_core(|c| {
+        if waker.is_some() {
+            // A syscall that found nothing (the slow path already): counted.
+            if let Some(t) = &c.shared.tasks {
+                t.io_would_block
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        if let Ok(s) = slot_of(c, key) {
+            *ready_mut(s, dir) = false;
+            if let Some(w) = waker {
+                park_in(s, dir, w);
+            }
+        }
+    });
+}
+
+/// Runs `op` while `dir` is ready and until it does not block; on `WouldBlock` (or when
+/// `dir` is known not ready) parks the waker for `dir`. `want` is the bytes asked for: a
+/// transfer of fewer (but not none) means the kernel had no more, so `dir` is not ready until
+/// its next event (`transferred` says how many bytes a result moved; `None` for accepts).
 fn poll_io<T>(
     key: IoKey,
     dir: Dir,
     cx: &mut Context<'_>,
+    want: usize,
+    transferred: impl Fn(&T) -> Option<usize>,
     mut op: impl FnMut() -> io::Result<T>,
 ) -> Poll<io::Result<T>> {
+    match ready_or_park(key, dir, cx.waker()) {
+        Ok(true) => {}
+        Ok(false) => return Poll::Pending,
+        Err(e) => return Poll::Ready(Err(e)),
+    }
     loop {
         match op() {
-            Ok(v) => return Poll::Ready(Ok(v)),
+            Ok(v) => {
+                if transferred(&v).is_some_and(|n| n > 0 && n < want) {
+                    not_ready(key, dir, None);
+                }
+                return Poll::Ready(Ok(v));
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return match park(key, dir, cx.waker()) {
-                    Ok(()) => Poll::Pending,
-                    Err(e) => Poll::Ready(Err(e)),
-                };
+                not_ready(key, dir, Some(cx.waker()));
+                return Poll::Pending;
             }
             Err(e) => return Poll::Ready(Err(e)),
         }
     }
+}
+
+/// [`poll_io`] for a read or write of `want` bytes.
+fn poll_bytes(
+    key: IoKey,
+    dir: Dir,
+    cx: &mut Context<'_>,
+    want: usize,
+    op: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    poll_io(key, dir, cx, want, |&n| Some(n), op)
+}
+
+fn io_len(bufs: &[io::IoSlice<'_>]) -> usize {
+    bufs.iter().map(|b| b.len()).sum()
 }
 
 /// A TCP connection of a task, on its core's poller.
@@ -280,12 +367,14 @@ impl TcpStream {
 
     /// Reads what is there into `buf` (0: the peer closed), or waits for readiness.
     pub fn poll_read_some(&self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
-        poll_io(self.key, Dir::Read, cx, || (&self.io).read(buf))
+        let want = buf.len();
+        poll_bytes(self.key, Dir::Read, cx, want, || (&self.io).read(buf))
     }
 
     /// Writes what fits of `buf`, or waits for room.
     pub fn poll_write_some(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        poll_io(self.key, Dir::Write, cx, || (&self.io).write(buf))
+        let want = buf.len();
+        poll_bytes(self.key, Dir::Write, cx, want, || (&self.io).write(buf))
     }
 
     fn poll_write_vectored_some(
@@ -293,7 +382,10 @@ impl TcpStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        poll_io(self.key, Dir::Write, cx, || (&self.io).write_vectored(bufs))
+        let want = io_len(bufs);
+        poll_bytes(self.key, Dir::Write, cx, want, || {
+            (&self.io).write_vectored(bufs)
+        })
     }
 
     /// Reads into `buf` once data is there.
@@ -398,7 +490,7 @@ impl TcpListener {
 
     /// Accepts a connection (registered with this core), or waits for one.
     pub fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(TcpStream, SocketAddr)>> {
-        match poll_io(self.key, Dir::Read, cx, || self.io.accept()) {
+        match poll_io(self.key, Dir::Read, cx, 0, |_| None, || self.io.accept()) {
             Poll::Ready(Ok((s, addr))) => Poll::Ready(TcpStream::from_mio(s).map(|s| (s, addr))),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
@@ -448,7 +540,7 @@ mod hyper_rt {
             // buffer on every read (8 KiB and more).
             let dst = unsafe { buf.as_mut() };
             let (ptr, len) = (dst.as_mut_ptr(), dst.len());
-            let r = poll_io(self.key, Dir::Read, cx, || {
+            let r = poll_bytes(self.key, Dir::Read, cx, len, || {
                 // SAFETY: `ptr` and `len` describe the unfilled part of hyper's buffer,
                 // valid for writes for this call.
                 let n = unsafe { libc::recv(fd, ptr.cast(), len, 0) };
