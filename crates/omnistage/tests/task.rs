@@ -76,15 +76,19 @@ fn spawn_off_a_worker_or_without_tasks_is_refused() {
         rt.spawn(INFRA, Affinity::Any, async {}).err(),
         Some(SpawnError::TasksDisabled)
     );
-    // The task stage takes one poll per dispatch.
-    let bad = TaskConfig {
+    // The task stage's batch is checked like any stage's.
+    let batch = |batch_max| TaskConfig {
         stage: StageConfig {
-            batch_max: 4,
+            batch_max,
             ..Default::default()
         },
         ..Default::default()
     };
-    assert!(Runtime::builder().tasks(bad).is_err());
+    assert!(Runtime::builder().tasks(batch(0)).is_err());
+    assert!(Runtime::builder()
+        .tasks(batch(omnistage::exec::BATCH_MAX + 1))
+        .is_err());
+    assert!(Runtime::builder().tasks(batch(4)).is_ok());
 }
 
 /// Each poll is one dispatch of the task stage, charged to the task's activity: a task that
@@ -698,4 +702,121 @@ fn a_drained_socket_is_not_read_again_until_its_next_event() {
         wasted <= 2,
         "{wasted} reads or accepts found nothing (at most the first accept and first read may)"
     );
+}
+
+fn batched(batch_max: u32) -> TaskConfig {
+    TaskConfig {
+        stage: StageConfig {
+            batch_max,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Spins the calling thread for `ns` on the OS's clock (a poll that takes that long).
+fn spin_ns(ns: u64) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_nanos(ns) {
+        std::hint::spin_loop();
+    }
+}
+
+/// With a task batch, one dispatch polls several queued tasks of one activity: children a
+/// task spawns are queued together after its poll, and the next dispatch polls all of them
+/// (exactly 2 dispatches, 5 polls). Long polls are still judged per poll, not per batch: four
+/// polls of 0.3 of the limit make a batch longer than the limit and count nothing, while one
+/// poll of twice the limit beside a short one counts once.
+#[test]
+fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
+    let limit_ns = 20_000_000;
+    let (rt, a, b) = runtime(
+        1,
+        TaskConfig {
+            poll_limit_ns: limit_ns,
+            ..batched(8)
+        },
+    );
+    let spawn_children = |act, spins: Vec<u64>| {
+        rt.spawn(act, Affinity::Core(0), async move {
+            for ns in spins {
+                task::spawn(async move { spin_ns(ns) }).unwrap();
+            }
+        })
+        .unwrap()
+    };
+    join(spawn_children(a, vec![limit_ns * 3 / 10; 4])).unwrap();
+    wait_for("the children", || rt.task_stats().completed == 5);
+    assert_eq!(polls(&rt, a), (2, 5));
+    assert_eq!(rt.long_polls(), vec![]);
+
+    join(spawn_children(b, vec![2 * limit_ns, 0])).unwrap();
+    wait_for("the children", || rt.task_stats().completed == 8);
+    assert_eq!(polls(&rt, b), (2, 3));
+    let lp = rt.long_polls();
+    assert_eq!(lp.len(), 1, "{lp:?}");
+    assert_eq!((lp[0].activity, lp[0].count), (b, 1));
+    assert!(lp[0].worst_ns >= 2 * limit_ns);
+}
+
+/// Batched polls keep the shares: every dispatch is charged the same (a 50 ms minimum charge)
+/// and takes 4 polls (8 tasks per activity, spawned together by one task so both queues are
+/// deeper than the batch from the start), so /a (weight 2) still gets two polls for each of
+/// /b's, 4 at a time.
+#[test]
+fn batched_polls_keep_the_shares_by_weight() {
+    const BATCH: u64 = 4;
+    let (b, a) = Runtime::builder()
+        .workers(1)
+        .min_cost_ns(50_000_000)
+        .tasks(batched(BATCH as u32))
+        .unwrap()
+        .activity("/a", ActivitySpec::weight(2))
+        .unwrap();
+    let (b, bb) = b.activity("/b", ActivitySpec::weight(1)).unwrap();
+    let rt = b.start().unwrap();
+    const TOTAL: u64 = 3000;
+    let total = Arc::new(AtomicU64::new(0));
+    let counts = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let parent = {
+        let (total, counts) = (total.clone(), counts.clone());
+        rt.spawn_with(a, Affinity::Core(0), move || async move {
+            let mut handles = Vec::new();
+            for (i, act) in [a, bb].into_iter().enumerate() {
+                for _ in 0..2 * BATCH {
+                    let (total, count) = (total.clone(), counts[i].clone());
+                    handles.push(
+                        task::spawn_in(act, async move {
+                            while total.fetch_add(1, Ordering::Relaxed) < TOTAL {
+                                count.fetch_add(1, Ordering::Relaxed);
+                                task::yield_now().await;
+                            }
+                        })
+                        .unwrap(),
+                    );
+                }
+            }
+            handles
+        })
+        .unwrap()
+    };
+    for h in join(parent).unwrap() {
+        join(h).unwrap();
+    }
+    let (ca, cb) = (
+        counts[0].load(Ordering::Relaxed),
+        counts[1].load(Ordering::Relaxed),
+    );
+    assert_eq!(ca + cb, TOTAL);
+    // 2:1 of 3000, up to a batch or two for the start and the end (here: 1,996).
+    assert!(ca.abs_diff(2000) <= 2 * BATCH, "/a {ca} /b {cb}");
+    // The polls went in batches: all took 4 but the parent's poll and the last two or so
+    // dispatches of each queue, as its tasks end.
+    for act in [a, bb] {
+        let (dispatches, messages) = polls(&rt, act);
+        assert!(
+            messages >= BATCH * dispatches.saturating_sub(3),
+            "{act:?}: {messages} polls in {dispatches} dispatches"
+        );
+    }
 }

@@ -254,6 +254,9 @@ pub(crate) struct Batch {
     wait_ns: u64,
     still_backlogged: bool,
     panics: u32,
+    /// The longest message of a batch of more than one, ns, for the task stage (whose long
+    /// polls are counted per poll); 0 otherwise (a batch of one is as long as its dispatch).
+    longest_ns: u64,
 }
 
 /// A stage's handler with its message type erased.
@@ -376,6 +379,12 @@ where
         let mut panics = 0;
         let handler = &mut self.handler;
         let is_io = std::any::TypeId::of::<M>() == std::any::TypeId::of::<IoEvent>();
+        // A batch of task polls times each poll (one clock read per poll), so that a long poll
+        // is judged alone and not by the batch's length; a batch of one is its dispatch.
+        let timed =
+            ACCOUNTED && n > 1 && shared.tasks.as_ref().is_some_and(|t| t.stage() == self.id);
+        let mut mark = if timed { shared.clock.raw() } else { 0 };
+        let mut longest_ns = 0;
         for mut env in self.buf.drain(..) {
             if is_io {
                 // Constant per monomorphization: free for every other message type.
@@ -390,6 +399,11 @@ where
             }
             // A handler may re-tag; the next message of the batch starts from its own activity.
             st.current_activity = activity;
+            if timed {
+                let t = shared.clock.raw();
+                longest_ns = longest_ns.max(shared.clock.delta_as_nanos(mark, t));
+                mark = t;
+            }
         }
         st.observe_gate = observe_gate;
         let still_backlogged = self.backlogged(st, q);
@@ -399,6 +413,7 @@ where
             wait_ns,
             still_backlogged,
             panics,
+            longest_ns,
         }
     }
 }
@@ -1439,8 +1454,10 @@ fn run_loop<const ACCOUNTED: bool>(
             handlers[stage] = Some(h);
             if task_stage == Some(stage) {
                 // One poll per dispatch: the dispatch's length bounds the poll's (within the
-                // loop's own few hundred ns), so no clock is read inside the poll itself.
-                super::task::check_poll_length(shared, b.activity, cost);
+                // loop's own few hundred ns), so no clock is read inside the poll itself. A
+                // batch of polls timed each (`Batch::longest_ns`).
+                let poll_ns = if b.messages > 1 { b.longest_ns } else { cost };
+                super::task::check_poll_length(shared, b.activity, poll_ns);
             }
             if let Some(bc) = &mut batching[stage] {
                 bc.window_messages += u64::from(b.messages);
