@@ -63,6 +63,11 @@ pub struct TasksArgs {
     /// Polls timed per per-poll measurement.
     #[arg(long, default_value_t = 1_000_000)]
     polls: u64,
+    /// Polls per dispatch of omnistage's task stage (`TaskConfig::stage.batch_max`): 1 (the
+    /// default) has the tree pick every poll; more poll up to that many queued tasks of one
+    /// activity per pick and charge.
+    #[arg(long, default_value_t = 1)]
+    task_batch: u32,
     /// Runs one workload alone, `--count` times, and prints what it did, for a profiler
     /// (`valgrind --tool=callgrind`): `yield-omnistage`, `yield-bypass`, `yield-tokio` (polls
     /// of a task that only yields), `hello-omnistage`, `hello-tokio` (/hello requests from
@@ -187,11 +192,18 @@ impl Drop for Server {
 
 use super::harness::pin_this_thread;
 
-fn start_omnistage(iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
+/// omnistage's task settings with `batch` polls per dispatch.
+fn task_config(batch: u32) -> TaskConfig {
+    let mut c = TaskConfig::default();
+    c.stage.batch_max = batch;
+    c
+}
+
+fn start_omnistage(iters_per_us: f64, batch: u32) -> Result<(Server, SocketAddr), String> {
     let mut b = Runtime::builder()
         .workers(1)
         .pin(true)
-        .tasks(TaskConfig::default())
+        .tasks(task_config(batch))
         .map_err(|e| e.to_string())?;
     let mut ids = Vec::new();
     for (host, weight) in TENANTS {
@@ -284,9 +296,9 @@ fn start_tokio(iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
     ))
 }
 
-fn start(server: &str, iters_per_us: f64) -> Result<(Server, SocketAddr), String> {
+fn start(server: &str, iters_per_us: f64, batch: u32) -> Result<(Server, SocketAddr), String> {
     match server {
-        "omnistage" => start_omnistage(iters_per_us),
+        "omnistage" => start_omnistage(iters_per_us, batch),
         _ => start_tokio(iters_per_us),
     }
 }
@@ -340,6 +352,7 @@ struct Report {
     conns: usize,
     burn_us: u64,
     hello_conns: usize,
+    task_batch: u32,
     shares: Vec<ShareRun>,
     cost_rounds: Vec<CostRound>,
     omnistage_req_per_s: Spread,
@@ -353,7 +366,7 @@ struct Report {
 }
 
 fn shares_run(a: &TasksArgs, server: &'static str, iters: f64) -> Result<ShareRun, String> {
-    let (srv, addr) = start(server, iters)?;
+    let (srv, addr) = start(server, iters, a.task_batch)?;
     let mut extra = Vec::new();
     for (host, _) in TENANTS {
         extra.push("--tenant".into());
@@ -432,7 +445,7 @@ fn ledger_cpu(srv: &Server) -> Option<Vec<u64>> {
 }
 
 fn cost_round(a: &TasksArgs, server: &'static str, iters: f64) -> Result<CostRound, String> {
-    let (srv, addr) = start(server, iters)?;
+    let (srv, addr) = start(server, iters, a.task_batch)?;
     let r = omnistage_load::run(&harness::load_args(
         &addr.to_string(),
         a.common.seconds,
@@ -460,11 +473,11 @@ fn profile(a: &TasksArgs, kind: &str) -> Result<(), String> {
     }
     let t = Instant::now();
     let what = match kind {
-        "yield-omnistage" => omnistage_yields(a.count, 0, false).map(|_| "polls")?,
-        "yield-bypass" => omnistage_yields(a.count, 0, true).map(|_| "polls")?,
+        "yield-omnistage" => omnistage_yields(a.count, 0, false, a.task_batch).map(|_| "polls")?,
+        "yield-bypass" => omnistage_yields(a.count, 0, true, a.task_batch).map(|_| "polls")?,
         "yield-tokio" => tokio_yields(a.count, 0).map(|_| "polls")?,
         server => {
-            let (srv, addr) = start(server.trim_start_matches("hello-"), 1.0)?;
+            let (srv, addr) = start(server.trim_start_matches("hello-"), 1.0, a.task_batch)?;
             hello_requests(addr, a.hello_conns, a.count)?;
             drop(srv);
             "requests"
@@ -518,17 +531,17 @@ fn hello_requests(addr: SocketAddr, conns: usize, count: u64) -> Result<(), Stri
 }
 
 /// ns per poll of a task that only yields, timed inside the task on omnistage.
-fn omnistage_poll_ns(polls: u64, bypass: bool) -> Result<f64, String> {
-    omnistage_yields(polls, polls / 10, bypass)
+fn omnistage_poll_ns(polls: u64, bypass: bool, batch: u32) -> Result<f64, String> {
+    omnistage_yields(polls, polls / 10, bypass, batch)
 }
 
 /// `warm` yields, then `polls` timed ones; ns per timed poll.
-fn omnistage_yields(polls: u64, warm: u64, bypass: bool) -> Result<f64, String> {
+fn omnistage_yields(polls: u64, warm: u64, bypass: bool, batch: u32) -> Result<f64, String> {
     let (b, a) = Runtime::builder()
         .workers(1)
         .pin(true)
         .bypass(bypass)
-        .tasks(TaskConfig::default())
+        .tasks(task_config(batch))
         .map_err(|e| e.to_string())?
         .activity("/a", ActivitySpec::weight(1))
         .map_err(|e| e.to_string())?;
@@ -595,6 +608,9 @@ fn tokio_yields(polls: u64, warm: u64) -> Result<f64, String> {
 
 pub fn run(a: TasksArgs) -> Result<(), String> {
     a.common.check(0.5)?;
+    if !(1..=omnistage::exec::BATCH_MAX).contains(&a.task_batch) {
+        return Err(format!("--task-batch 1..={}", omnistage::exec::BATCH_MAX));
+    }
     if let Some(kind) = &a.profile {
         return profile(&a, kind);
     }
@@ -631,8 +647,8 @@ pub fn run(a: TasksArgs) -> Result<(), String> {
     let (om, tk) = (of("omnistage"), of("tokio"));
     let (omnistage_req_per_s, tokio_req_per_s) = (Spread::of(&om), Spread::of(&tk));
     let ratio = omnistage_req_per_s.median / tokio_req_per_s.median;
-    let scheduled = omnistage_poll_ns(a.polls, false)?;
-    let bypass = omnistage_poll_ns(a.polls, true)?;
+    let scheduled = omnistage_poll_ns(a.polls, false, a.task_batch)?;
+    let bypass = omnistage_poll_ns(a.polls, true, a.task_batch)?;
     let per_poll = PerPoll {
         omnistage_ns: scheduled,
         omnistage_bypass_ns: bypass,
@@ -649,6 +665,7 @@ pub fn run(a: TasksArgs) -> Result<(), String> {
         conns: a.conns,
         burn_us: a.burn_us,
         hello_conns: a.hello_conns,
+        task_batch: a.task_batch,
         shares,
         cost_rounds,
         omnistage_req_per_s,
@@ -732,23 +749,31 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
     let doc = Doc {
         title: "tasks: hyper on omnistage's async tasks vs on Tokio".into(),
         command: format!(
-            "omnistage exp tasks {} --conns {} --burn-us {} --hello-conns {} --polls {}",
+            "omnistage exp tasks {} --conns {} --burn-us {} --hello-conns {} --polls {} --task-batch {}",
             a.common.words(),
             a.conns,
             a.burn_us,
             a.hello_conns,
-            a.polls
+            a.polls,
+            a.task_batch
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
             "The same hyper 1.x HTTP/1.1 service (one generic handler) on omnistage's tasks (one \
              worker pinned to CPU {SERVER_CPU}, tenants a/b/c.test at weights 50/33/17, each \
-             connection re-tagged to its tenant at its first request) and on Tokio's \
+             connection re-tagged to its tenant at its first request; up to {} polls of one \
+             tenant's tasks per dispatch) and on Tokio's \
              current-thread runtime (one thread pinned to CPU {SERVER_CPU}); the load generator \
              on CPU {LOAD_CPU}. Shares: {} closed-loop connections per tenant on /burn?us={}, {} s \
              per runtime, shares from the clients' completed requests. Cost: {} keep-alive \
              connections on /hello, {} alternating rounds of {} s.",
-            a.conns, a.burn_us, a.common.seconds, a.hello_conns, a.common.repeats, a.common.seconds
+            a.task_batch,
+            a.conns,
+            a.burn_us,
+            a.common.seconds,
+            a.hello_conns,
+            a.common.repeats,
+            a.common.seconds
         )],
         tables: vec![
             ("Shares (closed loop, /burn)".into(), shares),
