@@ -108,6 +108,10 @@ pub(super) struct Proxied {
     /// Method and target, for the access log (only when it is on).
     log: Option<(String, String)>,
     response_bytes: u64,
+    /// The request's response-time sample, taken out of its `http.work` dispatch: the tenant's
+    /// p90 controller gets it when the backend's head arrives (or the proxy answers 502/504),
+    /// so the backend's time counts. `None` without a p90 target.
+    sample: Option<omnistage::exec::DeferredResponse>,
 }
 
 /// Starts a proxied request (from `http.work`): checks its body, then takes a slot or queues.
@@ -181,6 +185,7 @@ pub(super) fn start(
             .is_some()
             .then(|| (req.method_raw().to_string(), req.target().to_string())),
         response_bytes: 0,
+        sample: None,
     };
     let wait_max_ns = tenant.p90_target.map(|d| d.as_nanos() as u64);
     let outcome = cs.proxy.upstreams[up_i].slots.acquire(
@@ -200,6 +205,8 @@ pub(super) fn start(
         }
         crate::fair_slots::Acquire::Queued => {
             counters.queued.fetch_add(1, Ordering::Relaxed);
+            let mut p = p;
+            p.sample = ctx.defer_response();
             if let Some(c) = cs.conn(key) {
                 c.proxy = Some(Box::new(p));
             }
@@ -208,8 +215,9 @@ pub(super) fn start(
         crate::fair_slots::Acquire::Granted => {
             counters.in_flight.fetch_add(1, Ordering::Relaxed);
             counters.requests.fetch_add(1, Ordering::Relaxed);
+            let mut p = p;
+            p.sample = ctx.defer_response();
             if let Some(c) = cs.conn(key) {
-                let mut p = p;
                 p.phase = Phase::Granted;
                 c.proxy = Some(Box::new(p));
             }
@@ -532,7 +540,11 @@ fn retry_or_fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) 
 pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) {
     drop_upstream(ctx, cs, key, false);
     let Some(c) = cs.conn(key) else { return };
-    let Some(p) = c.proxy.take() else { return };
+    let Some(mut p) = c.proxy.take() else { return };
+    if let Some(d) = p.sample.take() {
+        // The proxy's own answer ends the request's response time.
+        ctx.complete_response(d);
+    }
     match status {
         504 => p.counters.errors_504.fetch_add(1, Ordering::Relaxed),
         502 => p.counters.errors_502.fetch_add(1, Ordering::Relaxed),
@@ -834,6 +846,9 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
     c.last_progress_ns = now;
     if head_seen {
         proxy.upstreams[up_i].succeeded(server);
+        if let Some(d) = p.sample.take() {
+            ctx.complete_response(d);
+        }
     }
     if bad_body {
         // A chunked body that is malformed or over body_bytes_max: the stream is lost.
