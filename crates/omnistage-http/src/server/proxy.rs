@@ -361,6 +361,7 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 inbuf: Vec::new(),
                 out: head,
                 out_pos: 0,
+                readable: false,
             });
             ukey
         }
@@ -818,9 +819,15 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                 // Only a head still partial can be this long; `forward` refuses it.
                 break;
             }
+            if !u.readable {
+                // Nothing arrived since the socket was found empty: the next edge brings us.
+                break;
+            }
             match u.stream.read(scratch) {
                 Ok(0) => eof = true,
                 Ok(n) => {
+                    // A short read emptied the socket's queue.
+                    u.readable = n == scratch.len();
                     u.inbuf.extend_from_slice(&scratch[..n]);
                     p.counters
                         .bytes_from_backend
@@ -828,7 +835,10 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                     ctx.record_bytes_in(p.activity, n as u64);
                     m.progress = true;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    u.readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => eof = true,
             }
