@@ -43,12 +43,14 @@ pub(super) const WINDOW_BYTES: usize = 64 * 1024;
 /// Most requests of one tenant waiting for one upstream's slots on one core.
 const QUEUE_PER_TENANT_MAX: usize = 1024;
 /// Most rounds of [`pump`] per call (each moves up to a window each way), so a fast pair of
-/// sockets cannot hold the worker; the next readiness event goes on.
+/// sockets cannot hold the worker; a message to `http.proxy` goes on after the others' turns.
 const PUMP_ROUNDS_MAX: usize = 16;
 
-/// Resume a request that was granted a slot while it waited.
+/// Resume a request: one granted a slot while it waited, or one whose pump used its rounds
+/// while its bytes still moved (`pump: true`).
 pub(super) struct ProxyGo {
     pub(super) key: u64,
+    pub(super) pump: bool,
 }
 
 /// Where a proxied request is.
@@ -227,10 +229,20 @@ pub(super) fn start(
     }
 }
 
-/// `http.proxy`: a waiter was granted a slot.
-pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key }: ProxyGo) {
+/// `http.proxy`: a waiter was granted a slot, or a pump goes on.
+pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key, pump: go_on }: ProxyGo) {
     with_core(|cs| {
         cs.refresh();
+        if go_on {
+            if cs
+                .conn(key)
+                .and_then(|c| c.proxy.as_ref())
+                .is_some_and(|p| matches!(p.phase, Phase::Active { .. }))
+            {
+                pump(ctx, cs, key);
+            }
+            return;
+        }
         if cs
             .conn(key)
             .and_then(|c| c.proxy.as_ref())
@@ -272,7 +284,10 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
                         activity: Some(tenant),
                         ..Default::default()
                     },
-                    ProxyGo { key: waiter },
+                    ProxyGo {
+                        key: waiter,
+                        pump: false,
+                    },
                 )
                 .is_ok();
         if sent {
@@ -668,14 +683,42 @@ struct Moved {
 /// on any readiness of either side.
 pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let mut rearm = false;
+    let mut moving = true;
     for _ in 0..PUMP_ROUNDS_MAX {
         let m = pump_once(ctx, cs, key);
         if m.ended {
             return;
         }
         rearm |= m.rearm;
-        if !m.progress {
+        moving = m.progress;
+        if !moving {
             break;
+        }
+    }
+    if moving {
+        // Out of rounds with bytes still moving: no readiness edge may come for them (the
+        // backend's bytes already wait in its socket, the client's socket never filled), so a
+        // message goes on with the pump after the other work queued here. Without it a large
+        // response could stall for good (a TLS test saw it about once in 30 runs).
+        let activity = cs
+            .conn(key)
+            .and_then(|c| c.proxy.as_ref())
+            .map(|p| p.activity);
+        let proxy_stage = cs.stages.proxy;
+        let sent = ctx
+            .send_with(
+                &proxy_stage,
+                SendOpts {
+                    activity,
+                    ..Default::default()
+                },
+                ProxyGo { key, pump: true },
+            )
+            .is_ok();
+        if !sent {
+            // Refused only for a tenant removed by a reload: nothing would move its bytes on,
+            // so the response is cut (the client sees it closed, never complete).
+            fail(ctx, cs, key, 502);
         }
     }
     // One timer message per pump that moved request bytes (not per write).
