@@ -398,6 +398,10 @@ struct FaultsRun {
     errors_nodes_1_2: u64,
     /// Those errors by node, tenant and kind (e.g. "node 1 b timeout").
     errors_by_kind: std::collections::BTreeMap<String, u64>,
+    /// Nodes 1 and 2's own count of connections closed by a deadline (`omnistage_http_timeouts`)
+    /// at the end: a client error of kind "reset" beside a timeout here was the server's
+    /// choice (null: the scrape failed).
+    node_timeouts: [Option<f64>; 2],
     goal_met: bool,
 }
 
@@ -468,6 +472,8 @@ fn faults_run(
             }
         }
     }
+    let node_timeouts =
+        admins.map(|a| scrape_values(a, &["omnistage_http_timeouts"]).map(|v| v[0]));
     drop(nodes);
     drop(redis_again);
     let first = |from: f64, pred: &dyn Fn(&(f64, bool, f64)) -> bool| {
@@ -494,6 +500,7 @@ fn faults_run(
         reclaim_s,
         errors_nodes_1_2: errors,
         errors_by_kind: kinds,
+        node_timeouts,
     })
 }
 
@@ -686,10 +693,27 @@ fn page(o: &Out) -> Doc {
             opt_s(f.reclaim_s),
             format!("≤ {:.3} s", 3.0 * iv),
         ]);
+        let kinds: Vec<String> = f
+            .errors_by_kind
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect();
         t.row(vec![
             "client errors on nodes 1, 2 (not 503)".into(),
-            f.errors_nodes_1_2.to_string(),
+            if kinds.is_empty() {
+                f.errors_nodes_1_2.to_string()
+            } else {
+                format!("{} ({})", f.errors_nodes_1_2, kinds.join(", "))
+            },
             "0".into(),
+        ]);
+        let timeouts = f
+            .node_timeouts
+            .map(|x| x.map_or("?".to_string(), |v| format!("{v:.0}")));
+        t.row(vec![
+            "connections the nodes closed by a deadline (node 1, node 2)".into(),
+            format!("{}, {}", timeouts[0], timeouts[1]),
+            "—".into(),
         ]);
         tables.push((
             "Faults (times from the event to what the nodes' /metrics showed; scrapes every 20 ms)"

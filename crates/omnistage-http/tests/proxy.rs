@@ -852,3 +852,59 @@ fn the_readme_proxy_config_parses_as_it_is() {
     assert_eq!(c.tenants[0].upstream, Some(0));
     assert_eq!(c.tenants[1].upstream_prefix.as_deref(), Some("/api/"));
 }
+
+/// The tenant's p90 controller sees the backend's time: each response here takes at least
+/// 20 ms at the backend, four times the tenant's 5 ms target, so the controller's first run
+/// (100 samples) cuts the tenant's admission rate. Before, the samples were the `http.work`
+/// dispatches that start the proxied requests (microseconds), and the rate stayed at its ceiling.
+#[test]
+fn the_p90_controller_counts_the_backends_time() {
+    const CONNS: usize = 8;
+    const REQUESTS_PER_CONN: usize = 14;
+    let b = Backend::start(|r, w, _| {
+        while read_request(r).is_some() {
+            std::thread::sleep(Duration::from_millis(20));
+            if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let p = Proxy::start(&[b.addr], "", "p90_target_ms = 5", "");
+    let rt = p.server().runtime();
+    let work = p.server().work_stage();
+    let a = rt.activity_id("/tenants/a").unwrap();
+    let ceiling = rt.admission_rate(work, a).expect("a p90 tenant has a rate");
+    let clients: Vec<_> = (0..CONNS)
+        .map(|_| {
+            let s = p.connect();
+            std::thread::spawn(move || {
+                let mut statuses = Vec::new();
+                for _ in 0..REQUESTS_PER_CONN {
+                    (&s).write_all(b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+                        .unwrap();
+                    let mut r = BufReader::new(&s);
+                    statuses.push(read_response(&mut r, false).map(|r| r.status));
+                }
+                statuses
+            })
+        })
+        .collect();
+    let statuses: Vec<_> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    // Every request was answered (a cut rate may refuse some with 503, never fail them).
+    assert!(
+        statuses.iter().all(|s| matches!(s, Some(200 | 503))),
+        "{statuses:?}"
+    );
+    let served = statuses.iter().filter(|s| **s == Some(200)).count();
+    assert!(served >= 100, "only {served} answered 200: {statuses:?}");
+    let rate = rt.admission_rate(work, a).unwrap();
+    assert!(
+        rate < ceiling,
+        "rate {rate}/s still at its ceiling {ceiling}/s after {served} responses of 20 ms"
+    );
+}

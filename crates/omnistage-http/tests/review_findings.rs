@@ -73,9 +73,15 @@ fn a_streamed_body_continues_when_the_work_gate_refuses() {
 /// `out` is non-empty, there is no send/progress timeout.
 #[test]
 fn a_client_that_never_reads_is_timed_out() {
+    assert_a_client_that_never_reads_is_closed("");
+}
+
+/// A client asks for a 500 MB body and never reads: the server closes it (once its socket is
+/// full and the no-progress timeout passes), counting one timeout.
+fn assert_a_client_that_never_reads_is_closed(server_extra: &str) {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 200\nkeepalive_timeout_ms = 200\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 200\nkeepalive_timeout_ms = 200\n{server_extra}\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
         dir.path().display()
     );
     let server = start(&toml);
@@ -90,6 +96,7 @@ fn a_client_that_never_reads_is_timed_out() {
         open, 0,
         "connection still open after 3 s; timeouts counted: {timeouts}"
     );
+    assert_eq!(timeouts, 1);
     drop(s);
 }
 
@@ -307,4 +314,50 @@ fn a_tenant_with_nothing_cached_does_not_evict_one_within_budget() {
         vec![0, 30720],
         "a (budget 10 KiB) took 20 KiB from b (at its budget)"
     );
+}
+
+/// Once: the no-progress deadline ("a client that stops reading") ran from the last write even
+/// while the server itself held the bytes: a connection waiting its turn under a link cap
+/// (the fleet's 1 % floor, a flood's share) longer than `keepalive_timeout` was closed though
+/// its client read everything it was sent — `exp fleet` saw all 8 of a tenant's connections
+/// reset on one node. Here 24 eager readers share a 1 MB/s link (48 KiB each), so each waits
+/// about 12 × 16 KiB / 0.5 MB/s (each of the 2 workers' share) ≈ 0.4 s between its turns,
+/// eight times the 50 ms timeout.
+#[test]
+fn a_connection_waiting_for_its_turn_under_a_link_cap_is_not_timed_out() {
+    const CONNS: usize = 24;
+    const BODY: usize = 48 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nnet_link_cap = \"1MB/s\"\nheader_timeout_ms = 50\nkeepalive_timeout_ms = 50\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let addr = server.local_addrs()[0];
+    let readers: Vec<_> = (0..CONNS)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                write!(s, "GET /_bytes?n={BODY} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+                // Far more than the whole transfer needs (24 × 48 KiB at 1 MB/s ≈ 1.2 s).
+                read_total(&mut s, BODY + 100, Duration::from_secs(10))
+            })
+        })
+        .collect();
+    let got: Vec<usize> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let timeouts = server.stats().timeouts.load(Ordering::Relaxed);
+    server.drain(Duration::from_millis(100));
+    let short = got.iter().filter(|&&g| g <= BODY).count();
+    assert_eq!(
+        short, 0,
+        "{short} of {CONNS} connections closed before their body; timeouts counted: {timeouts}; got {got:?}"
+    );
+    assert_eq!(timeouts, 0);
+}
+
+/// The other side of the rule above: under a link cap (the send scheduler's path), a client
+/// that never reads is still closed once its socket is full and the timeout passes.
+#[test]
+fn a_client_that_never_reads_under_a_link_cap_is_timed_out() {
+    assert_a_client_that_never_reads_is_closed("net_link_cap = \"1GB/s\"\n");
 }

@@ -282,3 +282,86 @@ fn delayed_messages_are_counted_apart_from_queued_ones() {
     // The gate's bound still holds them: 20 places taken.
     assert_eq!(rt.pending(), 20);
 }
+
+/// A handler that takes its message's response sample (`defer_response`) feeds the stage's p90
+/// controller when it completes the response, with the time from the message's enqueue: here
+/// every response completes at least 20 ms after its message was sent, 20 times the target,
+/// so the controller's first run (10 samples) must cut the rate. Had the samples come from
+/// the dispatches (microseconds, far under the target), the rate would stay at its ceiling.
+/// A stage with no controller gives no sample to take.
+#[test]
+fn a_deferred_response_feeds_the_p90_controller_when_it_completes() {
+    use omnistage::admit::P90Params;
+    use omnistage::exec::DeferredResponse;
+    use std::sync::Mutex;
+    const MESSAGES: u32 = 10;
+    const RATE_MAX_PER_S: f64 = 1000.0;
+    let held: Arc<Mutex<Vec<DeferredResponse>>> = Arc::default();
+    let deferred = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let unsampled = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut b = Runtime::builder().workers(1);
+    let front: StageRef<bool> = {
+        let (held, deferred, unsampled) = (held.clone(), deferred.clone(), unsampled.clone());
+        b.stage("front", StageConfig::default(), move |_| {
+            let (held, deferred, unsampled) = (held.clone(), deferred.clone(), unsampled.clone());
+            move |ctx: &mut Ctx<'_>, sampled: bool| match ctx.defer_response() {
+                Some(d) => {
+                    assert!(sampled, "a sample from a gate without a controller");
+                    held.lock().unwrap().push(d);
+                    deferred.fetch_add(1, Ordering::Release);
+                }
+                None => {
+                    assert!(!sampled, "no sample from a gate with a controller");
+                    unsampled.fetch_add(1, Ordering::Release);
+                }
+            }
+        })
+        .unwrap()
+    };
+    let done: StageRef<()> = {
+        let held = held.clone();
+        b.stage("done", StageConfig::default(), move |_| {
+            let held = held.clone();
+            move |ctx: &mut Ctx<'_>, ()| {
+                let taken: Vec<_> = held.lock().unwrap().drain(..).collect();
+                for d in taken {
+                    ctx.complete_response(d);
+                }
+            }
+        })
+        .unwrap()
+    };
+    let (b, a) = b.activity("/t/a", ActivitySpec::weight(10)).unwrap();
+    let (b, plain) = b.activity("/t/plain", ActivitySpec::weight(10)).unwrap();
+    let rt = b.start().unwrap();
+    let p90 = Predicate::P90 {
+        params: P90Params {
+            target_ns: 1_000_000,
+            nreq: MESSAGES,
+            timeout_ns: 60_000_000_000,
+            rate_min_per_s: 1.0,
+            rate_max_per_s: RATE_MAX_PER_S,
+            ..P90Params::default()
+        },
+        initial_rate_per_s: RATE_MAX_PER_S,
+        burst: MESSAGES,
+    };
+    rt.set_admission(front.id(), a, Some(p90)).unwrap();
+    let sent_at = Instant::now();
+    for _ in 0..MESSAGES {
+        rt.send(&front, a, Affinity::Any, true).unwrap();
+    }
+    rt.send(&front, plain, Affinity::Any, false).unwrap();
+    wait_for("the handlers", || {
+        deferred.load(Ordering::Acquire) == MESSAGES && unsampled.load(Ordering::Acquire) == 1
+    });
+    // The input, not an assertion: the responses complete no sooner than 20 ms after sending.
+    std::thread::sleep(Duration::from_millis(20).saturating_sub(sent_at.elapsed()));
+    assert_eq!(rt.admission_rate(front.id(), a), Some(RATE_MAX_PER_S));
+    rt.send(&done, a, Affinity::Any, ()).unwrap();
+    wait_for("the controller's run", || {
+        rt.admission_rate(front.id(), a)
+            .is_some_and(|r| r < RATE_MAX_PER_S)
+    });
+    assert!(held.lock().unwrap().is_empty());
+}

@@ -95,8 +95,9 @@ pub(super) struct Conn {
     pub(super) closing: bool,
     /// When the request being received started (its first byte, or the accept).
     pub(super) request_start_ns: u64,
-    /// When a write last made progress: a client that stops reading is closed after
-    /// `keepalive_timeout` without progress.
+    /// When a write last made progress (or the send stage last offered bytes): a client that
+    /// stops reading is closed after `keepalive_timeout` without progress. Time its output
+    /// waits in the send scheduler does not count (`timer.rs`).
     pub(super) last_progress_ns: u64,
     pub(super) last_active_ns: u64,
     pub(super) requests: u64,

@@ -43,12 +43,14 @@ pub(super) const WINDOW_BYTES: usize = 64 * 1024;
 /// Most requests of one tenant waiting for one upstream's slots on one core.
 const QUEUE_PER_TENANT_MAX: usize = 1024;
 /// Most rounds of [`pump`] per call (each moves up to a window each way), so a fast pair of
-/// sockets cannot hold the worker; the next readiness event goes on.
+/// sockets cannot hold the worker; a message to `http.proxy` goes on after the others' turns.
 const PUMP_ROUNDS_MAX: usize = 16;
 
-/// Resume a request that was granted a slot while it waited.
+/// Resume a request: one granted a slot while it waited, or one whose pump used its rounds
+/// while its bytes still moved (`pump: true`).
 pub(super) struct ProxyGo {
     pub(super) key: u64,
+    pub(super) pump: bool,
 }
 
 /// Where a proxied request is.
@@ -108,6 +110,10 @@ pub(super) struct Proxied {
     /// Method and target, for the access log (only when it is on).
     log: Option<(String, String)>,
     response_bytes: u64,
+    /// The request's response-time sample, taken out of its `http.work` dispatch: the tenant's
+    /// p90 controller gets it when the backend's head arrives (or the proxy answers 502/504),
+    /// so the backend's time counts. `None` without a p90 target.
+    sample: Option<omnistage::exec::DeferredResponse>,
 }
 
 /// Starts a proxied request (from `http.work`): checks its body, then takes a slot or queues.
@@ -181,6 +187,7 @@ pub(super) fn start(
             .is_some()
             .then(|| (req.method_raw().to_string(), req.target().to_string())),
         response_bytes: 0,
+        sample: None,
     };
     let wait_max_ns = tenant.p90_target.map(|d| d.as_nanos() as u64);
     let outcome = cs.proxy.upstreams[up_i].slots.acquire(
@@ -200,6 +207,8 @@ pub(super) fn start(
         }
         crate::fair_slots::Acquire::Queued => {
             counters.queued.fetch_add(1, Ordering::Relaxed);
+            let mut p = p;
+            p.sample = ctx.defer_response();
             if let Some(c) = cs.conn(key) {
                 c.proxy = Some(Box::new(p));
             }
@@ -208,8 +217,9 @@ pub(super) fn start(
         crate::fair_slots::Acquire::Granted => {
             counters.in_flight.fetch_add(1, Ordering::Relaxed);
             counters.requests.fetch_add(1, Ordering::Relaxed);
+            let mut p = p;
+            p.sample = ctx.defer_response();
             if let Some(c) = cs.conn(key) {
-                let mut p = p;
                 p.phase = Phase::Granted;
                 c.proxy = Some(Box::new(p));
             }
@@ -219,10 +229,20 @@ pub(super) fn start(
     }
 }
 
-/// `http.proxy`: a waiter was granted a slot.
-pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key }: ProxyGo) {
+/// `http.proxy`: a waiter was granted a slot, or a pump goes on.
+pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key, pump: go_on }: ProxyGo) {
     with_core(|cs| {
         cs.refresh();
+        if go_on {
+            if cs
+                .conn(key)
+                .and_then(|c| c.proxy.as_ref())
+                .is_some_and(|p| matches!(p.phase, Phase::Active { .. }))
+            {
+                pump(ctx, cs, key);
+            }
+            return;
+        }
         if cs
             .conn(key)
             .and_then(|c| c.proxy.as_ref())
@@ -264,7 +284,10 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
                         activity: Some(tenant),
                         ..Default::default()
                     },
-                    ProxyGo { key: waiter },
+                    ProxyGo {
+                        key: waiter,
+                        pump: false,
+                    },
                 )
                 .is_ok();
         if sent {
@@ -353,6 +376,7 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 inbuf: Vec::new(),
                 out: head,
                 out_pos: 0,
+                readable: false,
             });
             ukey
         }
@@ -532,7 +556,11 @@ fn retry_or_fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) 
 pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16) {
     drop_upstream(ctx, cs, key, false);
     let Some(c) = cs.conn(key) else { return };
-    let Some(p) = c.proxy.take() else { return };
+    let Some(mut p) = c.proxy.take() else { return };
+    if let Some(d) = p.sample.take() {
+        // The proxy's own answer ends the request's response time.
+        ctx.complete_response(d);
+    }
     match status {
         504 => p.counters.errors_504.fetch_add(1, Ordering::Relaxed),
         502 => p.counters.errors_502.fetch_add(1, Ordering::Relaxed),
@@ -655,14 +683,42 @@ struct Moved {
 /// on any readiness of either side.
 pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let mut rearm = false;
+    let mut moving = true;
     for _ in 0..PUMP_ROUNDS_MAX {
         let m = pump_once(ctx, cs, key);
         if m.ended {
             return;
         }
         rearm |= m.rearm;
-        if !m.progress {
+        moving = m.progress;
+        if !moving {
             break;
+        }
+    }
+    if moving {
+        // Out of rounds with bytes still moving: no readiness edge may come for them (the
+        // backend's bytes already wait in its socket, the client's socket never filled), so a
+        // message goes on with the pump after the other work queued here. Without it a large
+        // response could stall for good (a TLS test saw it about once in 30 runs).
+        let activity = cs
+            .conn(key)
+            .and_then(|c| c.proxy.as_ref())
+            .map(|p| p.activity);
+        let proxy_stage = cs.stages.proxy;
+        let sent = ctx
+            .send_with(
+                &proxy_stage,
+                SendOpts {
+                    activity,
+                    ..Default::default()
+                },
+                ProxyGo { key, pump: true },
+            )
+            .is_ok();
+        if !sent {
+            // Refused only for a tenant removed by a reload: nothing would move its bytes on,
+            // so the response is cut (the client sees it closed, never complete).
+            fail(ctx, cs, key, 502);
         }
     }
     // One timer message per pump that moved request bytes (not per write).
@@ -806,9 +862,15 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                 // Only a head still partial can be this long; `forward` refuses it.
                 break;
             }
+            if !u.readable {
+                // Nothing arrived since the socket was found empty: the next edge brings us.
+                break;
+            }
             match u.stream.read(scratch) {
                 Ok(0) => eof = true,
                 Ok(n) => {
+                    // A short read emptied the socket's queue.
+                    u.readable = n == scratch.len();
                     u.inbuf.extend_from_slice(&scratch[..n]);
                     p.counters
                         .bytes_from_backend
@@ -816,7 +878,10 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                     ctx.record_bytes_in(p.activity, n as u64);
                     m.progress = true;
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    u.readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => eof = true,
             }
@@ -834,6 +899,9 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
     c.last_progress_ns = now;
     if head_seen {
         proxy.upstreams[up_i].succeeded(server);
+        if let Some(d) = p.sample.take() {
+            ctx.complete_response(d);
+        }
     }
     if bad_body {
         // A chunked body that is malformed or over body_bytes_max: the stream is lost.

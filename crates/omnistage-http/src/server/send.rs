@@ -131,6 +131,9 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, max_bytes: usize)
         sent.failed = true;
         return sent;
     };
+    // The client's no-progress clock runs from when the server offers bytes: the time its
+    // output waited for this turn was the server's (`timer.rs`).
+    c.last_progress_ns = ctx.now_ns();
     while sent.bytes < max_bytes {
         if !c.out.is_empty() {
             match c.write_out(max_bytes - sent.bytes) {

@@ -355,6 +355,16 @@ impl SendSched {
     }
 
     /// Removes a connection's own leaf (`fair`), if it has one.
+    /// Whether the connection's output waits here for its turn (its own leaf backlogged, or an
+    /// entry in its tenant's ordered queue): then the server holds its bytes, not the client.
+    pub(super) fn holds(&self, key: u64) -> bool {
+        self.queued.contains_key(&key)
+            || self
+                .leaves
+                .get(&key)
+                .is_some_and(|&leaf| self.tree.has_work(leaf))
+    }
+
     pub(super) fn forget_leaf(&mut self, key: u64) {
         if let Some(leaf) = self.leaves.remove(&key) {
             self.conn_of.remove(&leaf);

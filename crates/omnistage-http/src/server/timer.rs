@@ -35,9 +35,15 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 let idle_ns = cs.live.config.server.keepalive_timeout.as_nanos() as u64;
                 let timer = cs.stages.timer;
                 let shared = cs.shared.clone();
+                let held = cs.send.as_ref().is_some_and(|ss| ss.holds(key));
                 let Some(c) = cs.conn(key) else { return };
                 let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
-                let deadline = if sending {
+                let deadline = if sending && held {
+                    // Its output waits for its turn under the link's scheduler (a link cap, a
+                    // tenant's small share): the server holds the bytes, the client is not to
+                    // blame. Its clock restarts when the send stage offers them.
+                    now + idle_ns
+                } else if sending {
                     // Bytes wait for the client: it must keep reading.
                     c.last_progress_ns + idle_ns
                 } else if c.proxy.as_ref().is_some_and(|p| !p.body_done) {

@@ -16,6 +16,7 @@ pub(super) fn on_upstream(ctx: &mut Ctx<'_>, ev: IoEvent) {
         cs.refresh();
         let up = ev.user;
         let Some(u) = cs.proxy.conn(up) else { return };
+        u.readable |= ev.readable || ev.closed;
         match u.state {
             UpState::Idle => {
                 if ev.readable || ev.closed {

@@ -210,6 +210,11 @@ pub(super) struct UpConn {
     /// Bytes of the request not yet written (from `out_pos`).
     pub(super) out: Vec<u8>,
     pub(super) out_pos: usize,
+    /// The socket may hold response bytes: a readiness edge came since a read last found it
+    /// empty (WouldBlock, or a short read: under edge-triggered readiness new bytes make a new
+    /// edge). Without it the proxy's pump would try a read after every request it sends and
+    /// meet WouldBlock: one wasted syscall per proxied request.
+    pub(super) readable: bool,
 }
 
 /// This core's upstreams and upstream connections.

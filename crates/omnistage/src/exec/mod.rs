@@ -39,7 +39,7 @@ mod task_io;
 mod worker;
 
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
-pub use worker::{Ctx, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
+pub use worker::{Ctx, DeferredResponse, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
 
 use crate::account::{
     ActivityId, EdgeCounts, EdgeFrom, EdgeRow, LatencyRow, Ledger, Snapshot, StageId,

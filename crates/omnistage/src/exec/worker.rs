@@ -375,6 +375,9 @@ where
         }
         st.current_activity = activity;
         st.current_stage = self.id;
+        // Set before the handlers run: one of them may take its message's sample.
+        st.observe_gate = observe_gate;
+        st.deferred.clear();
         let _reported_as = super::panic::StageGuard::enter(self.name);
         let mut panics = 0;
         let handler = &mut self.handler;
@@ -385,7 +388,8 @@ where
             ACCOUNTED && n > 1 && shared.tasks.as_ref().is_some_and(|t| t.stage() == self.id);
         let mut mark = if timed { shared.clock.raw() } else { 0 };
         let mut longest_ns = 0;
-        for mut env in self.buf.drain(..) {
+        for (pos, mut env) in self.buf.drain(..).enumerate() {
+            st.batch_pos = pos;
             if is_io {
                 // Constant per monomorphization: free for every other message type.
                 if let Some(ev) = (&mut env.msg as &mut dyn Any).downcast_mut::<IoEvent>() {
@@ -405,7 +409,6 @@ where
                 mark = t;
             }
         }
-        st.observe_gate = observe_gate;
         let still_backlogged = self.backlogged(st, q);
         Batch {
             activity,
@@ -435,7 +438,13 @@ pub(crate) struct CoreState {
     current_stage: StageId,
     /// Enqueue times of the batch just handled, when its gate has a controller.
     responses: Vec<u64>,
+    /// The batch's gate, while its handler runs and until its controller is fed.
     observe_gate: Option<Arc<Gate>>,
+    /// Position in the batch of the message its handler is handling.
+    batch_pos: usize,
+    /// Positions (ascending) whose response sample the handler took ([`Ctx::defer_response`]):
+    /// their controller sample comes later, not from this dispatch.
+    deferred: Vec<usize>,
     dropped: u64,
     registry: mio::Registry,
     io: Vec<IoRegistration>,
@@ -486,6 +495,8 @@ impl CoreState {
             current_stage: StageId::MAX,
             responses: Vec::new(),
             observe_gate: None,
+            batch_pos: 0,
+            deferred: Vec::new(),
             dropped: 0,
             registry,
             io: Vec::new(),
@@ -929,6 +940,14 @@ impl CoreState {
 }
 
 /// What a handler can do while it runs.
+/// A message's response sample taken out of its dispatch ([`Ctx::defer_response`]); given to
+/// [`Ctx::complete_response`] when the response is done (dropped: the sample is lost).
+#[derive(Debug)]
+pub struct DeferredResponse {
+    gate: Arc<Gate>,
+    enq_ns: u64,
+}
+
 pub struct Ctx<'a> {
     pub(super) st: &'a mut CoreState,
     pub(super) shared: &'a Shared,
@@ -965,6 +984,33 @@ impl Ctx<'_> {
         if let Some(c) = self.st.record_cell(self.shared, activity) {
             c.bytes_out.add(bytes);
         }
+    }
+
+    /// Takes the response-time sample of the message being handled out of its dispatch: its
+    /// response is not done when the handler returns (a proxied request waits for its
+    /// backend), so its stage's admission controller (a p90 target) is fed when it is, through
+    /// [`Ctx::complete_response`]. `None` when nothing samples this message (its gate has no
+    /// controller, the scheduling bypass, or no stage message is being handled).
+    pub fn defer_response(&mut self) -> Option<DeferredResponse> {
+        let st = &mut *self.st;
+        let gate = st.observe_gate.as_ref()?;
+        let enq_ns = *st.responses.get(st.batch_pos)?;
+        // Once per message, however many times its handler asks.
+        if st.deferred.last() != Some(&st.batch_pos) {
+            debug_assert!(st.deferred.last().is_none_or(|&p| p < st.batch_pos));
+            st.deferred.push(st.batch_pos);
+        }
+        Some(DeferredResponse {
+            gate: gate.clone(),
+            enq_ns,
+        })
+    }
+
+    /// Feeds a deferred response's time (from its message's enqueue until now) to its stage's
+    /// admission controller, and counts it as completed.
+    pub fn complete_response(&mut self, d: DeferredResponse) {
+        let now = self.st.now_ns;
+        d.gate.observe(&[now.saturating_sub(d.enq_ns)], now);
     }
 
     /// Records bytes received on behalf of `activity` by the current stage.
@@ -1490,10 +1536,24 @@ fn run_loop<const ACCOUNTED: bool>(
                 .0
                 .fetch_sub(b.messages as usize, Ordering::AcqRel);
             if let Some(g) = st.observe_gate.take() {
+                if !st.deferred.is_empty() {
+                    // Their samples come when their responses are done.
+                    let (mut pos, mut next) = (0, 0);
+                    let deferred = &st.deferred;
+                    st.responses.retain(|_| {
+                        let taken = deferred.get(next) == Some(&pos);
+                        next += usize::from(taken);
+                        pos += 1;
+                        !taken
+                    });
+                    st.deferred.clear();
+                }
                 for r in st.responses.iter_mut() {
                     *r = end_ns.saturating_sub(*r);
                 }
-                g.observe(&st.responses, end_ns);
+                if !st.responses.is_empty() {
+                    g.observe(&st.responses, end_ns);
+                }
             }
             seg_start = end_raw;
         } else {
