@@ -102,7 +102,7 @@
 //! node = "n1"                       # unique per node, [A-Za-z0-9_.-]{1,64}; default the host
 //!                                   # name
 //! sync_ms = 100                     # 10..=60000: how often the node publishes its demand and
-//!                                   # reads the fleet's (entries live 2 × sync_ms)
+//!                                   # reads the fleet's (entries live 1.9 × sync_ms)
 //! ```
 //!
 //! Unknown keys are errors. Every error names the line and column of the offending value (or
