@@ -75,7 +75,7 @@
 //!                                   # order) | "shortest_first" (fewest bytes left, SRPT) |
 //!                                   # "longest_first" (largest response first)
 //! cache_bytes = 67108864            # optional budget, ≤ server.cache_bytes_max
-//! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
+//! p90_target_ms = 50                # optional admission target, 1 ms..=1 h (proxied: until the backend's head)
 //! connections_max = 2000            # optional, ≤ server.connections_max
 //! synthetic = true                  # enables /_burn?us=N and /_bytes?n=N (default false)
 //! fleet_rate_per_s = 1000           # optional, needs [cluster]: requests/s for this tenant
