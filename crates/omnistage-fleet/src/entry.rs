@@ -1,6 +1,6 @@
 //! entry: what one node publishes to Redis every `sync_ms`, written and read as text.
 //!
-//! One Redis string per node, key `<prefix>node:<node>`, set with a TTL of 2 × `sync_ms`:
+//! One Redis string per node, key `<prefix>node:<node>`, set with a TTL of 1.9 × `sync_ms` (`NodeConfig::ttl_ms`):
 //!
 //! ```text
 //! omnistage-fleet/1 node=n1 cpu=2000000000 link=10000000

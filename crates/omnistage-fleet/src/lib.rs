@@ -4,7 +4,7 @@
 //! thread ([`node`]) that every `sync_ms`:
 //!
 //! 1. publishes, per tenant and per bound resource (CPU, link bytes), its demand and its use
-//!    ([`entry`]), under a key that expires after 2 × `sync_ms`;
+//!    ([`entry`]), under a key that expires after 1.9 × `sync_ms`;
 //! 2. reads every node's entry and water-fills the fleet-wide shares by weight under placement
 //!    ([`water`]): a tenant present on few nodes gets its fleet share there, one present
 //!    everywhere yields where it can be served elsewhere;

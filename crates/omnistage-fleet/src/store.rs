@@ -3,7 +3,7 @@
 //! Keys (all under one prefix, `omnistage:fleet:` by default):
 //!
 //! ```text
-//! <prefix>node:<node>        string   the node's entry (entry.rs), PX 2 × sync_ms
+//! <prefix>node:<node>        string   the node's entry (entry.rs), PX 1.9 × sync_ms
 //! <prefix>nodes              set      names of nodes that have published (members whose
 //!                                     entry expired are removed by whoever reads them)
 //! <prefix>cap:<tenant>:req   hash     a fleet cap's token bucket: tokens, ts (µs, Redis TIME)

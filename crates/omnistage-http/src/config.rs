@@ -75,7 +75,7 @@
 //!                                   # order) | "shortest_first" (fewest bytes left, SRPT) |
 //!                                   # "longest_first" (largest response first)
 //! cache_bytes = 67108864            # optional budget, ≤ server.cache_bytes_max
-//! p90_target_ms = 50                # optional admission target, 1 ms..=1 h
+//! p90_target_ms = 50                # optional admission target, 1 ms..=1 h (proxied: until the backend's head)
 //! connections_max = 2000            # optional, ≤ server.connections_max
 //! synthetic = true                  # enables /_burn?us=N and /_bytes?n=N (default false)
 //! fleet_rate_per_s = 1000           # optional, needs [cluster]: requests/s for this tenant
@@ -102,7 +102,7 @@
 //! node = "n1"                       # unique per node, [A-Za-z0-9_.-]{1,64}; default the host
 //!                                   # name
 //! sync_ms = 100                     # 10..=60000: how often the node publishes its demand and
-//!                                   # reads the fleet's (entries live 2 × sync_ms)
+//!                                   # reads the fleet's (entries live 1.9 × sync_ms)
 //! ```
 //!
 //! Unknown keys are errors. Every error names the line and column of the offending value (or

@@ -16,6 +16,7 @@
 //!   the framing and persistence of this hop written.
 
 use crate::request::{BodyFraming, Request};
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::ops::Range;
 
@@ -384,7 +385,8 @@ pub fn write_upstream_head(out: &mut Vec<u8>, req: &Request, peer: IpAddr, proto
         out.extend_from_slice(x);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(peer.to_string().as_bytes());
+    // Straight into the head: no String per request.
+    let _ = write!(out, "{peer}");
     out.extend_from_slice(b"\r\nX-Forwarded-Proto: ");
     out.extend_from_slice(proto.as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -414,7 +416,7 @@ pub fn write_client_head(
     // Parsed before; a failure here writes a bare status line rather than panic.
     let _ = resp.parse(upstream_head);
     let status = resp.code.unwrap_or(502);
-    out.extend_from_slice(format!("HTTP/1.1 {status} ").as_bytes());
+    let _ = write!(out, "HTTP/1.1 {status} ");
     out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     let headers = &*resp.headers;

@@ -51,9 +51,9 @@ const REQUESTS_MEASURED: u64 = 2000;
 /// Requests sent before counting (fills the file cache and the buffer pools).
 const REQUESTS_WARMUP: u64 = 200;
 
-fn start(docroot: &std::path::Path, extra_server: &str) -> Server {
+fn start(docroot: &std::path::Path, extra_server: &str, extra_tenant: &str) -> Server {
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\n{extra_server}\n[[tenant]]\nname = \"t\"\nhosts = [\"t.test\"]\ndocroot = '{}'\n",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\n{extra_server}\n[[tenant]]\nname = \"t\"\nhosts = [\"t.test\"]\ndocroot = '{}'\n{extra_tenant}\n",
         docroot.display()
     );
     let config = parse_config(&toml).unwrap();
@@ -80,13 +80,18 @@ fn round_trip(s: &mut TcpStream, req: &[u8], buf: &mut [u8], len: usize) {
 
 /// Allocations per request over `REQUESTS_MEASURED` keep-alive GETs of `req` (a cached file).
 fn allocs_per_request(req: &[u8], extra_server: &str) -> f64 {
+    allocs_per_request_with(req, extra_server, "")
+}
+
+/// [`allocs_per_request`] with keys added to the tenant's table.
+fn allocs_per_request_with(req: &[u8], extra_server: &str, extra_tenant: &str) -> f64 {
     // The count is process-wide: one measurement at a time.
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.html"), vec![b'x'; 600]).unwrap();
     let extra_server = extra_server.replace("{dir}", &dir.path().display().to_string());
-    let server = start(dir.path(), &extra_server);
+    let server = start(dir.path(), &extra_server, extra_tenant);
     let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     // The first response tells the length of every later one (same headers, same sizes).
@@ -164,4 +169,48 @@ fn a_head_too_large_to_keep_inline_uses_a_pooled_buffer() {
     let req = format!("GET /a.html HTTP/1.1\r\nHost: t.test\r\nCookie: {cookie}\r\n\r\n");
     let per = allocs_per_request(req.as_bytes(), "");
     assert!(per < 0.1, "{per} allocations per request");
+}
+
+/// A backend that answers every request on each connection with the same 600-byte response,
+/// reading into a fixed buffer (so it allocates nothing per request itself).
+fn fixed_backend() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                let mut have = 0;
+                const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 600\r\n\r\n";
+                let mut resp = [b'x'; HEAD.len() + 600];
+                resp[..HEAD.len()].copy_from_slice(HEAD);
+                loop {
+                    while let Some(end) = buf[..have].windows(4).position(|w| w == b"\r\n\r\n") {
+                        if s.write_all(&resp).is_err() {
+                            return;
+                        }
+                        buf.copy_within(end + 4..have, 0);
+                        have -= end + 4;
+                    }
+                    match s.read(&mut buf[have..]) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => have += n,
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_proxied_keep_alive_request_allocates_little() {
+    let backend = fixed_backend();
+    let per = allocs_per_request_with(
+        b"GET /app HTTP/1.1\r\nHost: t.test\r\n\r\n",
+        &format!("\n[[upstream]]\nname = \"app\"\nservers = [\"{backend}\"]\n"),
+        "upstream = \"app\"\n",
+    );
+    assert!(per < 0.1, "{per} allocations per proxied request");
 }

@@ -908,3 +908,26 @@ fn the_p90_controller_counts_the_backends_time() {
         "rate {rate}/s still at its ceiling {ceiling}/s after {served} responses of 20 ms"
     );
 }
+
+/// A proxied request's deadlines share one timer per connection: 300 requests on one
+/// keep-alive connection leave a handful of timers waiting, not two 30-second timers per
+/// request (as before: at 50,000 requests/s they would have filled a worker's timer heap in
+/// about ten seconds, after which no timer of any kind could be armed there).
+#[test]
+fn proxied_requests_do_not_pile_up_timers() {
+    const REQUESTS: usize = 300;
+    let b = Backend::echo();
+    let p = Proxy::start(&[b.addr], "", "", "");
+    let s = p.connect();
+    let mut r = BufReader::new(&s);
+    for _ in 0..REQUESTS {
+        (&s).write_all(b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut r, false).unwrap().status, 200);
+    }
+    let pending = p.server().runtime().timers_pending();
+    assert!(
+        pending <= 8,
+        "{pending} timers pending after {REQUESTS} proxied requests"
+    );
+}

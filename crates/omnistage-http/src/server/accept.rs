@@ -91,6 +91,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 request_start_ns: now,
                 last_progress_ns: now,
                 last_active_ns: now,
+                proxy_timer_ns: 0,
                 requests: 0,
                 tls: tls.then(|| Box::new(TlsConn::accepting())),
                 proxy: None,

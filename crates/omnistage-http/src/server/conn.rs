@@ -100,6 +100,8 @@ pub(super) struct Conn {
     /// waits in the send scheduler does not count (`timer.rs`).
     pub(super) last_progress_ns: u64,
     pub(super) last_active_ns: u64,
+    /// When the connection's one outstanding proxy deadline timer fires (0: none).
+    pub(super) proxy_timer_ns: u64,
     pub(super) requests: u64,
     /// The TLS side, on a TLS listener's connection (boxed: most connections have none).
     pub(super) tls: Option<Box<TlsConn>>,

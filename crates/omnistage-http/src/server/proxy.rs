@@ -102,7 +102,7 @@ pub(super) struct Proxied {
     granted_ns: u64,
     attempts: usize,
     /// Names the latest deadline armed; older ones are stale.
-    deadline_seq: u64,
+    deadline_ns: u64,
     /// The whole request (head and body) is in the backend's socket: `response_timeout_ms`
     /// runs from here. Before, it runs from the last upload progress, so a slow upload that
     /// keeps moving is never a 504.
@@ -150,7 +150,9 @@ pub(super) fn start(
     let Some(tenant) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
         return answer_status(ctx, cs, key, req, 421, false);
     };
-    let mut head = Vec::with_capacity(256 + req.head().len());
+    // From the thread's buffer pool, given back when the backend's head arrives.
+    let mut head = super::pool::take_buf();
+    head.reserve(256 + req.head().len());
     write_upstream_head(&mut head, req, peer, proto);
     let counters =
         cs.proxy.upstreams[up_i].counters(&cs.shared.upstream_counters, tr.activity, &tr.name);
@@ -179,7 +181,7 @@ pub(super) fn start(
         resp: None,
         granted_ns: now,
         attempts: 0,
-        deadline_seq: 0,
+        deadline_ns: 0,
         request_sent: false,
         log: cs
             .shared
@@ -209,8 +211,9 @@ pub(super) fn start(
             counters.queued.fetch_add(1, Ordering::Relaxed);
             let mut p = p;
             p.sample = ctx.defer_response();
+            let p = boxed(cs, p);
             if let Some(c) = cs.conn(key) {
-                c.proxy = Some(Box::new(p));
+                c.proxy = Some(p);
             }
             Step::Idle
         }
@@ -219,9 +222,10 @@ pub(super) fn start(
             counters.requests.fetch_add(1, Ordering::Relaxed);
             let mut p = p;
             p.sample = ctx.defer_response();
+            p.phase = Phase::Granted;
+            let p = boxed(cs, p);
             if let Some(c) = cs.conn(key) {
-                p.phase = Phase::Granted;
-                c.proxy = Some(Box::new(p));
+                c.proxy = Some(p);
             }
             dispatch(ctx, cs, key);
             Step::Idle
@@ -311,7 +315,14 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let (up_i, activity, head, attempts) = match cs.conn(key).and_then(|c| c.proxy.as_mut()) {
         Some(p) => {
             p.attempts += 1;
-            (p.upstream, p.activity, p.head.clone(), p.attempts)
+            // Taken for the copy into the upstream connection's buffer and put back below: a
+            // retry sends it again.
+            (
+                p.upstream,
+                p.activity,
+                std::mem::take(&mut p.head),
+                p.attempts,
+            )
         }
         None => return,
     };
@@ -338,7 +349,9 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             u.client = key;
             u.reused = true;
             u.server = server;
-            u.out = head;
+            // Into the pooled connection's own buffer (no allocation once it has grown).
+            u.out.clear();
+            u.out.extend_from_slice(&head);
             u.out_pos = 0;
             let _ = ctx.io_set_activity(u.handle, activity);
             ukey
@@ -348,6 +361,9 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 Ok(s) => s,
                 Err(_) => {
                     cs.proxy.upstreams[up_i].failed(server, now);
+                    if let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) {
+                        p.head = head;
+                    }
                     retry_or_fail(ctx, cs, key, 502);
                     return;
                 }
@@ -374,7 +390,7 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 client: key,
                 reused: false,
                 inbuf: Vec::new(),
-                out: head,
+                out: head.clone(),
                 out_pos: 0,
                 readable: false,
             });
@@ -386,9 +402,13 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         .proxy
         .conn(ukey)
         .is_some_and(|u| u.state == UpState::Connecting);
-    let cfg = cs.proxy.upstreams[up_i].config.clone();
+    let (connect_timeout, response_timeout) = {
+        let c = &cs.proxy.upstreams[up_i].config;
+        (c.connect_timeout, c.response_timeout)
+    };
     let Some(c) = cs.conn(key) else { return };
     let Some(p) = c.proxy.as_mut() else { return };
+    p.head = head;
     p.phase = Phase::Active { up: ukey };
     p.server = server;
     let send_continue = attempts == 1
@@ -403,9 +423,9 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             .with_head(|b| b.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n"));
     }
     let timeout = if connecting {
-        cfg.connect_timeout
+        connect_timeout
     } else {
-        cfg.response_timeout
+        response_timeout
     };
     arm(ctx, cs, key, timeout.as_nanos() as u64);
     if !connecting {
@@ -415,25 +435,53 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     }
 }
 
-/// Arms the request's deadline `ns` from now (a new one makes the older ones stale).
+/// Sets the request's deadline `ns` from now (it replaces the one before).
 fn arm(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, ns: u64) {
     let timer = cs.stages.timer;
-    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) else {
-        return;
-    };
-    p.deadline_seq += 1;
-    let seq = p.deadline_seq;
-    let _ = ctx.send_after(&timer, ns, Tick::Proxy { key, seq });
+    let Some(c) = cs.conn(key) else { return };
+    let Some(p) = c.proxy.as_mut() else { return };
+    let due_ns = ctx.now_ns().saturating_add(ns);
+    p.deadline_ns = due_ns;
+    // One timer per connection at a time, not one per arming: a later deadline is found by
+    // the outstanding timer when it fires (it re-arms for the rest). Before, each request
+    // armed two 30 s timers that nothing cancelled, so a sustained 50,000 requests/s would
+    // have filled the worker's timer heap (`TIMERS_MAX`) in about ten seconds, after which no
+    // timer of any kind could be armed on that worker.
+    let needed = c.proxy_timer_ns == 0 || c.proxy_timer_ns > due_ns;
+    if needed
+        && ctx
+            .send_after(&timer, ns, Tick::Proxy { key, due_ns })
+            .is_ok()
+    {
+        // An outstanding later one, if any, is now stale (`on_deadline` ignores it).
+        c.proxy_timer_ns = due_ns;
+    }
 }
 
 /// A proxied request's deadline fired: a connect that did not finish, or a head that did not
 /// come.
-pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, seq: u64) {
+pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_ns: u64) {
     let now = ctx.now_ns();
-    let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_ref()) else {
+    let timer = cs.stages.timer;
+    let Some(c) = cs.conn(key) else { return };
+    if c.proxy_timer_ns != due_ns {
+        // Replaced by a sooner one.
         return;
-    };
-    if p.deadline_seq != seq || p.resp.is_some() {
+    }
+    c.proxy_timer_ns = 0;
+    let Some(p) = c.proxy.as_ref() else { return };
+    if p.resp.is_some() || p.deadline_ns == 0 {
+        return;
+    }
+    if now < p.deadline_ns {
+        // The deadline moved on (progress, or a later request on this connection).
+        let due_ns = p.deadline_ns;
+        if ctx
+            .send_after(&timer, due_ns - now, Tick::Proxy { key, due_ns })
+            .is_ok()
+        {
+            c.proxy_timer_ns = due_ns;
+        }
         return;
     }
     let Phase::Active { up } = p.phase else {
@@ -663,7 +711,27 @@ fn complete(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
         resp.status,
         p.response_bytes,
     ) {
+        recycle(cs, p);
         drive(ctx, cs, key);
+    }
+}
+
+/// `p` in a box: a finished request's, or a new one.
+fn boxed(cs: &mut CoreServer, p: Proxied) -> Box<Proxied> {
+    match cs.proxy.spare.pop() {
+        Some(mut b) => {
+            *b = p;
+            b
+        }
+        None => Box::new(p),
+    }
+}
+
+/// Keeps a finished request's box for the next one (its head buffer goes back to the pool).
+fn recycle(cs: &mut CoreServer, mut p: Box<Proxied>) {
+    super::pool::give_buf(std::mem::take(&mut p.head));
+    if cs.proxy.spare.len() < super::upstream_pool::SPARE_PROXIED_MAX {
+        cs.proxy.spare.push(p);
     }
 }
 
@@ -1008,7 +1076,7 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                         chunked_to_client,
                         upstream_keep_alive: h.keep_alive,
                     });
-                    p.head = Vec::new();
+                    super::pool::give_buf(std::mem::take(&mut p.head));
                     f.head_seen = true;
                     if h.framing == ResponseFraming::None || h.framing == ResponseFraming::Length(0)
                     {

@@ -15,7 +15,7 @@ pub(super) enum Tick {
     /// A proxied request's connect or response deadline (`seq` names the latest one armed).
     Proxy {
         key: u64,
-        seq: u64,
+        due_ns: u64,
     },
     LogFlush,
 }
@@ -28,7 +28,7 @@ pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
                 cs.flush_log();
                 let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
             }
-            Tick::Proxy { key, seq } => super::proxy::on_deadline(ctx, cs, key, seq),
+            Tick::Proxy { key, due_ns } => super::proxy::on_deadline(ctx, cs, key, due_ns),
             Tick::Deadline { key } => {
                 let now = ctx.now_ns();
                 let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;

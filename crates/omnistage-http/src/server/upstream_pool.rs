@@ -226,7 +226,15 @@ pub(super) struct ProxyCore {
     pub(super) conns: Vec<Option<UpConn>>,
     pub(super) free: Vec<u32>,
     pub(super) generations: Vec<u32>,
+    /// Boxes of finished proxied requests, reused by the next ones (at most
+    /// [`SPARE_PROXIED_MAX`]): no allocation per proxied request. Boxed because the
+    /// connection holds its request boxed (most connections have none).
+    #[allow(clippy::vec_box)]
+    pub(super) spare: Vec<Box<super::proxy::Proxied>>,
 }
+
+/// Most finished requests' boxes kept for reuse per worker.
+pub(super) const SPARE_PROXIED_MAX: usize = 64;
 
 impl ProxyCore {
     pub(super) fn new(config: &Config, workers: usize) -> ProxyCore {

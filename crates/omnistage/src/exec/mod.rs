@@ -329,6 +329,8 @@ pub(crate) struct Shared {
     /// Messages admitted for each core and not yet handled (queued, in a mailbox, on a timer,
     /// or in the handler now).
     pub(crate) core_pending: Vec<CachePadded>,
+    /// Timers waiting on each core (written by that core alone, after each change).
+    pub(crate) core_timers: Vec<CachePadded>,
     affinity: AffinityTable,
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
@@ -663,6 +665,7 @@ impl Builder {
             predicates: RwLock::new(HashMap::new()),
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
+            core_timers: (0..self.workers).map(|_| CachePadded::default()).collect(),
             affinity: AffinityTable {
                 shards: (0..16).map(|_| Mutex::new(HashMap::new())).collect(),
                 ttl_ns: self.affinity_ttl_ns,
@@ -813,6 +816,16 @@ impl Runtime {
     /// The settings a stage was registered with.
     pub fn stage_config(&self, id: StageId) -> Option<&StageConfig> {
         self.shared.stages.get(id as usize).map(|s| &s.config)
+    }
+
+    /// Timers waiting to fire on every core (delayed sends: `send_after`, `SendOpts::delay_ns`),
+    /// as each core last wrote it. Each core holds at most `TIMERS_MAX`.
+    pub fn timers_pending(&self) -> usize {
+        self.shared
+            .core_timers
+            .iter()
+            .map(|c| c.0.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Messages admitted to the (stage, activity) queue and waiting for a dispatch (queued

@@ -892,6 +892,9 @@ impl CoreState {
             seq: self.timer_seq,
             payload,
         });
+        shared.core_timers[self.core]
+            .0
+            .store(self.timers.len(), Ordering::Relaxed);
     }
 
     /// Delivers the timers that are due; says whether any were.
@@ -904,6 +907,11 @@ impl CoreState {
             let t = self.timers.pop().expect("peeked");
             t.payload.deliver(self, shared);
             fired = true;
+        }
+        if fired {
+            shared.core_timers[self.core]
+                .0
+                .store(self.timers.len(), Ordering::Relaxed);
         }
         fired
     }
