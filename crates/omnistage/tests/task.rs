@@ -729,7 +729,10 @@ fn spin_ns(ns: u64) {
 /// poll of twice the limit beside a short one counts once.
 #[test]
 fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
-    let limit_ns = 20_000_000;
+    // The polls spin on the OS's clock, so a preempted one lasts longer than it spun: with a
+    // 20 ms limit a 6 ms poll preempted for 14 ms counted as long (1 workspace run in 6 on the
+    // shared machine). At 150 ms a poll of 0.3 of it must be held off the CPU for 105 ms.
+    let limit_ns = 150_000_000;
     let (rt, a, b) = runtime(
         1,
         TaskConfig {
