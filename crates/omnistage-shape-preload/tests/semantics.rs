@@ -32,13 +32,20 @@ fn probe() -> PathBuf {
 
 /// The library under test: beside the probe after `cargo build`, or in `deps/` where `cargo test`
 /// leaves it (the crate is also an rlib so that `cargo test` builds the cdylib on a fresh clone).
+/// The newer of the two when both exist: `cargo test` rebuilds only the one in `deps/`, so an
+/// uplifted copy from an earlier `cargo build` may be stale (a test once passed against it with
+/// the hook under test removed).
 fn preload() -> PathBuf {
     let dir = probe().parent().unwrap().to_path_buf();
-    let uplifted = dir.join("libomnistage_shape_preload.so");
-    if uplifted.is_file() {
-        return uplifted;
-    }
-    dir.join("deps").join("libomnistage_shape_preload.so")
+    let candidates = [
+        dir.join("libomnistage_shape_preload.so"),
+        dir.join("deps").join("libomnistage_shape_preload.so"),
+    ];
+    candidates
+        .iter()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .max_by_key(|(t, _)| *t)
+        .map_or_else(|| candidates[1].clone(), |(_, p)| p.clone())
 }
 
 fn pattern(n: usize) -> Vec<u8> {
@@ -173,6 +180,13 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     // gives the caller's events back unchanged.
     assert_eq!(r.get("poll-held"), (0, 0));
     assert_eq!(r.get("poll-events-restored").0, 1);
+    // So do select and pselect, and what is not throttled (writing) is reported at once.
+    assert_eq!(r.get("select-held"), (0, 0));
+    assert_eq!(r.get("select-set-cleared").0, 1);
+    assert_eq!(r.get("select-timeval-spent").0, 1);
+    assert_eq!(r.get("select-write"), (1, 0));
+    assert_eq!(r.get("select-write-only").0, 1);
+    assert_eq!(r.get("pselect-held"), (0, 0));
     assert_eq!(r.bucket_bytes[READ], 100);
 }
 

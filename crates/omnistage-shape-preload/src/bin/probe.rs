@@ -155,6 +155,51 @@ fn main() {
                 };
                 out("poll-held", libc::poll(&mut p, 1, 30) as isize);
                 println!("poll-events-restored {}", (p.events == libc::POLLIN) as u8);
+                // select and pselect hold the throttled read back the same way (the socket
+                // holds 4,900 unread bytes: unshaped, both would report it at once), clear the
+                // caller's set on the timeout, and report what is not throttled (writing).
+                let mut rs: libc::fd_set = std::mem::zeroed();
+                libc::FD_SET(c, &mut rs);
+                let mut tv = libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 30_000,
+                };
+                let none = std::ptr::null_mut();
+                out(
+                    "select-held",
+                    libc::select(c + 1, &mut rs, none, none, &mut tv) as isize,
+                );
+                println!("select-set-cleared {}", (!libc::FD_ISSET(c, &rs)) as u8);
+                println!(
+                    "select-timeval-spent {}",
+                    (tv.tv_sec == 0 && tv.tv_usec < 30_000) as u8
+                );
+                let mut ws: libc::fd_set = std::mem::zeroed();
+                libc::FD_SET(c, &mut ws);
+                let mut rs: libc::fd_set = std::mem::zeroed();
+                libc::FD_SET(c, &mut rs);
+                let mut tv = libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 30_000,
+                };
+                out(
+                    "select-write",
+                    libc::select(c + 1, &mut rs, &mut ws, none, &mut tv) as isize,
+                );
+                println!(
+                    "select-write-only {}",
+                    (libc::FD_ISSET(c, &ws) && !libc::FD_ISSET(c, &rs)) as u8
+                );
+                let mut rs: libc::fd_set = std::mem::zeroed();
+                libc::FD_SET(c, &mut rs);
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 30_000_000,
+                };
+                out(
+                    "pselect-held",
+                    libc::pselect(c + 1, &mut rs, none, none, &ts, std::ptr::null()) as isize,
+                );
             }
             "tcp-blocking" => {
                 let (c, s) = tcp_pair();
