@@ -63,10 +63,11 @@ pub struct TasksArgs {
     /// Polls timed per per-poll measurement.
     #[arg(long, default_value_t = 1_000_000)]
     polls: u64,
-    /// Polls per dispatch of omnistage's task stage (`TaskConfig::stage.batch_max`): 1 (the
-    /// default) has the tree pick every poll; more poll up to that many queued tasks of one
-    /// activity per pick and charge.
-    #[arg(long, default_value_t = 1)]
+    /// Polls per dispatch of omnistage's task stage (`TaskConfig::stage.batch_max`; the
+    /// runtime's default, `TASK_BATCH_DEFAULT`, unless given): 1 has the tree pick every poll;
+    /// more poll up to that many queued tasks of one activity per pick and charge (a batch
+    /// also ends at the poll limit).
+    #[arg(long, default_value_t = omnistage::exec::task::TASK_BATCH_DEFAULT)]
     task_batch: u32,
     /// Runs one workload alone, `--count` times, and prints what it did, for a profiler
     /// (`valgrind --tool=callgrind`): `yield-omnistage`, `yield-bypass`, `yield-tokio` (polls

@@ -725,14 +725,14 @@ fn spin_ns(ns: u64) {
 /// With a task batch, one dispatch polls several queued tasks of one activity: children a
 /// task spawns are queued together after its poll, and the next dispatch polls all of them
 /// (exactly 2 dispatches, 5 polls). Long polls are still judged per poll, not per batch: four
-/// polls of 0.3 of the limit make a batch longer than the limit and count nothing, while one
-/// poll of twice the limit beside a short one counts once.
+/// polls of 0.2 of the limit in one dispatch count nothing, while one poll of twice the limit
+/// beside a short one counts once.
 #[test]
 fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
-    // The polls spin on the OS's clock, so a preempted one lasts longer than it spun: with a
-    // 20 ms limit a 6 ms poll preempted for 14 ms counted as long (1 workspace run in 6 on the
-    // shared machine). At 150 ms a poll of 0.3 of it must be held off the CPU for 105 ms.
-    let limit_ns = 150_000_000;
+    // The polls spin on the OS's clock, so a preempted one lasts longer than it spun: the
+    // limit is large enough that the first batch (0.8 of it) stays under it unless held off
+    // the CPU for 60 ms (with a 20 ms limit a preempted 6 ms poll once counted as long).
+    let limit_ns = 300_000_000;
     let (rt, a, b) = runtime(
         1,
         TaskConfig {
@@ -748,18 +748,52 @@ fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
         })
         .unwrap()
     };
-    join(spawn_children(a, vec![limit_ns * 3 / 10; 4])).unwrap();
+    join(spawn_children(a, vec![limit_ns / 5; 4])).unwrap();
     wait_for("the children", || rt.task_stats().completed == 5);
     assert_eq!(polls(&rt, a), (2, 5));
     assert_eq!(rt.long_polls(), vec![]);
 
     join(spawn_children(b, vec![2 * limit_ns, 0])).unwrap();
     wait_for("the children", || rt.task_stats().completed == 8);
-    assert_eq!(polls(&rt, b), (2, 3));
     let lp = rt.long_polls();
     assert_eq!(lp.len(), 1, "{lp:?}");
     assert_eq!((lp[0].activity, lp[0].count), (b, 1));
     assert!(lp[0].worst_ns >= 2 * limit_ns);
+}
+
+/// A batch ends once it has run for the poll limit (a task quota): four queued polls of twice
+/// the limit each take a dispatch of their own, the rest of each batch going back to the front
+/// of the queue; without the bound they would have run as one dispatch of eight limits.
+#[test]
+fn a_task_batch_stops_at_the_poll_limit_and_the_rest_waits_its_turn() {
+    let limit_ns = 5_000_000;
+    let (rt, a, _) = runtime(
+        1,
+        TaskConfig {
+            poll_limit_ns: limit_ns,
+            ..batched(8)
+        },
+    );
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let o = order.clone();
+    let parent = rt
+        .spawn(a, Affinity::Core(0), async move {
+            for i in 0..4 {
+                let o = o.clone();
+                task::spawn(async move {
+                    spin_ns(2 * limit_ns);
+                    o.lock().unwrap().push(i);
+                })
+                .unwrap();
+            }
+        })
+        .unwrap();
+    join(parent).unwrap();
+    wait_for("the children", || rt.task_stats().completed == 5);
+    // The parent's poll, then one dispatch per child, in the order they were spawned.
+    assert_eq!(polls(&rt, a), (5, 5));
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    assert_eq!(rt.long_polls()[0].count, 4);
 }
 
 /// Batched polls keep the shares: every dispatch is charged the same (a 50 ms minimum charge)

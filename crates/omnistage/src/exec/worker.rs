@@ -384,11 +384,21 @@ where
         let is_io = std::any::TypeId::of::<M>() == std::any::TypeId::of::<IoEvent>();
         // A batch of task polls times each poll (one clock read per poll), so that a long poll
         // is judged alone and not by the batch's length; a batch of one is its dispatch.
-        let timed =
-            ACCOUNTED && n > 1 && shared.tasks.as_ref().is_some_and(|t| t.stage() == self.id);
-        let mut mark = if timed { shared.clock.raw() } else { 0 };
+        // A batch of polls also ends once it has run for the poll limit (Seastar's task quota):
+        // a batch is a grain of the shares, and it must not turn a few slow polls into one
+        // long dispatch. The polls not run go back to the front of their queue.
+        let budget_ns = shared
+            .tasks
+            .as_ref()
+            .filter(|t| n > 1 && t.stage() == self.id)
+            .map(|t| t.poll_limit_ns());
+        let timed = ACCOUNTED && budget_ns.is_some();
+        let start = if timed { shared.clock.raw() } else { 0 };
+        let mut mark = start;
         let mut longest_ns = 0;
-        for (pos, mut env) in self.buf.drain(..).enumerate() {
+        let mut handled = 0;
+        let mut rest = self.buf.drain(..).enumerate();
+        for (pos, mut env) in rest.by_ref() {
             st.batch_pos = pos;
             if is_io {
                 // Constant per monomorphization: free for every other message type.
@@ -403,16 +413,36 @@ where
             }
             // A handler may re-tag; the next message of the batch starts from its own activity.
             st.current_activity = activity;
+            handled = pos + 1;
             if timed {
                 let t = shared.clock.raw();
                 longest_ns = longest_ns.max(shared.clock.delta_as_nanos(mark, t));
                 mark = t;
+                if handled < n
+                    && shared.clock.delta_as_nanos(start, t) >= budget_ns.unwrap_or(u64::MAX)
+                {
+                    break;
+                }
             }
         }
+        if handled < n {
+            // Out of time: the rest goes back, first in line, admitted again (its places were
+            // given back when the batch left the queue); its waits and samples count when it runs.
+            let lq = &mut st.queues::<M>(self.id).qs[q as usize];
+            for (_, env) in rest.rev() {
+                wait_ns -= now.saturating_sub(env.enq_ns).min(wait_ns);
+                lq.gate.force_admit(load);
+                lq.items.push_front(env);
+            }
+            st.responses.truncate(handled);
+        } else {
+            drop(rest);
+        }
+        debug_assert!(self.buf.is_empty());
         let still_backlogged = self.backlogged(st, q);
         Batch {
             activity,
-            messages: n as u32,
+            messages: handled as u32,
             wait_ns,
             still_backlogged,
             panics,
