@@ -187,7 +187,27 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     assert_eq!(r.get("select-write"), (1, 0));
     assert_eq!(r.get("select-write-only").0, 1);
     assert_eq!(r.get("pselect-held"), (0, 0));
+    // So do epoll_wait and epoll_pwait (level-triggered), and put the caller's interest back.
+    assert_eq!(r.get("epoll-held"), (0, 0));
+    assert_eq!(r.get("epoll-pwait-held"), (0, 0));
+    assert_eq!(r.get("epoll-write"), (1, 0));
+    assert_eq!(r.get("epoll-write-events").0, libc::EPOLLOUT as i64);
+    assert_eq!(r.get("epoll-pipe"), (1, 0));
+    assert_eq!(r.get("epoll-pipe-events").0, libc::EPOLLIN as i64);
     assert_eq!(r.bucket_bytes[READ], 100);
+}
+
+#[test]
+fn edge_triggered_epoll_gets_an_edge_back_when_the_tokens_are_there() {
+    // 2,000 B/s, burst 200: the first reads take what the bucket holds and fail with EAGAIN;
+    // the data that stays in the socket raises no new edge, so only the shaper can give one.
+    let r = run("tcp-epoll-edge", cfg(READ, 2_000, 200), "");
+    assert_eq!(r.get("edge-first"), (1, 0));
+    assert_eq!(r.get("edge-drained").0, 1);
+    assert_eq!(r.get("edge-again"), (-1, libc::EAGAIN));
+    assert_eq!(r.get("edge-rearmed"), (1, 0));
+    assert_eq!(r.get("edge-rearmed-events").0, libc::EPOLLIN as i64);
+    assert!(r.get("edge-more").0 > 0, "the re-armed socket is readable");
 }
 
 #[test]

@@ -16,6 +16,8 @@
 //! - `poll`/`ppoll`: a descriptor the program may not use yet has its `POLLIN`/`POLLOUT` taken out
 //!   of the request and the wait is cut to when the buckets allow it, so a program that polls a
 //!   throttled socket sleeps instead of spinning on `EAGAIN`.
+//!   `select`/`pselect` do the same on copies of the sets, `epoll_wait`/`epoll_pwait` on the
+//!   kernel's set (`sys::epoll`).
 //! - errno is what the real call set; our own bookkeeping never changes it.
 //! - Re-entry (a signal handler writing while this thread is inside a hook, or our own code
 //!   calling an interposed function) goes straight to the real call.
@@ -131,6 +133,10 @@ pub fn transfer(
                 if nonblocking {
                     if done > 0 {
                         return done as isize;
+                    }
+                    for leg in legs {
+                        // An edge-triggered epoll registration owes this descriptor an edge.
+                        sys::note_starved(leg.fd);
                     }
                     sys::set_errno(libc::EAGAIN);
                     return -1;

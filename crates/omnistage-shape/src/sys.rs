@@ -5,6 +5,10 @@
 //! clock, and the descriptor checks (`fstat`, `getsockopt`, `fcntl`). Everything else is safe
 //! code in `hooks` and `meter`.
 
+mod epoll;
+
+pub use epoll::{epoll_common, hook_epoll_ctl, note_starved, TRACKED_MAX as EPOLL_TRACKED_MAX};
+
 use crate::hooks::{self, FdKind, Flags, Leg, PollAsk};
 use crate::meter::{Dir, GroupCfg, GroupState, Mode, Need, Slot, Verdict};
 pub use libc;
@@ -610,6 +614,27 @@ pub mod real {
             fds: *mut pollfd,
             n: libc::nfds_t,
             ts: *const libc::timespec,
+            mask: *const libc::sigset_t,
+        ) -> c_int
+    );
+    real_fn!(
+        epoll_ctl,
+        c"epoll_ctl",
+        fn(epfd: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int
+    );
+    real_fn!(
+        epoll_wait,
+        c"epoll_wait",
+        fn(epfd: c_int, ev: *mut libc::epoll_event, max: c_int, timeout: c_int) -> c_int
+    );
+    real_fn!(
+        epoll_pwait,
+        c"epoll_pwait",
+        fn(
+            epfd: c_int,
+            ev: *mut libc::epoll_event,
+            max: c_int,
+            timeout: c_int,
             mask: *const libc::sigset_t,
         ) -> c_int
     );
@@ -1328,6 +1353,49 @@ pub unsafe fn hook_pselect(
     unsafe { select_common(nfds, r, w, e, deadline, mask, &first).0 }
 }
 
+/// The caller's millisecond timeout as a deadline on our clock (negative: none).
+fn deadline_ms(timeout: c_int) -> Option<u64> {
+    (timeout >= 0).then(|| now_ns() + timeout as u64 * 1_000_000)
+}
+
+/// # Safety
+/// epoll_wait(2)'s contract.
+pub unsafe fn hook_epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_wait(epfd, ev, max, timeout) };
+    // SAFETY: the caller's contract.
+    unsafe {
+        epoll_common(
+            epfd,
+            ev,
+            max,
+            deadline_ms(timeout),
+            std::ptr::null(),
+            &first,
+        )
+    }
+}
+
+/// # Safety
+/// epoll_pwait(2)'s contract.
+pub unsafe fn hook_epoll_pwait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
+    // SAFETY: the caller's contract.
+    unsafe { epoll_common(epfd, ev, max, deadline_ms(timeout), mask, &first) }
+}
+
 /// Defines the interposed libc symbols. Expanded once, in the preload crate (`cdylib`): the
 /// symbols must not exist in any other binary, such as the `omnistage` command, which links
 /// this crate as a library.
@@ -1559,6 +1627,34 @@ macro_rules! export_interposers {
             m: *const sigset_t,
         ) -> c_int {
             s::hook_ppoll(p, n, t, m)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn epoll_ctl(
+            epfd: c_int,
+            op: c_int,
+            fd: c_int,
+            ev: *mut $crate::sys::libc::epoll_event,
+        ) -> c_int {
+            s::hook_epoll_ctl(epfd, op, fd, ev)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn epoll_wait(
+            epfd: c_int,
+            ev: *mut $crate::sys::libc::epoll_event,
+            max: c_int,
+            t: c_int,
+        ) -> c_int {
+            s::hook_epoll_wait(epfd, ev, max, t)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn epoll_pwait(
+            epfd: c_int,
+            ev: *mut $crate::sys::libc::epoll_event,
+            max: c_int,
+            t: c_int,
+            m: *const sigset_t,
+        ) -> c_int {
+            s::hook_epoll_pwait(epfd, ev, max, t, m)
         }
         #[no_mangle]
         pub unsafe extern "C" fn select(

@@ -33,6 +33,28 @@ fn nonblock(fd: c_int) {
     };
 }
 
+/// A wait on `ep` for up to `ms`: prints `label n` and `label-events E` (the first event's bits).
+unsafe fn wait(label: &str, ep: c_int, ms: c_int, pwait: bool) {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let n = if pwait {
+        libc::epoll_pwait(ep, evs.as_mut_ptr(), 4, ms, std::ptr::null())
+    } else {
+        libc::epoll_wait(ep, evs.as_mut_ptr(), 4, ms)
+    };
+    out(label, n as isize);
+    let first = evs[0].events;
+    println!("{label}-events {}", if n > 0 { first } else { 0 });
+}
+
+/// Registers `fd` in `ep` for `events`, its data the descriptor.
+unsafe fn add(ep: c_int, fd: c_int, events: c_int) {
+    let mut ev = libc::epoll_event {
+        events: events as u32,
+        u64: fd as u64,
+    };
+    assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+}
+
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 % 251) as u8).collect()
 }
@@ -200,6 +222,48 @@ fn main() {
                     "pselect-held",
                     libc::pselect(c + 1, &mut rs, none, none, &ts, std::ptr::null()) as isize,
                 );
+                // epoll, level-triggered: the throttled read is not reported (unshaped it
+                // would be at once), writing is, and the set is given back as it was.
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN);
+                wait("epoll-held", ep, 30, false);
+                wait("epoll-pwait-held", ep, 30, true);
+                let ep2 = libc::epoll_create1(0);
+                add(ep2, c, libc::EPOLLIN | libc::EPOLLOUT);
+                wait("epoll-write", ep2, 30, false);
+                // After the waits the kernel's set holds the caller's interest again: a
+                // non-throttled descriptor (a pipe) in the same set is reported as asked.
+                let mut pipe = [0; 2];
+                libc::pipe(pipe.as_mut_ptr());
+                libc::write(pipe[1], b"x".as_ptr().cast(), 1);
+                add(ep, pipe[0], libc::EPOLLIN);
+                wait("epoll-pipe", ep, 30, false);
+            }
+            "tcp-epoll-edge" => {
+                // Edge-triggered: the shaper's EAGAIN swallows the edge the data raised, and
+                // the wait gives one back when the tokens are there.
+                let (c, s) = tcp_pair();
+                let data = pattern(5000);
+                out("peer-write", libc::write(s, data.as_ptr().cast(), 5000));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                nonblock(c);
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN | libc::EPOLLET);
+                wait("edge-first", ep, 0, false);
+                let mut b = vec![0u8; 4096];
+                let mut got = 0;
+                let r = loop {
+                    let r = libc::recv(c, b.as_mut_ptr().cast(), 4096, 0);
+                    if r <= 0 {
+                        break r;
+                    }
+                    got += r;
+                };
+                println!("edge-drained {}", (got > 0 && got < 5000) as u8);
+                out("edge-again", r);
+                // Unshaped, no new data means no new edge: this would time out with 0.
+                wait("edge-rearmed", ep, 2_000, false);
+                out("edge-more", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
             }
             "tcp-blocking" => {
                 let (c, s) = tcp_pair();
