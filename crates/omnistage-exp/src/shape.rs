@@ -165,6 +165,10 @@ fn curl_args(addr: &str, bytes: u64) -> Vec<String> {
     vec![
         "curl".into(),
         "-s".into(),
+        // Unbuffered output: without it curl's stdio hands the pipe 4 KiB blocks, and two of them
+        // 62.5 ms apart at 64 KiB/s put 8 KiB (1.14x the bound) in one 100 ms window of the
+        // instrument while the shaper passed ~335 B per call.
+        "-N".into(),
         "-H".into(),
         "Host: a.test".into(),
         "-o".into(),
