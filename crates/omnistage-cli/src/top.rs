@@ -442,6 +442,7 @@ mod tests {
                 },
             }),
             cache_bytes: None,
+            shaped: None,
             children,
         }
     }

@@ -14,7 +14,7 @@ use crate::meter::{Dir, GroupCfg, GroupState, Mode, Need, Slot, Verdict};
 pub use libc;
 use libc::{c_int, c_void, iovec, msghdr, pollfd, size_t, ssize_t};
 use std::ffi::{CStr, CString};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 // ---------------------------------------------------------------------------------------------
@@ -142,13 +142,16 @@ fn sockopt(fd: c_int, opt: c_int) -> Option<c_int> {
 // The group's shared-memory segment.
 
 const MAGIC: u64 = 0x6f6d_6e69_7368_6170; // "omnishap"
-const VERSION: u64 = 1;
+const VERSION: u64 = 2;
 
 #[repr(C)]
 struct Segment {
     magic: AtomicU64,
     version: u64,
     size: u64,
+    /// Bumped (under the mutex) whenever the group's buckets or counting change, so the hooks
+    /// see a live change with one atomic load per call instead of taking the mutex.
+    cfg_epoch: AtomicU64,
     mutex: libc::pthread_mutex_t,
     state: GroupState,
 }
@@ -342,11 +345,28 @@ impl SegmentMap {
                 libc::pthread_mutex_consistent(&mut seg.mutex);
             }
             let r = f(&mut seg.state);
+            if seg.state.cfg_changed != 0 {
+                seg.state.cfg_changed = 0;
+                seg.cfg_epoch.fetch_add(1, Ordering::Release);
+            }
             libc::pthread_mutex_unlock(&mut seg.mutex);
             r
         };
         set_errno(e);
         r
+    }
+
+    /// How many times the group's buckets or counting changed (see `Segment::cfg_epoch`).
+    pub fn cfg_epoch(&self) -> u64 {
+        // SAFETY: the mapping is SEGMENT_BYTES long and stays mapped while `self` lives;
+        // `cfg_epoch` is an atomic, read without the mutex by design.
+        unsafe { (*self.seg).cfg_epoch.load(Ordering::Acquire) }
+    }
+}
+
+impl crate::link::Group for SegmentMap {
+    fn with<R>(&self, f: impl FnOnce(&mut GroupState) -> R) -> R {
+        SegmentMap::with(self, f)
     }
 }
 
@@ -360,24 +380,60 @@ pub const ENV_WEIGHT: &str = "OMNISTAGE_SHAPE_WEIGHT";
 
 pub struct Context {
     map: SegmentMap,
-    cfg: GroupCfg,
+    /// Bit `b` set: bucket `b` is configured; [`COUNTED_BIT`]: the group counts its bytes (a
+    /// reporter claimed it). Read again from the segment when its epoch moves.
+    mask: AtomicU32,
+    /// The segment's `cfg_epoch` that `mask` was read at.
+    epoch: AtomicU64,
     weight: u32,
     /// `index << 32 | generation` of this process's member slot.
     slot: AtomicU64,
 }
 
+/// In [`Context`]'s mask: every transfer goes through the group to be counted.
+const COUNTED_BIT: u32 = 1 << 31;
+
+fn mask_of(cfg: &GroupCfg, counted: u32) -> u32 {
+    let mut m = 0;
+    for (b, c) in cfg.buckets.iter().enumerate() {
+        if c.present != 0 {
+            m |= 1 << b;
+        }
+    }
+    if counted != 0 {
+        m |= COUNTED_BIT;
+    }
+    m
+}
+
 impl Context {
-    pub fn is_unlimited(&self) -> bool {
-        self.cfg.is_unlimited()
+    /// The group's mask now: one atomic load, and the mutex only after a change.
+    fn mask(&self) -> u32 {
+        let e = self.map.cfg_epoch();
+        if e != self.epoch.load(Ordering::Relaxed) {
+            let m = self.map.with(|g| mask_of(&g.cfg, g.counted));
+            self.mask.store(m, Ordering::Relaxed);
+            self.epoch.store(e, Ordering::Relaxed);
+            return m;
+        }
+        self.mask.load(Ordering::Relaxed)
     }
 
-    /// Whether any configured bucket covers `need`.
+    /// Neither limited nor counted: the hooks pass calls through untouched.
+    pub fn is_unlimited(&self) -> bool {
+        self.mask() == 0
+    }
+
+    /// Whether `need` must go through the group: a configured bucket covers it, or the group
+    /// counts its bytes.
     pub fn limits(&self, need: &Need) -> bool {
-        self.cfg
-            .buckets
+        let m = self.mask();
+        let covered = need
+            .mult
             .iter()
-            .zip(need.mult)
-            .any(|(b, m)| b.present != 0 && m != 0)
+            .enumerate()
+            .any(|(b, &k)| k != 0 && m & (1 << b) != 0);
+        covered || (m & COUNTED_BIT != 0 && need.mult.iter().any(|&k| k != 0))
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut GroupState, Slot, u64) -> R) -> R {
@@ -438,13 +494,15 @@ fn init_context() -> Option<Context> {
         .and_then(|w| w.parse().ok())
         .unwrap_or(1);
     let (map, _) = SegmentMap::open(&group, None).ok()?;
-    let cfg = map.with(|g| g.cfg);
+    let epoch = map.cfg_epoch();
+    let mask = map.with(|g| mask_of(&g.cfg, g.counted));
     let (index, generation) = member.split_once(':').unwrap_or(("0", "0"));
     let slot = u64::from(index.parse::<u32>().unwrap_or(0)) << 32
         | u64::from(generation.parse::<u32>().unwrap_or(0));
     Some(Context {
         map,
-        cfg,
+        mask: AtomicU32::new(mask),
+        epoch: AtomicU64::new(epoch),
         weight,
         slot: AtomicU64::new(slot),
     })
