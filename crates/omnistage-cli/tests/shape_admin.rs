@@ -143,6 +143,12 @@ fn a_shaped_copy_reports_to_a_running_server_and_set_changes_its_rate() {
     });
     let n = node(&admin, "/tenants/a/copy");
     assert_eq!(n["shaped"]["cap_disk"], 1000, "{n}");
+    let (code, out, err) = run(&["top", "--once", "--admin", &admin]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("copy"),
+        "omnistage top lists the group's activity:\n{out}"
+    );
     assert!(n["shaped"]["cap_net"].is_null(), "{n}");
     assert!(copy.try_wait().unwrap().is_none(), "still throttled");
 
