@@ -419,6 +419,16 @@ impl Context {
         self.mask.load(Ordering::Relaxed)
     }
 
+    /// Whether a call may go straight through without the hook's guard: the cached mask says
+    /// neither limited nor counted and the segment's epoch has not moved since it was read. No
+    /// lock is taken (a signal handler's call while this thread holds the segment's mutex must
+    /// not wait for it), so a moved epoch sends the call the slow way, which reads it again.
+    #[inline]
+    pub fn passes_through_now(&self) -> bool {
+        self.mask.load(Ordering::Relaxed) == 0
+            && self.map.cfg_epoch() == self.epoch.load(Ordering::Relaxed)
+    }
+
     /// Neither limited nor counted: the hooks pass calls through untouched.
     pub fn is_unlimited(&self) -> bool {
         self.mask() == 0
@@ -473,6 +483,20 @@ impl Context {
 }
 
 static CONTEXT: OnceLock<Option<Context>> = OnceLock::new();
+
+/// Whether a hooked call may go straight to libc before any of the hook's own work (its
+/// thread-local guard costs a `__tls_get_addr` call in a preloaded library, about a third of
+/// the pass-through cost): the process is not shaped, or its group neither limits nor counts
+/// and nothing changed. `false` before the context is built (the slow path builds it under
+/// the guard).
+#[inline]
+pub fn passes_through() -> bool {
+    match CONTEXT.get() {
+        Some(None) => true,
+        Some(Some(c)) => c.passes_through_now(),
+        None => false,
+    }
+}
 
 /// The process's context, or `None` when it is not being shaped (no or bad environment).
 pub fn context() -> Option<&'static Context> {
