@@ -80,9 +80,9 @@ Limits: the library is loaded with LD_PRELOAD, so it does not reach statically l
 programs that make system calls directly (Go), io_uring, stdio's buffered I/O inside glibc
 (fread/fwrite reach the kernel through glibc's internal calls), nor setuid/setgid programs (the
 loader ignores LD_PRELOAD for them). A program that clears its environment loses the shaping in
-the programs it starts. `poll`, `ppoll`, `select`, `pselect`, `epoll_wait` and `epoll_pwait` are
-interposed and sleep until the buckets allow the descriptor (edge-triggered epoll gets its edge back
-when the tokens are there); `epoll_pwait2` is not, and epoll tracks at most 1,024 registrations
+the programs it starts. `poll`, `ppoll`, `select`, `pselect`, `epoll_wait`, `epoll_pwait` and
+`epoll_pwait2` are interposed and sleep until the buckets allow the descriptor (edge-triggered
+epoll gets its edge back when the tokens are there); epoll tracks at most 1,024 registrations
 per process (beyond them a waiter on a throttled non-blocking socket spins).";
 
 /// The group configuration the options ask for; `None` when they give no rate (join a group at

@@ -721,6 +721,17 @@ pub mod real {
         ) -> c_int
     );
     real_fn!(
+        epoll_pwait2,
+        c"epoll_pwait2",
+        fn(
+            epfd: c_int,
+            ev: *mut libc::epoll_event,
+            max: c_int,
+            timeout: *const libc::timespec,
+            mask: *const libc::sigset_t,
+        ) -> c_int
+    );
+    real_fn!(
         select,
         c"select",
         fn(
@@ -1478,6 +1489,25 @@ pub unsafe fn hook_epoll_pwait(
     unsafe { epoll_common(epfd, ev, max, deadline_ms(timeout), mask, &first) }
 }
 
+/// # Safety
+/// epoll_pwait2(2)'s contract (a null `timeout` waits forever). Where libc lacks it, the real
+/// call fails with ENOSYS, as the caller's would.
+pub unsafe fn hook_epoll_pwait2(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_pwait2(epfd, ev, max, timeout, mask) };
+    // SAFETY: a non-null `timeout` is the caller's valid timespec.
+    let deadline =
+        (!timeout.is_null()).then(|| unsafe { deadline_in((*timeout).tv_sec, (*timeout).tv_nsec) });
+    // SAFETY: the caller's contract.
+    unsafe { epoll_common(epfd, ev, max, deadline, mask, &first) }
+}
+
 /// Defines the interposed libc symbols. Expanded once, in the preload crate (`cdylib`): the
 /// symbols must not exist in any other binary, such as the `omnistage` command, which links
 /// this crate as a library.
@@ -1737,6 +1767,16 @@ macro_rules! export_interposers {
             m: *const sigset_t,
         ) -> c_int {
             s::hook_epoll_pwait(epfd, ev, max, t, m)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn epoll_pwait2(
+            epfd: c_int,
+            ev: *mut $crate::sys::libc::epoll_event,
+            max: c_int,
+            t: *const timespec,
+            m: *const sigset_t,
+        ) -> c_int {
+            s::hook_epoll_pwait2(epfd, ev, max, t, m)
         }
         #[no_mangle]
         pub unsafe extern "C" fn select(
