@@ -146,7 +146,8 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let Some(mut c) = cs.conns[slot as usize].take() else {
         return;
     };
-    let _ = ctx.io_deregister(c.handle, &mut c.stream);
+    // The socket is ours alone (accepted with CLOEXEC, never dup'd): closing it leaves epoll.
+    let _ = ctx.io_close(c.handle, c.stream);
     if let Some(ss) = &mut cs.send {
         ss.forget(key);
         // Its tenant's link backlog for the fleet layer: whether output of it still waits.

@@ -563,10 +563,11 @@ fn drop_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, reuse: bool) 
 
 /// Closes an upstream connection and forgets it (and takes it out of an idle list).
 pub(super) fn close_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, up: u64) {
-    let Some(mut u) = cs.proxy.take(up) else {
+    let Some(u) = cs.proxy.take(up) else {
         return;
     };
-    let _ = ctx.io_deregister(u.handle, &mut u.stream);
+    // Connected here with CLOEXEC and never dup'd: closing it leaves epoll.
+    let _ = ctx.io_close(u.handle, u.stream);
     if u.state == UpState::Idle {
         if let Some(upc) = cs.proxy.upstreams.get_mut(u.upstream) {
             upc.idle.retain(|&k| k != up);

@@ -1151,13 +1151,35 @@ impl Ctx<'_> {
     ) -> std::io::Result<()> {
         self.st.io_reg(handle)?;
         let r = self.st.registry.deregister(source);
+        self.io_release(handle);
+        r
+    }
+
+    /// Closes `source` (drops it) and frees its handle without `EPOLL_CTL_DEL`: closing the
+    /// last descriptor of an open file description takes it out of every epoll set (epoll(7)),
+    /// so closing a connection costs one system call instead of two. Only for a source no
+    /// other descriptor refers to (not dup'd, not inherited by a child: the sockets a server
+    /// accepts or connects, with CLOEXEC); otherwise [`Ctx::io_deregister`] first.
+    pub fn io_close<S: mio::event::Source>(
+        &mut self,
+        handle: IoHandle,
+        source: S,
+    ) -> std::io::Result<()> {
+        self.st.io_reg(handle)?;
+        drop(source);
+        self.io_release(handle);
+        Ok(())
+    }
+
+    /// Marks a registered handle free; its generation moves on, so a queued event for it is
+    /// delivered with no readiness bits set.
+    fn io_release(&mut self, handle: IoHandle) {
         let reg = &mut self.st.io[handle.index as usize];
         reg.live = false;
         reg.pending = false;
         reg.generation = reg.generation.wrapping_add(1);
         self.st.io_free.push(handle.index);
         self.st.io_live -= 1;
-        r
     }
 
     /// Sends in the current activity, on this core unless the stage is elsewhere by key.
