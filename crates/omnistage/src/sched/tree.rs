@@ -637,18 +637,18 @@ impl Tree {
         let mut id = self.root;
         // Depth is bounded by the node count; each step goes one level down.
         loop {
-            let slot = match &mut self.n(id).kind {
-                Kind::Interior(i) => i.policy.schedule()?,
+            // One lookup of the node per level: its policy picks the slot, its children map
+            // the slot to the next node.
+            match &mut self.n(id).kind {
+                Kind::Interior(i) => {
+                    let slot = i.policy.schedule()?;
+                    id = i.children[slot as usize].expect("policy scheduled a free slot");
+                }
                 Kind::Leaf { .. } => {
                     self.in_service = Some(id);
                     return Some(id);
                 }
-            };
-            let child = match &self.n(id).kind {
-                Kind::Interior(i) => i.children[slot as usize],
-                Kind::Leaf { .. } => unreachable!(),
-            };
-            id = child.expect("policy scheduled a free slot");
+            }
         }
     }
 
