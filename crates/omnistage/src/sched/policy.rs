@@ -529,6 +529,15 @@ impl FairQueue {
             });
         }
     }
+
+    /// The client the next decision will take if nothing changes before it (a hint: the top
+    /// may be stale), with its state's line hinted into the cache.
+    #[inline]
+    pub(crate) fn next_hint(&self) -> Option<ClientId> {
+        let top = self.heap.peek()?;
+        super::prefetch(self.clients.as_ptr().wrapping_add(top.id() as usize));
+        Some(top.id())
+    }
 }
 
 impl Scheduler for FairQueue {
@@ -940,6 +949,18 @@ macro_rules! delegate {
             AnyPolicy::Drr($p) => $e,
         }
     };
+}
+
+impl AnyPolicy {
+    /// The client the next `schedule` will probably take, for [`super::Tree`]'s look-ahead
+    /// (fair queues only: the other policies answer `None`, so a walk stops at them).
+    #[inline]
+    pub(crate) fn next_hint(&self) -> Option<ClientId> {
+        match self {
+            AnyPolicy::Fq(f) => f.next_hint(),
+            _ => None,
+        }
+    }
 }
 
 impl Scheduler for AnyPolicy {
