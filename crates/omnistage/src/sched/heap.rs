@@ -65,10 +65,25 @@ impl Default for Line {
 /// Physical slots before logical node 0 (which is the last slot of line 0).
 const OFFSET: usize = 3;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct TagHeap {
     lines: Vec<Line>,
     len: usize,
+    /// A copy of the top entry (the sentinel when empty), refreshed after every change: a
+    /// decision reads the top from here, beside the heap's other fields, instead of following
+    /// the vector's pointer to line 0 (at thousands of clients, one dependent miss less on the
+    /// decision's path; line 0 is then only written there, which does not stall).
+    top: Entry,
+}
+
+impl Default for TagHeap {
+    fn default() -> Self {
+        TagHeap {
+            lines: Vec::new(),
+            len: 0,
+            top: Entry::SENTINEL,
+        }
+    }
 }
 
 impl TagHeap {
@@ -92,7 +107,12 @@ impl TagHeap {
         if self.len == 0 {
             return None;
         }
-        Some(&self.lines[0].0[OFFSET])
+        Some(&self.top)
+    }
+    /// Copies the top entry into [`TagHeap::top`] (after every change of the heap).
+    #[inline(always)]
+    fn sync_top(&mut self) {
+        self.top = self.lines.first().map_or(Entry::SENTINEL, |l| l.0[OFFSET]);
     }
     #[inline]
     pub(crate) fn push(&mut self, e: Entry) {
@@ -103,6 +123,7 @@ impl TagHeap {
         }
         self.len += 1;
         self.sift_up(i, e);
+        self.sync_top();
     }
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<Entry> {
@@ -113,6 +134,7 @@ impl TagHeap {
         if self.len > 0 {
             self.sift_down(0, last);
         }
+        self.sync_top();
         Some(top)
     }
     /// Replaces the top entry (which must exist) and restores the order (one sift-down
@@ -121,6 +143,7 @@ impl TagHeap {
     pub(crate) fn replace_top(&mut self, e: Entry) {
         assert!(self.len > 0, "replace_top on an empty heap");
         self.sift_down(0, e);
+        self.sync_top();
     }
     /// Keeps the entries for which `keep` is true (order rebuilt in O(n)).
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
@@ -144,6 +167,7 @@ impl TagHeap {
                 self.sift_down(i, e);
             }
         }
+        self.sync_top();
     }
 
     /// Places `e` at `i` or above it.
