@@ -405,7 +405,26 @@ impl Tree {
             n.ready_in_parent = true;
             let slot = n.slot;
             self.policy(parent).client_ready(slot);
+            if self.nodes.len() >= WARM_NODES_MIN {
+                self.hint_next_child(parent);
+            }
             id = parent;
+        }
+    }
+
+    /// Hints the cache with the child that `id`'s policy will take next (its client state and
+    /// its node), long before that decision: at thousands of leaves a group is served again
+    /// only after its siblings, and its next leaf's lines are otherwise cold by then.
+    fn hint_next_child(&self, id: NodeId) {
+        let Some(Some(n)) = self.nodes.get(id as usize) else {
+            return;
+        };
+        let Kind::Interior(i) = &n.kind else { return };
+        let Some(slot) = i.policy.next_hint() else {
+            return;
+        };
+        if let Some(&Some(child)) = i.children.get(slot as usize) {
+            super::prefetch(self.nodes.as_ptr().wrapping_add(child as usize));
         }
     }
 
