@@ -510,6 +510,7 @@ impl FairQueue {
     }
 
     /// Pushes a fresh entry for `id`; any older entry of it becomes stale.
+    #[inline(always)]
     fn push(&mut self, id: ClientId) {
         let seq = self.next_seq();
         let c = &mut self.clients[id as usize];
@@ -601,6 +602,7 @@ impl Scheduler for FairQueue {
             ..Default::default()
         };
     }
+    #[inline(always)]
     fn client_ready(&mut self, id: ClientId) {
         let vtime = self.vtime;
         let c = &mut self.clients[id as usize];
@@ -627,6 +629,7 @@ impl Scheduler for FairQueue {
             self.ready -= 1;
         }
     }
+    #[inline(always)]
     fn schedule(&mut self) -> Option<ClientId> {
         assert!(self.in_service.is_none(), "schedule before the last record");
         // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
@@ -664,6 +667,7 @@ impl Scheduler for FairQueue {
             return Some(id);
         }
     }
+    #[inline(always)]
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
         assert_eq!(
             self.in_service,
