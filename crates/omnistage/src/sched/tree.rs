@@ -387,8 +387,17 @@ impl Tree {
 
     /// `id` has work: make it ready in its ancestors, unless a shaper holds it back.
     fn propagate_ready(&mut self, mut id: NodeId, now_ns: u64) {
+        let hint = self.nodes.len() >= WARM_NODES_MIN;
+        let Tree {
+            nodes, throttled, ..
+        } = self;
+        // Only an address for cache hints, never dereferenced (the vector does not change
+        // size in this loop, and a stale hint would be harmless anyway).
+        let base = nodes.as_ptr();
+        // One lookup per level: the parent looked up to make the child ready is the next
+        // level's node.
+        let mut n = nodes[id as usize].as_mut().expect("live node");
         loop {
-            let n = self.nodes[id as usize].as_mut().expect("live node");
             let Some(parent) = n.parent else { return };
             if n.ready_in_parent || n.throttled || !n.has_work() {
                 return;
@@ -398,33 +407,24 @@ impl Tree {
                 if at > now_ns {
                     n.throttled = true;
                     n.stats.throttles += 1;
-                    self.throttled.push(Reverse((at, id)));
+                    throttled.push(Reverse((at, id)));
                     return;
                 }
             }
             n.ready_in_parent = true;
             let slot = n.slot;
-            self.policy(parent).client_ready(slot);
-            if self.nodes.len() >= WARM_NODES_MIN {
-                self.hint_next_child(parent);
+            let p = nodes[parent as usize].as_mut().expect("live node");
+            match &mut p.kind {
+                Kind::Interior(i) => {
+                    i.policy.client_ready(slot);
+                    if hint {
+                        hint_next_child(i, base);
+                    }
+                }
+                Kind::Leaf { .. } => unreachable!("a parent is an interior node"),
             }
             id = parent;
-        }
-    }
-
-    /// Hints the cache with the child that `id`'s policy will take next (its client state and
-    /// its node), long before that decision: at thousands of leaves a group is served again
-    /// only after its siblings, and its next leaf's lines are otherwise cold by then.
-    fn hint_next_child(&self, id: NodeId) {
-        let Some(Some(n)) = self.nodes.get(id as usize) else {
-            return;
-        };
-        let Kind::Interior(i) = &n.kind else { return };
-        let Some(slot) = i.policy.next_hint() else {
-            return;
-        };
-        if let Some(&Some(child)) = i.children.get(slot as usize) {
-            super::prefetch(self.nodes.as_ptr().wrapping_add(child as usize));
+            n = p;
         }
     }
 
@@ -689,13 +689,18 @@ impl Tree {
         );
         self.in_service = None;
         let cost = cost.max(self.min_cost);
-        match &mut self.n(leaf).kind {
+        let Tree {
+            nodes, throttled, ..
+        } = self;
+        // One lookup per level: the parent looked up to record the charge is the next
+        // level's node.
+        let mut id = leaf;
+        let mut n = nodes[id as usize].as_mut().expect("live node");
+        match &mut n.kind {
             Kind::Leaf { backlogged } => *backlogged = still_backlogged,
             Kind::Interior(_) => unreachable!(),
         }
-        let mut id = leaf;
         loop {
-            let n = self.nodes[id as usize].as_mut().expect("live node");
             n.stats.charged += cost;
             n.stats.dispatches += 1;
             let Some(parent) = n.parent else { break };
@@ -710,14 +715,19 @@ impl Tree {
                         still = false;
                         n.throttled = true;
                         n.stats.throttles += 1;
-                        self.throttled.push(Reverse((at, id)));
+                        throttled.push(Reverse((at, id)));
                     }
                 }
             }
             n.ready_in_parent = still;
             let slot = n.slot;
-            self.policy(parent).resource_record(slot, cost, still);
+            let p = nodes[parent as usize].as_mut().expect("live node");
+            match &mut p.kind {
+                Kind::Interior(i) => i.policy.resource_record(slot, cost, still),
+                Kind::Leaf { .. } => unreachable!("a parent is an interior node"),
+            }
             id = parent;
+            n = p;
         }
         if self.nodes.len() >= WARM_NODES_MIN {
             self.warm_next_pick();
@@ -769,6 +779,20 @@ impl Tree {
             Kind::Interior(i) => Ok(i.children.iter().flatten().copied().collect()),
             Kind::Leaf { .. } => Err(TreeError::NotInterior(id)),
         }
+    }
+}
+
+/// Hints the cache with the child that `i`'s policy will take next (its client state and its
+/// node, in the node vector at `nodes`), long before that decision: in trees of thousands of
+/// leaves a group is served again only after its siblings, and its next leaf's lines are
+/// otherwise cold by then.
+#[inline]
+fn hint_next_child(i: &Interior, nodes: *const Option<Node>) {
+    let Some(slot) = i.policy.next_hint() else {
+        return;
+    };
+    if let Some(&Some(child)) = i.children.get(slot as usize) {
+        super::prefetch(nodes.wrapping_add(child as usize));
     }
 }
 
