@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) source: Arc<dyn Source>,
     pub(crate) state: Arc<Mutex<State>>,
     pub(crate) token: Option<String>,
+    /// Shaped groups attached from outside (`omnistage shape --admin`).
+    pub(crate) shaped: Mutex<crate::shaped::Table>,
 }
 
 /// The threads of a running admin server.
@@ -93,6 +95,7 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
         source: source.clone(),
         state: state.clone(),
         token: cfg.token.clone(),
+        shaped: Default::default(),
     });
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::sync_channel::<TcpStream>(ACCEPT_QUEUE);

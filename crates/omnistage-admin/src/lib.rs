@@ -16,6 +16,10 @@
 //! PUT    /api/v1/activities/{path}           create or change (weight, cap, policy, admission)
 //! DELETE /api/v1/activities/{path}           remove one without children
 //! POST   /api/v1/activities/{path}:move      move the sub-tree: {"to": "/new/parent"}
+//! POST   /api/v1/activities/{path}:attach    a shaped group joins the tree (`omnistage shape
+//!                                            --admin`; see `shaped`)
+//! POST   /api/v1/activities/{path}:report    a shaped group's bytes since its last report;
+//!                                            answers with the rates it is to run at
 //! GET    /metrics                            Prometheus (OpenMetrics text) via prometheus-client
 //! ```
 //!
@@ -56,6 +60,7 @@ pub mod model;
 mod routes;
 mod sampler;
 mod served;
+mod shaped;
 mod view;
 
 use omnistage::exec::Runtime;
@@ -328,6 +333,7 @@ impl InProcess {
                 source,
                 state: Default::default(),
                 token,
+                shaped: Default::default(),
             },
         }
     }

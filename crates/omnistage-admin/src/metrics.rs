@@ -162,7 +162,7 @@ pub(crate) fn render(
         .filter_map(|(a, agg)| Some((path(*a)?, agg)))
         .collect();
     type Pick = fn(&Agg) -> Value;
-    let activity_families: [(&'static str, &'static str, MetricType, Pick); 10] = [
+    let activity_families: [(&'static str, &'static str, MetricType, Pick); 11] = [
         (
             "omnistage_activity_cpu_seconds",
             "CPU time of dispatches charged to the activity (its own records).",
@@ -210,6 +210,12 @@ pub(crate) fn render(
             "Bytes read from disk for the activity.",
             MetricType::Counter,
             |a| Value::CounterInt(a.c.disk_bytes),
+        ),
+        (
+            "omnistage_activity_disk_written_bytes",
+            "Bytes written to disk for the activity (reported by shaped programs).",
+            MetricType::Counter,
+            |a| Value::CounterInt(a.c.disk_write_bytes),
         ),
         (
             "omnistage_activity_rejected_messages",

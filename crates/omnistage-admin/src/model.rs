@@ -27,6 +27,9 @@ pub struct Counters {
     pub bytes_out: u64,
     /// Bytes read from disk.
     pub disk_bytes: u64,
+    /// Bytes written to disk (reported by shaped programs; the HTTP server writes none).
+    #[serde(default)]
+    pub disk_write_bytes: u64,
     /// Sends refused at the gates.
     pub rejected: u64,
 }
@@ -42,6 +45,8 @@ pub struct Rates {
     pub bytes_in: f64,
     pub bytes_out: f64,
     pub disk_bytes: f64,
+    #[serde(default)]
+    pub disk_write_bytes: f64,
     pub rejected: f64,
 }
 
@@ -113,6 +118,9 @@ pub struct Node {
     /// Bytes of its files in the HTTP server's cache (tenants of an HTTP server only).
     #[serde(default)]
     pub cache_bytes: Option<u64>,
+    /// A shaped group attached here from outside (`omnistage shape --admin`): its rates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shaped: Option<Shaped>,
     pub children: Vec<Node>,
 }
 
@@ -342,6 +350,58 @@ pub struct ActivityChange {
     /// `longest_first` (501 without an HTTP server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_order: Option<String>,
+}
+
+/// Body of `POST /api/v1/activities/{path}:attach`: a shaped group (`omnistage shape --admin
+/// ADDR --activity PATH`) joins the activity tree with the rates it was started with. An
+/// activity already attached keeps the rates it has (a change made with `omnistage set` wins).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapedAttach {
+    /// Network rate, bytes/s (a number or a string like "10MB/s"); `null` or absent: none.
+    #[serde(default)]
+    pub cap_net: serde_json::Value,
+    /// Disk rate (as `cap_net`).
+    #[serde(default)]
+    pub cap_disk: serde_json::Value,
+}
+
+/// Body of `POST /api/v1/activities/{path}:report`: bytes a shaped group moved since its last
+/// report (each at most [`SHAPED_REPORT_BYTES_MAX`]). The answer is the group's rates now.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShapedReport {
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub bytes_out: u64,
+    #[serde(default)]
+    pub disk_read_bytes: u64,
+    #[serde(default)]
+    pub disk_write_bytes: u64,
+}
+
+/// Most bytes of one kind in one report: a reporter sends every quarter of a second, and no
+/// program moves a TiB in that; a larger figure is a bug or an attack on the counters.
+pub const SHAPED_REPORT_BYTES_MAX: u64 = 1 << 40;
+
+/// Most shaped groups attached at once: a bound on the table a client can grow. An entry goes
+/// when its activity is removed.
+pub const SHAPED_GROUPS_MAX: usize = 1024;
+
+/// A shaped group attached to an activity: the answer to `:attach` and `:report`, and a
+/// node's `shaped` in the tree.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Shaped {
+    pub path: String,
+    /// Network rate, bytes/s (`null`: none).
+    pub cap_net: Option<u64>,
+    /// Disk rate, bytes/s (`null`: none).
+    pub cap_disk: Option<u64>,
+    /// Reports received since it was attached.
+    pub reports: u64,
+    /// Seconds since the last report (or the attach).
+    pub last_report_age_s: f64,
 }
 
 /// Body of `POST /api/v1/activities/{path}:move`.

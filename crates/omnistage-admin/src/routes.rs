@@ -6,7 +6,7 @@
 use crate::http::Shared;
 use crate::model::{self, ActivityChange, AdmissionChange, CapChange, Changed, MoveRequest};
 use crate::sampler::Sample;
-use crate::{metrics, view};
+use crate::{metrics, shaped, view};
 use omnistage::activity::{parse_path, ActivityError};
 use omnistage::admit::{GcraBucket, P90Params};
 use omnistage::exec::{Predicate, Runtime, RuntimeError};
@@ -19,8 +19,9 @@ const DASHBOARD_JS: &str = include_str!("../assets/dashboard.js");
 
 /// Where activity paths start in the URL.
 const ACTIVITIES: &str = "/api/v1/activities";
-/// The verb suffix that moves a sub-tree (`:` never occurs in an activity path).
-const MOVE_VERB: &str = ":move";
+/// The verbs that may follow an activity's path after `:` (which never occurs in a path):
+/// move a sub-tree, attach a shaped group, take a shaped group's report.
+const VERBS: [&str; 3] = ["move", "attach", "report"];
 
 /// Default burst of a CPU cap given in cores: 10 ms of its rate (as the HTTP config does).
 const CAP_BURST_MS_DEFAULT: f64 = 10.0;
@@ -67,7 +68,7 @@ impl Response {
         }
     }
 
-    fn json<T: serde::Serialize>(status: u16, v: &T) -> Self {
+    pub(crate) fn json<T: serde::Serialize>(status: u16, v: &T) -> Self {
         let mut body = serde_json::to_vec(v).expect("documents serialize");
         body.push(b'\n');
         Response::new(status, "application/json", body)
@@ -122,7 +123,7 @@ fn query_pairs(q: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
-fn check_query(q: &str, allowed: &[&str]) -> Result<(), Response> {
+pub(crate) fn check_query(q: &str, allowed: &[&str]) -> Result<(), Response> {
     for (k, _) in query_pairs(q) {
         if !allowed.contains(&k) {
             return Err(Response::error(
@@ -268,6 +269,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
                 t.fleet = ten.fleet();
             }
+            view::fill_shaped(&mut t.root, &shaped_list(shared, rt));
             Response::json(200, &t)
         }),
         "/api/v1/stages" => get_only(&|| {
@@ -322,25 +324,50 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
 /// `/api/v1/activities[/{path}][:move]`.
 fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
     let rest = &req.path[ACTIVITIES.len()..];
-    let (rest, verb_move) = match rest.strip_suffix(MOVE_VERB) {
-        Some(r) => (r, true),
-        None => (rest, false),
+    // A verb follows the path after `:` (which never occurs in an activity path).
+    let (rest, verb) = match rest.rsplit_once(':') {
+        Some((r, v)) => (r, Some(v)),
+        None => (rest, None),
     };
-    if rest.contains(':') {
-        return Response::error(400, "unknown verb: the only one is :move");
+    if verb.is_some_and(|v| !VERBS.contains(&v)) || rest.contains(':') {
+        return Response::error(
+            400,
+            "unknown verb: the verbs are :move, :attach and :report",
+        );
     }
     let path = if rest.is_empty() { "/" } else { rest };
     if let Err(e) = parse_path(path) {
         return Response::error(400, &e.to_string());
     }
-    if verb_move {
-        return if req.method == "POST" {
-            if let Some(r) = configured_refusal(shared, path, "move") {
-                return r;
+    if let Some(verb) = verb {
+        if req.method != "POST" {
+            return Response::method_not_allowed("POST");
+        }
+        return match verb {
+            "move" => {
+                if let Some(r) = configured_refusal(shared, path, "move") {
+                    return r;
+                }
+                if shared.shaped.lock().expect("shaped lock").holds_under(path) {
+                    return Response::error(
+                        409,
+                        &format!(
+                            "cannot move {path}: a shaped group is attached at or under it (its \
+                             launcher reports to that path); stop the group first"
+                        ),
+                    );
+                }
+                move_activity(rt, req, path)
             }
-            move_activity(rt, req, path)
-        } else {
-            Response::method_not_allowed("POST")
+            "attach" => {
+                let configured = shared
+                    .source
+                    .tenants()
+                    .map(|t| t.configured_activities())
+                    .unwrap_or_default();
+                shaped::attach(&shared.shaped, rt, &configured, req, path)
+            }
+            _ => shaped::report(&shared.shaped, rt, req, path),
         };
     }
     match req.method.as_str() {
@@ -353,12 +380,13 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
             }
+            view::fill_shaped(&mut t.root, &shaped_list(shared, rt));
             match view::find(&t.root, path) {
                 Some(n) => Response::json(200, n),
                 None => Response::error(404, &format!("no activity {path}")),
             }
         }
-        "PUT" => put_activity(rt, shared.source.tenants(), req, path),
+        "PUT" => put_activity(rt, shared.source.tenants(), &shared.shaped, req, path),
         "DELETE" => {
             if let Err(r) = check_query(&req.query, &["persist"]) {
                 return r;
@@ -370,12 +398,20 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
                 return r;
             }
             match rt.remove_activity(path) {
-                Ok(()) => changed(rt, path, 0, "removed"),
+                Ok(()) => {
+                    shared.shaped.lock().expect("shaped lock").remove(path);
+                    changed(rt, path, 0, "removed")
+                }
                 Err(e) => runtime_error(&e, path),
             }
         }
         _ => Response::method_not_allowed("GET, PUT, DELETE"),
     }
+}
+
+/// The attached shaped groups, for the tree.
+fn shaped_list(shared: &Shared, rt: &Runtime) -> Vec<model::Shaped> {
+    shared.shaped.lock().expect("shaped lock").list(rt.now_ns())
 }
 
 /// 409 when `path` is, or holds, an activity the server's running configuration owns: the
@@ -572,7 +608,7 @@ fn activity_status(e: &ActivityError, path: &str) -> u16 {
     }
 }
 
-fn runtime_error(e: &RuntimeError, path: &str) -> Response {
+pub(crate) fn runtime_error(e: &RuntimeError, path: &str) -> Response {
     match e {
         RuntimeError::Activity(a) => Response::error(activity_status(a, path), &a.to_string()),
         RuntimeError::Config(s) => Response::error(409, s),
@@ -580,7 +616,7 @@ fn runtime_error(e: &RuntimeError, path: &str) -> Response {
     }
 }
 
-fn body_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
+pub(crate) fn body_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result<T, Response> {
     // JSON only: a cross-origin page can send text/plain without asking (no CORS preflight).
     let json = req.headers.content_type.as_deref().is_some_and(|t| {
         t.split(';')
@@ -716,7 +752,7 @@ fn admission_predicate(
 
 /// A rate or size from JSON: a number (bytes), a string with units ("10MB/s", "64MiB"), or
 /// null to remove the setting.
-fn bytes_setting(v: &serde_json::Value, what: &str) -> Result<Option<u64>, Response> {
+pub(crate) fn bytes_setting(v: &serde_json::Value, what: &str) -> Result<Option<u64>, Response> {
     match v {
         serde_json::Value::Null => Ok(None),
         serde_json::Value::Number(n) => n.as_u64().map(Some).ok_or_else(|| {
@@ -775,6 +811,7 @@ fn tenant_change(change: &ActivityChange) -> Result<Option<crate::TenantChange>,
 fn put_activity(
     rt: &Runtime,
     tenants: Option<&dyn crate::Tenants>,
+    shaped_groups: &std::sync::Mutex<shaped::Table>,
     req: &Request,
     path: &str,
 ) -> Response {
@@ -792,6 +829,16 @@ fn put_activity(
     let tenant_change = match tenant_change(&change) {
         Ok(tc) => tc,
         Err(r) => return r,
+    };
+    // An attached shaped group's rates are kept here, not by the HTTP server.
+    let shaped_change = match shaped::check_change(shaped_groups, path, tenant_change.as_ref()) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let tenant_change = if shaped_change.is_some() {
+        None
+    } else {
+        tenant_change
     };
     if tenant_change.is_some() && tenants.is_none() {
         return Response::error(
@@ -948,6 +995,9 @@ fn put_activity(
                 );
             }
         }
+    }
+    if let Some(c) = shaped_change {
+        c.apply(shaped_groups, path);
     }
     changed(rt, path, id, action)
 }

@@ -35,6 +35,7 @@ impl Agg {
         a.bytes_in += b.bytes_in;
         a.bytes_out += b.bytes_out;
         a.disk_bytes += b.disk_bytes;
+        a.disk_write_bytes += b.disk_write_bytes;
         a.rejected += b.rejected;
         self.wait.add(&o.wait);
         self.resp.add(&o.resp);
@@ -55,6 +56,7 @@ impl Agg {
                 bytes_in: a.bytes_in.saturating_sub(b.bytes_in),
                 bytes_out: a.bytes_out.saturating_sub(b.bytes_out),
                 disk_bytes: a.disk_bytes.saturating_sub(b.disk_bytes),
+                disk_write_bytes: a.disk_write_bytes.saturating_sub(b.disk_write_bytes),
                 rejected: a.rejected.saturating_sub(b.rejected),
             },
             wait: self.wait.since(&earlier.wait),
@@ -76,6 +78,7 @@ impl Agg {
             bytes_in: r(c.bytes_in),
             bytes_out: r(c.bytes_out),
             disk_bytes: r(c.disk_bytes),
+            disk_write_bytes: r(c.disk_write_bytes),
             rejected: r(c.rejected),
         }
     }
@@ -111,6 +114,7 @@ pub(crate) fn by_stage_activity(s: &Sample) -> BTreeMap<(StageId, ActivityId), A
         a.c.bytes_in += r.bytes_in;
         a.c.bytes_out += r.bytes_out;
         a.c.disk_bytes += r.disk_bytes;
+        a.c.disk_write_bytes += r.disk_write_bytes;
     }
     for l in &s.lat {
         let a = m.entry((l.stage, l.activity)).or_default();
@@ -251,6 +255,7 @@ impl Build<'_> {
             latency: total.latency(),
             latency_1s: interval.as_ref().map(|i| i.latency()),
             cache_bytes: None,
+            shaped: None,
             children,
         };
         (node, total, interval)
@@ -744,6 +749,16 @@ pub(crate) fn stage_by_name(rt: &Runtime, name: &str) -> Option<StageId> {
 }
 
 /// Sets the cache bytes of the nodes named in `by_path` (an HTTP server's tenants).
+/// Puts each attached shaped group on its node.
+pub(crate) fn fill_shaped(node: &mut model::Node, shaped: &[model::Shaped]) {
+    if let Some(g) = shaped.iter().find(|g| g.path == node.path) {
+        node.shaped = Some(g.clone());
+    }
+    for c in &mut node.children {
+        fill_shaped(c, shaped);
+    }
+}
+
 pub(crate) fn fill_cache_bytes(node: &mut model::Node, by_path: &[(String, u64)]) {
     if let Some((_, b)) = by_path.iter().find(|(p, _)| *p == node.path) {
         node.cache_bytes = Some(*b);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{admin, json, req, rig, wait_for};
+use common::{admin, find_node, json, req, rig, wait_for};
 use omnistage::account::{EdgeFrom, EdgeRow};
 use omnistage::exec::Predicate;
 use omnistage_admin::model::{Graph, Stages, Tree};
@@ -21,7 +21,7 @@ fn reads_describe_the_runtime() {
     // Rates exist once the sampler has two samples after the work.
     wait_for("a window covering the work", || {
         let t: Tree = c.get_json("/api/v1/tree").unwrap();
-        let a = omnistage_admin_find(&t, "/t/a");
+        let a = find_node(&t, "/t/a");
         a.rate.is_some() && t.interval_s.is_some() && a.total.messages == 300
     });
     let t: Tree = c.get_json("/api/v1/tree").unwrap();
@@ -29,7 +29,7 @@ fn reads_describe_the_runtime() {
     assert_eq!(t.workers, 2);
     let names: Vec<&str> = t.root.children.iter().map(|n| n.path.as_str()).collect();
     assert_eq!(names, ["/infra", "/t"]);
-    let a = omnistage_admin_find(&t, "/t/a");
+    let a = find_node(&t, "/t/a");
     assert_eq!(
         (a.weight, a.policy.as_str(), a.cap.is_none()),
         (60, "sfq", true)
@@ -39,7 +39,7 @@ fn reads_describe_the_runtime() {
     assert_eq!(a.own, a.total);
     assert_eq!(a.latency.response_ns.count, 300);
     assert!(a.latency.response_ns.p99 >= a.latency.response_ns.p50);
-    let tt = omnistage_admin_find(&t, "/t");
+    let tt = find_node(&t, "/t");
     assert_eq!(tt.total.messages, 330, "/t rolls up its children");
     assert_eq!(tt.own.messages, 0);
     // The totals agree with the ledger.
@@ -139,20 +139,6 @@ fn reads_describe_the_runtime() {
     assert_eq!(page.status, 200);
     assert!(page.text().contains("<script src=\"/dashboard.js\">"));
     assert_eq!(req(&c, "GET", "/dashboard.js", None).status, 200);
-}
-
-/// Finds a node by path (the crate's own `find` is private).
-fn omnistage_admin_find<'a>(t: &'a Tree, path: &str) -> &'a omnistage_admin::model::Node {
-    fn walk<'a>(
-        n: &'a omnistage_admin::model::Node,
-        p: &str,
-    ) -> Option<&'a omnistage_admin::model::Node> {
-        if n.path == p {
-            return Some(n);
-        }
-        n.children.iter().find_map(|c| walk(c, p))
-    }
-    walk(&t.root, path).unwrap_or_else(|| panic!("no node {path}"))
 }
 
 #[test]
@@ -469,7 +455,7 @@ fn changes_apply_and_refused_changes_change_nothing() {
         200
     );
     let t: Tree = c.get_json("/api/v1/tree").unwrap();
-    assert_eq!(omnistage_admin_find(&t, "/t/b").weight, 77);
+    assert_eq!(find_node(&t, "/t/b").weight, 77);
     r.pipeline(r.b, 5);
 }
 

@@ -143,14 +143,24 @@ pub struct SetArgs {
     /// KEY=VALUE settings: weight=N, policy=fifo|rr|priority|wfq|sfq|drr, priority=N,
     /// cap_cpu=CORES|none, cap_kind=token|leaky, cap_burst_ms=MS, p90_ms=MS, admission=
     /// threshold|inherit|token:RATE:BURST, stage=NAME (for p90_ms and admission; default
-    /// http.work), cap_net=RATE, cap_disk=RATE, budget=BYTES,
+    /// http.work), cap_net=RATE|none, cap_disk=RATE|none, budget=BYTES|none,
     /// send_order=fair|fifo|shortest_first|longest_first (the last four change an HTTP
-    /// server's tenant: an admin server without one refuses them).
+    /// server's tenant, or cap_net/cap_disk a group attached by `omnistage shape --admin`:
+    /// an admin server with neither refuses them).
     settings: Vec<String>,
     /// Also write the change to the config file (tenants and classes of the file only; refused
     /// on the embedded default and when the file changed on disk since it was loaded).
     #[arg(long)]
     persist: bool,
+}
+
+/// A rate or size setting: `none` removes it.
+fn bytes_or_none(v: &str) -> serde_json::Value {
+    if v == "none" {
+        serde_json::Value::Null
+    } else {
+        serde_json::Value::String(v.into())
+    }
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T, String> {
@@ -184,9 +194,9 @@ pub fn change_of(settings: &[String]) -> Result<ActivityChange, String> {
             }
             "cap_kind" => cap_kind = Some(v.to_string()),
             "cap_burst_ms" => cap_burst = Some(num::<f64>(k, v)?),
-            "cap_net" => ch.cap_net = Some(serde_json::Value::String(v.into())),
-            "cap_disk" => ch.cap_disk = Some(serde_json::Value::String(v.into())),
-            "budget" => ch.budget = Some(serde_json::Value::String(v.into())),
+            "cap_net" => ch.cap_net = Some(bytes_or_none(v)),
+            "cap_disk" => ch.cap_disk = Some(bytes_or_none(v)),
+            "budget" => ch.budget = Some(bytes_or_none(v)),
             "send_order" => ch.send_order = Some(v.into()),
             "stage" => stage = v.to_string(),
             "p90_ms" => {
@@ -342,6 +352,15 @@ mod tests {
             .unwrap()
             .cap_net
             .is_some());
+        let ch = change_of(&s(&["cap_net=none", "cap_disk=none", "budget=none"])).unwrap();
+        assert_eq!(
+            (ch.cap_net, ch.cap_disk, ch.budget),
+            (
+                Some(serde_json::Value::Null),
+                Some(serde_json::Value::Null),
+                Some(serde_json::Value::Null)
+            )
+        );
         assert_eq!(
             change_of(&s(&["send_order=longest_first"]))
                 .unwrap()

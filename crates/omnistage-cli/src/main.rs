@@ -4,6 +4,7 @@
 
 mod admin_cli;
 mod serve;
+mod shape_link;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -49,10 +50,14 @@ fn main() {
         Command::Tree(args) => admin_cli::tree(args),
         Command::Set(args) => admin_cli::set(args),
         Command::Graph(args) => admin_cli::graph(args),
-        Command::Shape(args) => match omnistage_shape::launch::run(&args) {
-            Ok(code) => std::process::exit(code),
-            Err(e) => Err(format!("shape: {e}")),
-        },
+        Command::Shape(args) => {
+            match shape_link::AdminLink::of(&args)
+                .and_then(|link| omnistage_shape::launch::run(&args, link))
+            {
+                Ok(code) => std::process::exit(code),
+                Err(e) => Err(format!("shape: {e}")),
+            }
+        }
         Command::Load(args) => omnistage_load::run(&args).map(|r| {
             if args.json {
                 println!("{}", serde_json::to_string(&r).expect("report serializes"));

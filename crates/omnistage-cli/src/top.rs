@@ -1,6 +1,7 @@
 //! `omnistage top`: a live terminal view of a running server over its admin API, like `top`:
-//! one row per activity with CPU %, share against its target, bytes/s, queue, p90 response
-//! time and rejects/s; sort keys and a tree view. Drawn with ratatui on crossterm.
+//! one row per activity with CPU %, share against its target, bytes/s (network and disk),
+//! queue, p90 response time and rejects/s; sort keys and a tree view. Drawn with ratatui on
+//! crossterm.
 //!
 //! Keys: `c` CPU, `s` share, `b` bytes/s, `u` queue, `p` p90, `r` rejects/s, `n` name (sort);
 //! `t` tree/flat view; `q` or Esc quits. `--once` prints one frame as text and exits (for
@@ -95,12 +96,19 @@ impl SortKey {
         match self {
             SortKey::Cpu | SortKey::Name => n.cpu_percent.unwrap_or(0.0),
             SortKey::Share => n.share.unwrap_or(0.0),
-            SortKey::Bytes => rate.map(|r| r.bytes_out + r.bytes_in).unwrap_or(0.0),
+            SortKey::Bytes => rate.map(bytes_per_s).unwrap_or(0.0),
             SortKey::Queue => n.queued as f64,
             SortKey::P90 => p90(n).unwrap_or(0) as f64,
             SortKey::Rejects => rate.map(|r| r.rejected).unwrap_or(0.0),
         }
     }
+}
+
+/// Bytes the activity moved per second: network in and out, disk read and written (a group
+/// attached by `omnistage shape --admin` reports all four; the HTTP server's tenants move no
+/// disk writes).
+fn bytes_per_s(r: &omnistage_admin::model::Rates) -> f64 {
+    r.bytes_in + r.bytes_out + r.disk_bytes + r.disk_write_bytes
 }
 
 fn p90(n: &Node) -> Option<u64> {
@@ -139,7 +147,7 @@ fn row_of(n: &Node, label: String) -> RowView {
         share: fmt_pct(n.share),
         target: fmt_pct(n.target_share),
         bytes: rate
-            .map(|r| fmt_rate(r.bytes_out + r.bytes_in))
+            .map(|r| fmt_rate(bytes_per_s(r)))
             .unwrap_or_else(|| "–".into()),
         queue: n.queued.to_string(),
         p90: fmt_ns(p90(n)),
@@ -442,6 +450,7 @@ mod tests {
                 },
             }),
             cache_bytes: None,
+            shaped: None,
             children,
         }
     }

@@ -2,90 +2,11 @@
 //! then `omnistage set`, `tree`, `graph` and `top --once` against it, including refused
 //! changes (their reason is printed and the exit code is 2), and a graceful stop on SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{run, serve};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_omnistage");
-
-struct Serve {
-    child: Child,
-    admin: String,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(dir: &std::path::Path) -> Serve {
-    let config = dir.join("omnistage.toml");
-    std::fs::write(dir.join("index.html"), "hello\n").unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = \"{}\"\nweight = 50\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--workers",
-            "1",
-            "--admin",
-            "127.0.0.1:0",
-            "--config",
-        ])
-        .arg(&config)
-        .env_remove("OMNISTAGE_ADMIN_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let end = Instant::now() + Duration::from_secs(20);
-    let admin = loop {
-        let left = end.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("serve prints where the admin API is");
-        if let Some(rest) = line.strip_prefix("omnistage: admin API and dashboard on ") {
-            break rest.trim_end_matches('/').to_string();
-        }
-    };
-    Serve {
-        child,
-        admin,
-        lines: rx,
-    }
-}
-
-fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env_remove("OMNISTAGE_ADMIN_TOKEN")
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn set_tree_graph_and_top_against_a_running_server() {

@@ -187,9 +187,11 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     assert_eq!(r.get("select-write"), (1, 0));
     assert_eq!(r.get("select-write-only").0, 1);
     assert_eq!(r.get("pselect-held"), (0, 0));
-    // So do epoll_wait and epoll_pwait (level-triggered), and put the caller's interest back.
+    // So do epoll_wait, epoll_pwait and epoll_pwait2 (level-triggered), and put the caller's
+    // interest back.
     assert_eq!(r.get("epoll-held"), (0, 0));
     assert_eq!(r.get("epoll-pwait-held"), (0, 0));
+    assert_eq!(r.get("epoll-pwait2-held"), (0, 0));
     assert_eq!(r.get("epoll-write"), (1, 0));
     assert_eq!(r.get("epoll-write-events").0, libc::EPOLLOUT as i64);
     assert_eq!(r.get("epoll-pipe"), (1, 0));

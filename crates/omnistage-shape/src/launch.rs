@@ -3,6 +3,7 @@
 //! programs a preload cannot reach, and runs the program with `LD_PRELOAD` and the group in its
 //! environment, staying as its parent to leave the group when it ends.
 
+use crate::link::{BucketTemplate, Link, Reporter, REPORT_EVERY_NS};
 use crate::meter::{BucketCfg, GroupCfg, GroupState, BUCKET_NAMES, WEIGHT_MAX};
 use crate::sys::{self, SegmentMap};
 use crate::units::{parse_rate, parse_size};
@@ -53,6 +54,18 @@ pub struct ShapeArgs {
     /// This member's weight in its group (1..=10000).
     #[arg(long, default_value_t = 1)]
     pub weight: u32,
+    /// A running omnistage's admin API (e.g. http://127.0.0.1:9090): the group's bytes are
+    /// reported to --activity there, and `omnistage set` changes its network and disk rates
+    /// (cap_net, cap_disk) live.
+    #[arg(long, requires = "activity")]
+    pub admin: Option<String>,
+    /// The activity the group's bytes go to (created if missing; its parent must exist), e.g.
+    /// /tenants/a/backup.
+    #[arg(long, requires = "admin")]
+    pub activity: Option<String>,
+    /// The admin API's bearer token (default: the OMNISTAGE_ADMIN_TOKEN environment variable).
+    #[arg(long, requires = "admin")]
+    pub token: Option<String>,
     /// The program and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub program: Vec<String>,
@@ -67,9 +80,9 @@ Limits: the library is loaded with LD_PRELOAD, so it does not reach statically l
 programs that make system calls directly (Go), io_uring, stdio's buffered I/O inside glibc
 (fread/fwrite reach the kernel through glibc's internal calls), nor setuid/setgid programs (the
 loader ignores LD_PRELOAD for them). A program that clears its environment loses the shaping in
-the programs it starts. `poll`, `ppoll`, `select`, `pselect`, `epoll_wait` and `epoll_pwait` are
-interposed and sleep until the buckets allow the descriptor (edge-triggered epoll gets its edge back
-when the tokens are there); `epoll_pwait2` is not, and epoll tracks at most 1,024 registrations
+the programs it starts. `poll`, `ppoll`, `select`, `pselect`, `epoll_wait`, `epoll_pwait` and
+`epoll_pwait2` are interposed and sleep until the buckets allow the descriptor (edge-triggered
+epoll gets its edge back when the tokens are there); epoll tracks at most 1,024 registrations
 per process (beyond them a waiter on a throttled non-blocking socket spins).";
 
 /// The group configuration the options ask for; `None` when they give no rate (join a group at
@@ -299,8 +312,25 @@ impl Drop for Membership {
     }
 }
 
-/// Runs `omnistage shape`: returns the exit code to leave with.
-pub fn run(a: &ShapeArgs) -> Result<i32, String> {
+/// How buckets made by a live rate change are built: this command's `--bucket` and `--burst`.
+pub fn bucket_template(a: &ShapeArgs) -> Result<BucketTemplate, String> {
+    Ok(BucketTemplate {
+        leaky: a.bucket == BucketKind::Leaky,
+        burst: a
+            .burst
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .map_err(|e| format!("--burst: {e}"))?,
+    })
+}
+
+/// Runs `omnistage shape`: returns the exit code to leave with. `link` reaches the admin API
+/// named by `--admin` (the command builds it with its admin client).
+pub fn run(a: &ShapeArgs, link: Option<Box<dyn Link>>) -> Result<i32, String> {
+    if a.admin.is_some() != link.is_some() {
+        return Err("--admin needs a link to the admin API (and a link needs --admin)".into());
+    }
     let cfg = group_cfg(a)?;
     let group = match &a.group {
         Some(g) => {
@@ -322,7 +352,22 @@ pub fn run(a: &ShapeArgs) -> Result<i32, String> {
         }
     }
     let m = Membership::join(&group, cfg, a.weight)?;
-    if m.cfg.is_unlimited() {
+    let mut reporter = match (link, &a.activity) {
+        (Some(link), Some(activity)) => Some(
+            Reporter::start(
+                link,
+                activity,
+                sys::getpid(),
+                bucket_template(a)?,
+                &m.map,
+                sys::now_ns(),
+                sys::alive,
+            )
+            .map_err(|e| format!("--admin {}: {e}", a.admin.as_deref().unwrap_or("")))?,
+        ),
+        _ => None,
+    };
+    if m.map.with(|g| g.cfg.is_unlimited()) && reporter.is_none() {
         eprintln!("omnistage shape: no rate given: the program runs with the library loaded but unlimited");
     }
     let mut ld_preload = preload.display().to_string();
@@ -360,9 +405,29 @@ pub fn run(a: &ShapeArgs) -> Result<i32, String> {
             }
         }
     });
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for {program}: {e}"));
+    // The reporter runs beside the wait, every REPORT_EVERY_NS, and once more at the end.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let status = std::thread::scope(|scope| {
+        if let Some(r) = reporter.as_mut() {
+            let map = &m.map;
+            scope.spawn(move || {
+                let every = std::time::Duration::from_nanos(REPORT_EVERY_NS);
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stop_rx.recv_timeout(every)
+                {
+                    if let Some(msg) = r.tick(map, sys::now_ns(), sys::alive) {
+                        eprintln!("omnistage shape: {msg}");
+                    }
+                }
+                r.finish(map, sys::now_ns(), sys::alive);
+            });
+        }
+        let status = child
+            .wait()
+            .map_err(|e| format!("waiting for {program}: {e}"));
+        drop(stop_tx);
+        status
+    });
     handle.close();
     let _ = forwarder.join();
     drop(m);

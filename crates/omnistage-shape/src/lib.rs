@@ -8,9 +8,12 @@
 //! - [`sys`]: every `unsafe` (libc, dlsym, shared memory), and the interposed symbols as a macro
 //!   that only the preload crate expands.
 //! - [`launch`]: the command's side: the group segment, the environment, the child process.
+//! - [`link`]: the group's link to a running omnistage's admin API (`--admin`, `--activity`):
+//!   its bytes reported there, its network and disk rates taken from there.
 
 pub mod hooks;
 pub mod launch;
+pub mod link;
 pub mod meter;
 pub mod sys;
 pub mod units;

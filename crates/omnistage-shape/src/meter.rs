@@ -30,10 +30,17 @@ use omnistage::sched::{Shaper, ShaperKind, ShaperSpec};
 pub const BUCKETS: usize = 5;
 pub const BUCKET_NAMES: [&str; BUCKETS] = ["all", "net", "disk", "read", "write"];
 const B_ALL: usize = 0;
-const B_NET: usize = 1;
-const B_DISK: usize = 2;
+pub(crate) const B_NET: usize = 1;
+pub(crate) const B_DISK: usize = 2;
 const B_READ: usize = 3;
 const B_WRITE: usize = 4;
+
+/// Kinds of bytes a group counts for its reports: network in, network out, disk read, disk
+/// written.
+pub const IO_KINDS: usize = 4;
+pub const IO_NAMES: [&str; IO_KINDS] = ["net_in", "net_out", "disk_read", "disk_write"];
+/// Longest activity path a group can report to (the runtime's paths are shorter).
+pub const ACTIVITY_BYTES_MAX: usize = 256;
 
 /// Members in one group (processes started by separate `omnistage shape` commands).
 pub const MEMBERS_MAX: usize = 64;
@@ -80,6 +87,8 @@ pub enum Mode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Need {
     pub mult: [u8; BUCKETS],
+    /// How many times the bytes count as each of [`IO_NAMES`] in the group's reports.
+    pub io: [u8; IO_KINDS],
 }
 
 impl Need {
@@ -87,6 +96,12 @@ impl Need {
         self.mult[B_ALL] += 1;
         self.mult[if class == Class::Net { B_NET } else { B_DISK }] += 1;
         self.mult[if dir == Dir::Read { B_READ } else { B_WRITE }] += 1;
+        self.io[match (class, dir) {
+            (Class::Net, Dir::Read) => 0,
+            (Class::Net, Dir::Write) => 1,
+            (Class::Disk, Dir::Read) => 2,
+            (Class::Disk, Dir::Write) => 3,
+        }] += 1;
     }
     pub fn of(class: Class, dir: Dir) -> Need {
         let mut n = Need::default();
@@ -208,7 +223,7 @@ impl BucketRun {
     fn balance(&self) -> i128 {
         (i128::from(self.balance_hi) << 64) | i128::from(self.balance_lo)
     }
-    fn store(&mut self, s: &Shaper) {
+    pub(crate) fn store(&mut self, s: &Shaper) {
         let (b, last) = s.state();
         self.balance_lo = b as u64;
         self.balance_hi = (b >> 64) as i64;
@@ -245,6 +260,20 @@ pub struct GroupState {
     /// Set when the last member left and the segment is being removed: joiners must start anew.
     pub closed: u32,
     pub last_reap_ns: u64,
+    /// Bytes the group moved since it began, by [`IO_NAMES`] (counted while `counted` is set).
+    pub io: [u64; IO_KINDS],
+    /// The part of `io` a reporter has sent on (see `link`).
+    pub io_reported: [u64; IO_KINDS],
+    /// 1 once a reporter claimed the group: the hooks count bytes even without a bucket.
+    pub counted: u32,
+    /// Set when `cfg` or `counted` changed; the segment's lock clears it and bumps the epoch
+    /// the hooks watch (`sys`).
+    pub cfg_changed: u32,
+    /// The launcher that reports the group's bytes (0: none).
+    pub reporter_pid: i32,
+    /// The activity the group reports to (`activity_len` bytes of UTF-8).
+    pub activity_len: u32,
+    pub activity: [u8; ACTIVITY_BYTES_MAX],
 }
 
 /// A member's handle: its slot and the slot's generation.
@@ -284,6 +313,13 @@ impl GroupState {
             generation_next: 1,
             closed: 0,
             last_reap_ns: now_ns,
+            io: [0; IO_KINDS],
+            io_reported: [0; IO_KINDS],
+            counted: 0,
+            cfg_changed: 0,
+            reporter_pid: 0,
+            activity_len: 0,
+            activity: [0; ACTIVITY_BYTES_MAX],
         };
         for i in 0..BUCKETS {
             if cfg.buckets[i].present != 0 {
@@ -386,7 +422,7 @@ impl GroupState {
         })
     }
 
-    fn shaper(&self, b: usize) -> Shaper {
+    pub(crate) fn shaper(&self, b: usize) -> Shaper {
         let run = &self.run[b];
         Shaper::from_state(self.cfg.buckets[b].spec(), run.balance(), run.last_ns)
             .unwrap_or_else(|_| Shaper::new(ShaperSpec::leaky(1), run.last_ns))
@@ -496,6 +532,11 @@ impl GroupState {
         let me = slot.index as usize;
         let w = u64::from(self.members[me].weight.max(1));
         self.members[me].bytes = self.members[me].bytes.saturating_add(moved);
+        if self.counted != 0 {
+            for (total, &times) in self.io.iter_mut().zip(need.io.iter()) {
+                *total = total.saturating_add(moved * u64::from(times));
+            }
+        }
         for b in 0..BUCKETS {
             let mult = u64::from(need.mult[b]);
             if mult == 0 || self.cfg.buckets[b].present == 0 {

@@ -71,6 +71,8 @@ pub struct Cell {
     pub bytes_in: Counter,
     pub bytes_out: Counter,
     pub disk_bytes: Counter,
+    /// Bytes written to disk (reported from outside: a shaped program's writes).
+    pub disk_write_bytes: Counter,
     /// Per message: time from enqueue to the start of its dispatch, ns.
     pub wait_hist: Histogram,
     /// Per message: time from enqueue to the end of its dispatch (its batch's), ns.
@@ -430,6 +432,7 @@ impl Ledger {
                     bytes_in: cell.bytes_in.get(),
                     bytes_out: cell.bytes_out.get(),
                     disk_bytes: cell.disk_bytes.get(),
+                    disk_write_bytes: cell.disk_write_bytes.get(),
                 });
             }
             let k = &c.counters;
@@ -506,6 +509,7 @@ pub struct Row {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub disk_bytes: u64,
+    pub disk_write_bytes: u64,
 }
 
 impl Row {
@@ -518,6 +522,7 @@ impl Row {
         self.bytes_in += o.bytes_in;
         self.bytes_out += o.bytes_out;
         self.disk_bytes += o.disk_bytes;
+        self.disk_write_bytes += o.disk_write_bytes;
     }
 }
 

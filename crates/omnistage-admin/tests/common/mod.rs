@@ -149,3 +149,20 @@ pub fn req(c: &Client, method: &str, path: &str, body: Option<&str>) -> Reply {
 pub fn json(r: &Reply) -> serde_json::Value {
     serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", r.text()))
 }
+
+/// Finds a node by path (the crate's own `find` is private).
+pub fn find_node<'a>(
+    t: &'a omnistage_admin::model::Tree,
+    path: &str,
+) -> &'a omnistage_admin::model::Node {
+    fn walk<'a>(
+        n: &'a omnistage_admin::model::Node,
+        p: &str,
+    ) -> Option<&'a omnistage_admin::model::Node> {
+        if n.path == p {
+            return Some(n);
+        }
+        n.children.iter().find_map(|c| walk(c, p))
+    }
+    walk(&t.root, path).unwrap_or_else(|| panic!("no node {path}"))
+}

@@ -33,13 +33,27 @@ fn nonblock(fd: c_int) {
     };
 }
 
+/// Which epoll wait call [`wait`] makes.
+#[derive(Clone, Copy, PartialEq)]
+enum Wait {
+    Plain,
+    P,
+    P2,
+}
+
 /// A wait on `ep` for up to `ms`: prints `label n` and `label-events E` (the first event's bits).
-unsafe fn wait(label: &str, ep: c_int, ms: c_int, pwait: bool) {
+unsafe fn wait(label: &str, ep: c_int, ms: c_int, how: Wait) {
     let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
-    let n = if pwait {
-        libc::epoll_pwait(ep, evs.as_mut_ptr(), 4, ms, std::ptr::null())
-    } else {
-        libc::epoll_wait(ep, evs.as_mut_ptr(), 4, ms)
+    let n = match how {
+        Wait::P => libc::epoll_pwait(ep, evs.as_mut_ptr(), 4, ms, std::ptr::null()),
+        Wait::P2 => {
+            let ts = libc::timespec {
+                tv_sec: libc::time_t::from(ms / 1000),
+                tv_nsec: i64::from(ms % 1000) * 1_000_000,
+            };
+            libc::epoll_pwait2(ep, evs.as_mut_ptr(), 4, &ts, std::ptr::null())
+        }
+        Wait::Plain => libc::epoll_wait(ep, evs.as_mut_ptr(), 4, ms),
     };
     out(label, n as isize);
     let first = evs[0].events;
@@ -226,18 +240,19 @@ fn main() {
                 // would be at once), writing is, and the set is given back as it was.
                 let ep = libc::epoll_create1(0);
                 add(ep, c, libc::EPOLLIN);
-                wait("epoll-held", ep, 30, false);
-                wait("epoll-pwait-held", ep, 30, true);
+                wait("epoll-held", ep, 30, Wait::Plain);
+                wait("epoll-pwait-held", ep, 30, Wait::P);
+                wait("epoll-pwait2-held", ep, 30, Wait::P2);
                 let ep2 = libc::epoll_create1(0);
                 add(ep2, c, libc::EPOLLIN | libc::EPOLLOUT);
-                wait("epoll-write", ep2, 30, false);
+                wait("epoll-write", ep2, 30, Wait::Plain);
                 // After the waits the kernel's set holds the caller's interest again: a
                 // non-throttled descriptor (a pipe) in the same set is reported as asked.
                 let mut pipe = [0; 2];
                 libc::pipe(pipe.as_mut_ptr());
                 libc::write(pipe[1], b"x".as_ptr().cast(), 1);
                 add(ep, pipe[0], libc::EPOLLIN);
-                wait("epoll-pipe", ep, 30, false);
+                wait("epoll-pipe", ep, 30, Wait::Plain);
             }
             "tcp-epoll-edge" => {
                 // Edge-triggered: the shaper's EAGAIN swallows the edge the data raised, and
@@ -249,7 +264,7 @@ fn main() {
                 nonblock(c);
                 let ep = libc::epoll_create1(0);
                 add(ep, c, libc::EPOLLIN | libc::EPOLLET);
-                wait("edge-first", ep, 0, false);
+                wait("edge-first", ep, 0, Wait::Plain);
                 let mut b = vec![0u8; 4096];
                 let mut got = 0;
                 let r = loop {
@@ -262,7 +277,7 @@ fn main() {
                 println!("edge-drained {}", (got > 0 && got < 5000) as u8);
                 out("edge-again", r);
                 // Unshaped, no new data means no new edge: this would time out with 0.
-                wait("edge-rearmed", ep, 2_000, false);
+                wait("edge-rearmed", ep, 2_000, Wait::Plain);
                 out("edge-more", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
             }
             "tcp-blocking" => {

@@ -13,7 +13,8 @@
 //! refuses `EPOLL_CTL_MOD` on them); a thread changing a registration with `epoll_ctl` while
 //! another is inside `epoll_wait` on the same set may see its change undone by the restore.
 
-use super::{context, errno, now_ns, ns_timespec, real, set_errno};
+use super::wait::{ns_timespec, POLL_HELD_MAX};
+use super::{context, errno, now_ns, real, set_errno};
 use crate::hooks::{self, FdKind, PollAsk};
 use libc::{c_int, epoll_event, sigset_t};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 /// Most registrations tracked per process.
 pub const TRACKED_MAX: usize = 1024;
 /// Most tracked registrations of one epoll set looked at per wait (as poll's held limit).
-const PER_SET_MAX: usize = super::POLL_HELD_MAX;
+const PER_SET_MAX: usize = POLL_HELD_MAX;
 /// Descriptors below this have a "starved" bit (the shaper failed a call with `EAGAIN`).
 const STARVED_FDS: usize = 4096;
 

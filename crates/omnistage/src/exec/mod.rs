@@ -73,6 +73,24 @@ pub const BATCH_MAX: u32 = 1024;
 pub const QUEUE_LIMIT_MAX: usize = 1 << 24;
 /// Stage id reserved for the loop's own work in the ledger (charged to `/infra`).
 pub const LOOP_STAGE: StageId = StageId::MAX - 1;
+/// Stage id reserved in the ledger for bytes that moved outside the runtime and were reported
+/// to it ([`Runtime::charge_external`]: a shaped program's I/O, `omnistage shape --admin`),
+/// named `external`.
+pub const EXTERNAL_STAGE: StageId = StageId::MAX - 2;
+const _: () = assert!(STAGES_MAX < EXTERNAL_STAGE as usize);
+
+/// Bytes that moved outside the runtime, charged with [`Runtime::charge_external`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExternalBytes {
+    /// Received from the network.
+    pub net_in: u64,
+    /// Sent to the network.
+    pub net_out: u64,
+    /// Read from disk.
+    pub disk_read: u64,
+    /// Written to disk.
+    pub disk_write: u64,
+}
 
 /// Settings of one stage.
 #[derive(Clone, Debug)]
@@ -796,6 +814,9 @@ impl Runtime {
         if id == LOOP_STAGE {
             return Some("loop");
         }
+        if id == EXTERNAL_STAGE {
+            return Some("external");
+        }
         self.shared.stages.get(id as usize).map(|s| s.name.as_str())
     }
 
@@ -1006,6 +1027,32 @@ impl Runtime {
         };
         // Every worker applies the change before its next scheduling decision.
         self.shared.broadcast(|| control.clone());
+        Ok(())
+    }
+
+    /// Charges bytes that moved outside the runtime to `activity`: a shaped program's network
+    /// and disk I/O, reported over the admin API. They go to the `external` pseudo-stage's cell
+    /// on core 0 ([`EXTERNAL_STAGE`]), so they show in the activity's totals and rates, in
+    /// `/metrics` and in `omnistage top` beside the runtime's own bytes. No CPU, dispatch or
+    /// message is charged. Any thread may call this (the cell's counters are added
+    /// atomically; workers never write that cell).
+    pub fn charge_external(
+        &self,
+        activity: ActivityId,
+        bytes: ExternalBytes,
+    ) -> Result<(), RuntimeError> {
+        if !self.with_activities(|t| t.get(activity).is_some()) {
+            return Err(ActivityError::NotFound(format!("#{activity}")).into());
+        }
+        let cell = self
+            .shared
+            .ledger
+            .cell(0, activity, EXTERNAL_STAGE)
+            .ok_or(ActivityError::TooMany)?;
+        cell.bytes_in.add_shared(bytes.net_in);
+        cell.bytes_out.add_shared(bytes.net_out);
+        cell.disk_bytes.add_shared(bytes.disk_read);
+        cell.disk_write_bytes.add_shared(bytes.disk_write);
         Ok(())
     }
 

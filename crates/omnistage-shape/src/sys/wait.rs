@@ -1,0 +1,323 @@
+//! The hooks of the calls that wait for readiness (poll, ppoll, select, pselect, epoll_wait,
+//! epoll_pwait, epoll_pwait2): a descriptor the buckets hold back is taken out of the wait,
+//! and the wait is cut to when they let it through.
+
+use super::*;
+
+/// Most pollfds whose interest a `poll` may hold back; beyond these, descriptors are polled as
+/// asked (a program polling thousands of shaped sockets can spin on the rest).
+pub(super) const POLL_HELD_MAX: usize = 256;
+
+/// # Safety
+/// poll(2)'s contract (`fds` points to `n` pollfds); `call(timeout_ns)` makes the real call with
+/// `sigmask` (`None`: no timeout), at ns precision so that a program waking for tokens wakes when
+/// they are there (a millisecond late each time would cost a leaky bucket a tenth of its rate).
+unsafe fn poll_common(
+    fds: *mut pollfd,
+    n: libc::nfds_t,
+    deadline_ns: Option<u64>,
+    sigmask: *const libc::sigset_t,
+) -> c_int {
+    let call = |timeout_ns: Option<u64>| {
+        let ts = timeout_ns.map(ns_timespec);
+        let tp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: the caller's pollfds and mask; `ts` lives across the call.
+        unsafe { real::ppoll(fds, n, tp, sigmask) }
+    };
+    let user_timeout = || deadline_ns.map(|d| d.saturating_sub(now_ns()));
+    if fds.is_null() || n == 0 {
+        return call(user_timeout());
+    }
+    let k = (n as usize).min(POLL_HELD_MAX);
+    // SAFETY: the caller's contract: `n >= k` pollfds at `fds`, ours to change during the call.
+    let pfds = unsafe { std::slice::from_raw_parts_mut(fds, k) };
+    let mut asks = [PollAsk {
+        fd: -1,
+        wants_read: false,
+        wants_write: false,
+    }; POLL_HELD_MAX];
+    let mut held = [(false, false); POLL_HELD_MAX];
+    loop {
+        for (a, p) in asks.iter_mut().zip(pfds.iter()) {
+            *a = PollAsk {
+                fd: p.fd,
+                wants_read: p.events & (libc::POLLIN | libc::POLLRDNORM) != 0,
+                wants_write: p.events & (libc::POLLOUT | libc::POLLWRNORM) != 0,
+            };
+        }
+        let Some(until) = hooks::poll_plan(&asks[..k], &mut held[..k]) else {
+            return call(user_timeout());
+        };
+        let mut saved = [0i16; POLL_HELD_MAX];
+        for ((p, h), s) in pfds.iter_mut().zip(&held).zip(saved.iter_mut()) {
+            *s = p.events;
+            if h.0 {
+                p.events &= !(libc::POLLIN | libc::POLLRDNORM);
+            }
+            if h.1 {
+                p.events &= !(libc::POLLOUT | libc::POLLWRNORM);
+            }
+        }
+        let r = call(Some(hooks::poll_timeout_ns(deadline_ns, until, now_ns())));
+        let e = errno();
+        for (p, s) in pfds.iter_mut().zip(&saved) {
+            p.events = *s;
+        }
+        set_errno(e);
+        if r != 0 || deadline_ns.is_some_and(|d| now_ns() >= d) {
+            return r;
+        }
+    }
+}
+
+/// # Safety
+/// poll(2)'s contract.
+pub unsafe fn hook_poll(fds: *mut pollfd, n: libc::nfds_t, timeout: c_int) -> c_int {
+    let deadline = (timeout >= 0).then(|| now_ns() + timeout as u64 * 1_000_000);
+    // SAFETY: the caller's contract.
+    unsafe { poll_common(fds, n, deadline, std::ptr::null()) }
+}
+
+/// # Safety
+/// ppoll(2)'s contract.
+pub unsafe fn hook_ppoll(
+    fds: *mut pollfd,
+    n: libc::nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: a non-null `ts` is the caller's valid timespec.
+    let deadline = (!ts.is_null()).then(|| unsafe { deadline_in((*ts).tv_sec, (*ts).tv_nsec) });
+    // SAFETY: the caller's contract.
+    unsafe { poll_common(fds, n, deadline, mask) }
+}
+
+/// `select`/`pselect` as `poll` does it: a throttled descriptor's read or write bit is taken out
+/// of a copy of the caller's sets and the wait cut to when the buckets allow it (through
+/// `pselect`, at ns precision), looping until something is ready, the caller's deadline passes
+/// or an error; the caller's sets get the result. Nothing held (no rate, or no shaped
+/// descriptor throttled): `first` makes the caller's own call unchanged. Returns the result and
+/// whether the held path ran (then `select`'s timeval is the caller's to update).
+///
+/// # Safety
+/// select(2)'s contract: each non-null set is a valid `fd_set` of the caller's, `nfds` at most
+/// `FD_SETSIZE`; `sigmask` null or a valid mask.
+unsafe fn select_common(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    deadline_ns: Option<u64>,
+    sigmask: *const libc::sigset_t,
+    first: &dyn Fn() -> c_int,
+) -> (c_int, bool) {
+    if nfds <= 0 || (r.is_null() && w.is_null()) {
+        return (first(), false);
+    }
+    let n = (nfds as usize).min(libc::FD_SETSIZE);
+    let mut asks = [PollAsk {
+        fd: -1,
+        wants_read: false,
+        wants_write: false,
+    }; POLL_HELD_MAX];
+    let mut held = [(false, false); POLL_HELD_MAX];
+    let mut k = 0;
+    for fd in 0..n as c_int {
+        // SAFETY: non-null sets are the caller's valid fd_sets; `fd < FD_SETSIZE`.
+        let (rd, wr) = unsafe {
+            (
+                !r.is_null() && libc::FD_ISSET(fd, r),
+                !w.is_null() && libc::FD_ISSET(fd, w),
+            )
+        };
+        if !(rd || wr) {
+            continue;
+        }
+        if k == POLL_HELD_MAX {
+            // As for poll: beyond these, descriptors are waited on as asked.
+            break;
+        }
+        asks[k] = PollAsk {
+            fd,
+            wants_read: rd,
+            wants_write: wr,
+        };
+        k += 1;
+    }
+    let mut held_path = false;
+    loop {
+        let Some(until) = hooks::poll_plan(&asks[..k], &mut held[..k]) else {
+            if !held_path {
+                return (first(), false);
+            }
+            // Tokens are there now: wait as asked for what is left of the caller's time.
+            let left = deadline_ns.map(|d| ns_timespec(d.saturating_sub(now_ns())));
+            let tp = left
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            // SAFETY: the caller's sets and mask; `left` lives across the call.
+            return (unsafe { real::pselect(nfds, r, w, e, tp, sigmask) }, true);
+        };
+        held_path = true;
+        // SAFETY: non-null sets are the caller's valid fd_sets (copied, not changed here).
+        let copy = |set: *mut libc::fd_set| (!set.is_null()).then(|| unsafe { *set });
+        let (mut rc, mut wc, mut ec) = (copy(r), copy(w), copy(e));
+        for (a, h) in asks[..k].iter().zip(&held[..k]) {
+            // SAFETY: our own copies; `a.fd < FD_SETSIZE`.
+            unsafe {
+                if let (true, Some(set)) = (h.0, rc.as_mut()) {
+                    libc::FD_CLR(a.fd, set);
+                }
+                if let (true, Some(set)) = (h.1, wc.as_mut()) {
+                    libc::FD_CLR(a.fd, set);
+                }
+            }
+        }
+        let ts = ns_timespec(hooks::poll_timeout_ns(deadline_ns, until, now_ns()));
+        let ptr = |set: &mut Option<libc::fd_set>| {
+            set.as_mut()
+                .map_or(std::ptr::null_mut(), |s| s as *mut libc::fd_set)
+        };
+        // SAFETY: our copies of the caller's sets, the caller's mask, `ts` on our stack.
+        let res =
+            unsafe { real::pselect(nfds, ptr(&mut rc), ptr(&mut wc), ptr(&mut ec), &ts, sigmask) };
+        let timed_out = res == 0 && deadline_ns.is_some_and(|d| now_ns() >= d);
+        if res > 0 || timed_out {
+            // The result (or, timed out, the emptied sets) goes to the caller.
+            for (user, ours) in [(r, rc), (w, wc), (e, ec)] {
+                if let (false, Some(set)) = (user.is_null(), ours) {
+                    // SAFETY: the caller's valid fd_set.
+                    unsafe { *user = set };
+                }
+            }
+            return (res, true);
+        }
+        if res < 0 {
+            return (res, true);
+        }
+    }
+}
+
+/// Now plus a caller's timeout (negative parts count as 0), on our clock.
+pub(super) fn deadline_in(sec: libc::time_t, ns: i64) -> u64 {
+    now_ns()
+        .saturating_add((sec.max(0) as u64).saturating_mul(1_000_000_000))
+        .saturating_add(ns.max(0) as u64)
+}
+
+pub(super) fn ns_timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
+}
+
+/// # Safety
+/// select(2)'s contract.
+pub unsafe fn hook_select(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    // SAFETY: a non-null `tv` is the caller's valid timeval.
+    let deadline =
+        (!tv.is_null()).then(|| unsafe { deadline_in((*tv).tv_sec, (*tv).tv_usec * 1_000) });
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::select(nfds, r, w, e, tv) };
+    // SAFETY: the caller's contract.
+    let (res, held) = unsafe { select_common(nfds, r, w, e, deadline, std::ptr::null(), &first) };
+    if let (true, Some(d)) = (held, deadline) {
+        // Linux's select leaves the time not slept in the caller's timeval; so do we.
+        let left = d.saturating_sub(now_ns());
+        // SAFETY: `deadline` is Some only for a non-null `tv`.
+        unsafe {
+            (*tv).tv_sec = (left / 1_000_000_000) as libc::time_t;
+            (*tv).tv_usec = ((left % 1_000_000_000) / 1_000) as libc::suseconds_t;
+        }
+    }
+    res
+}
+
+/// # Safety
+/// pselect(2)'s contract.
+pub unsafe fn hook_pselect(
+    nfds: c_int,
+    r: *mut libc::fd_set,
+    w: *mut libc::fd_set,
+    e: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: a non-null `ts` is the caller's valid timespec.
+    let deadline = (!ts.is_null()).then(|| unsafe { deadline_in((*ts).tv_sec, (*ts).tv_nsec) });
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::pselect(nfds, r, w, e, ts, mask) };
+    // SAFETY: the caller's contract.
+    unsafe { select_common(nfds, r, w, e, deadline, mask, &first).0 }
+}
+
+/// The caller's millisecond timeout as a deadline on our clock (negative: none).
+fn deadline_ms(timeout: c_int) -> Option<u64> {
+    (timeout >= 0).then(|| now_ns() + timeout as u64 * 1_000_000)
+}
+
+/// # Safety
+/// epoll_wait(2)'s contract.
+pub unsafe fn hook_epoll_wait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_wait(epfd, ev, max, timeout) };
+    // SAFETY: the caller's contract.
+    unsafe {
+        epoll_common(
+            epfd,
+            ev,
+            max,
+            deadline_ms(timeout),
+            std::ptr::null(),
+            &first,
+        )
+    }
+}
+
+/// # Safety
+/// epoll_pwait(2)'s contract.
+pub unsafe fn hook_epoll_pwait(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_pwait(epfd, ev, max, timeout, mask) };
+    // SAFETY: the caller's contract.
+    unsafe { epoll_common(epfd, ev, max, deadline_ms(timeout), mask, &first) }
+}
+
+/// # Safety
+/// epoll_pwait2(2)'s contract (a null `timeout` waits forever). Where libc lacks it, the real
+/// call fails with ENOSYS, as the caller's would.
+pub unsafe fn hook_epoll_pwait2(
+    epfd: c_int,
+    ev: *mut libc::epoll_event,
+    max: c_int,
+    timeout: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged to the real call.
+    let first = || unsafe { real::epoll_pwait2(epfd, ev, max, timeout, mask) };
+    // SAFETY: a non-null `timeout` is the caller's valid timespec.
+    let deadline =
+        (!timeout.is_null()).then(|| unsafe { deadline_in((*timeout).tv_sec, (*timeout).tv_nsec) });
+    // SAFETY: the caller's contract.
+    unsafe { epoll_common(epfd, ev, max, deadline, mask, &first) }
+}
