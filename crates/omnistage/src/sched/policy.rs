@@ -539,6 +539,13 @@ impl FairQueue {
         super::prefetch(self.clients.as_ptr().wrapping_add(top.id() as usize));
         Some(top.id())
     }
+
+    /// Hints the cache with the first lines the next sift of this node's heap reads (when
+    /// its top is served and comes back, or is replaced, the sift starts at the top).
+    #[inline]
+    pub(crate) fn hint_heap(&self) {
+        self.heap.prefetch_below_top();
+    }
 }
 
 impl Scheduler for FairQueue {
@@ -963,6 +970,13 @@ impl AnyPolicy {
         match self {
             AnyPolicy::Fq(f) => f.next_hint(),
             _ => None,
+        }
+    }
+    /// Hints the cache with the first lines of the node's next heap sift (fair queues only).
+    #[inline]
+    pub(crate) fn hint_heap(&self) {
+        if let AnyPolicy::Fq(f) = self {
+            f.hint_heap()
         }
     }
 }

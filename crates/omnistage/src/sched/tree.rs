@@ -736,7 +736,8 @@ impl Tree {
     }
 
     /// Walks the path the next `pick` will take if nothing changes before it, loading each
-    /// interior node on it and hinting the cache with the chosen client's state and the leaf.
+    /// interior node on it and hinting the cache with the chosen client's state, the first
+    /// levels of each non-root node's heap, and the leaf.
     ///
     /// Why: at 10,000 leaves a decision is a chain of dependent loads (root's heap → group
     /// node → its policy → its heap's top → the leaf), each a miss, and nothing can overlap
@@ -751,6 +752,12 @@ impl Tree {
                 return;
             };
             let Kind::Interior(i) = &n.kind else { return };
+            if id != self.root {
+                // The next event serves this node's top, and its refill or its next charge
+                // sifts this heap from the top: start loading its first two levels (the
+                // root's heap, touched every event, stays in the cache anyway).
+                i.policy.hint_heap();
+            }
             let Some(slot) = i.policy.next_hint() else {
                 return;
             };
