@@ -28,7 +28,7 @@ pub const NODES_MAX: usize = 1 << 22;
 /// Trees with at least this many nodes warm the next pick's path after each charge
 /// ([`Tree::warm_next_pick`]) and hint a parent's next child when one is made ready
 /// ([`hint_next_child`]). Smaller trees stay in the caches, where that work is only cost
-/// (measured: 5–8 ns more per event at 10 to 3,000 leaves, about 9 ns less at 10,000).
+/// (measured: 5–8 ns more per event at 10 to 3,000 leaves, about 12 ns less at 10,000).
 const WARM_NODES_MIN: usize = 4096;
 
 /// Levels [`Tree::warm_next_pick`] follows (deeper trees are warmed down to this level).
