@@ -32,3 +32,17 @@ pub use policy::{
 };
 pub use shaper::{Shaper, ShaperKind, ShaperLost, ShaperSpec, LEAKY_CATCH_UP_NS};
 pub use tree::{NodeId, NodeStats, Tree, TreeError, MIN_COST_DEFAULT};
+
+/// Hints the CPU to load the cache line at `ptr`. Only a hint: no effect on results, none at all
+/// off x86-64; the pointer may be dangling or past the end (it is never dereferenced).
+#[inline(always)]
+pub(crate) fn prefetch<T>(ptr: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` only hints the cache: it never faults and never reads into the
+    // program, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(ptr.cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = ptr;
+}

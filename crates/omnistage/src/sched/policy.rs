@@ -489,9 +489,12 @@ impl FairQueue {
         self.clients[id as usize].start_tag()
     }
 
-    fn key(&self, c: &FqClient) -> u64 {
+    /// The heap key of client `c` in `mode` (a free function over the fields it needs, so the
+    /// hot paths can hold `&mut` to the client while they compute it).
+    #[inline(always)]
+    fn key(mode: FairQueueMode, c: &FqClient) -> u64 {
         let start = c.start_tag();
-        match self.mode {
+        match mode {
             FairQueueMode::Start => start,
             FairQueueMode::Finish => {
                 start.saturating_add(c.cost_estimate * VT_SCALE / u64::from(c.weight))
@@ -507,11 +510,12 @@ impl FairQueue {
     }
 
     /// Pushes a fresh entry for `id`; any older entry of it becomes stale.
+    #[inline(always)]
     fn push(&mut self, id: ClientId) {
         let seq = self.next_seq();
         let c = &mut self.clients[id as usize];
         c.live_seq = seq;
-        let key = self.key(&self.clients[id as usize]);
+        let key = Self::key(self.mode, c);
         if std::mem::take(&mut self.top_dead) {
             self.heap.replace_top(Entry::new(key, seq, id));
             return;
@@ -527,9 +531,20 @@ impl FairQueue {
         }
     }
 
-    fn live(&self, e: &Entry) -> bool {
-        let c = &self.clients[e.id() as usize];
-        c.ready && c.live_seq == e.seq()
+    /// The client the next decision will take if nothing changes before it (a hint: the top
+    /// may be stale), with its state's line hinted into the cache.
+    #[inline]
+    pub(crate) fn next_hint(&self) -> Option<ClientId> {
+        let top = self.heap.peek()?;
+        super::prefetch(self.clients.as_ptr().wrapping_add(top.id() as usize));
+        Some(top.id())
+    }
+
+    /// Hints the cache with the first lines the next sift of this node's heap reads (when
+    /// its top is served and comes back, or is replaced, the sift starts at the top).
+    #[inline]
+    pub(crate) fn hint_heap(&self) {
+        self.heap.prefetch_below_top();
     }
 }
 
@@ -594,6 +609,7 @@ impl Scheduler for FairQueue {
             ..Default::default()
         };
     }
+    #[inline(always)]
     fn client_ready(&mut self, id: ClientId) {
         let vtime = self.vtime;
         let c = &mut self.clients[id as usize];
@@ -620,6 +636,7 @@ impl Scheduler for FairQueue {
             self.ready -= 1;
         }
     }
+    #[inline(always)]
     fn schedule(&mut self) -> Option<ClientId> {
         assert!(self.in_service.is_none(), "schedule before the last record");
         // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
@@ -631,23 +648,33 @@ impl Scheduler for FairQueue {
         }
         loop {
             let top = *self.heap.peek()?;
-            if !self.live(&top) {
+            let id = top.id();
+            // One lookup of the client for the whole decision (at thousands of clients its
+            // line is the decision's likeliest miss).
+            let c = &mut self.clients[id as usize];
+            if !(c.ready && c.live_seq == top.seq()) {
                 self.heap.pop();
                 continue;
             }
-            let c = &self.clients[top.id() as usize];
-            let key = self.key(c);
+            let start = c.start_tag();
+            let key = match self.mode {
+                // A local start tag never changes while its entry is queued: the entry's key
+                // is the tag (only a shared one can have grown since).
+                FairQueueMode::Start if c.shared.is_none() => top.key(),
+                mode => Self::key(mode, c),
+            };
             if key > top.key() && rekeys_left > 0 && self.heap.len() > 1 {
                 rekeys_left -= 1;
                 self.heap.replace_top(top.with_key(key));
                 continue;
             }
-            self.vtime = self.vtime.max(c.start_tag());
-            self.clients[top.id() as usize].in_service = true;
-            self.in_service = Some(top.id());
-            return Some(top.id());
+            c.in_service = true;
+            self.vtime = self.vtime.max(start);
+            self.in_service = Some(id);
+            return Some(id);
         }
     }
+    #[inline(always)]
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
         assert_eq!(
             self.in_service,
@@ -655,6 +682,8 @@ impl Scheduler for FairQueue {
             "record for a client not in service"
         );
         self.in_service = None;
+        let top = self.heap.peek().copied();
+        let mode = self.mode;
         let c = &mut self.clients[id as usize];
         c.in_service = false;
         c.stats.charged += cost;
@@ -662,36 +691,35 @@ impl Scheduler for FairQueue {
         let scaled = cost
             .saturating_mul(VT_SCALE)
             .saturating_add(u64::from(c.remainder));
-        let delta = scaled / u64::from(c.weight);
-        c.remainder = (scaled % u64::from(c.weight)) as u32;
+        let weight = u64::from(c.weight);
+        let delta = scaled / weight;
+        c.remainder = (scaled % weight) as u32;
         match &c.shared {
             Some(s) => {
                 s.add(delta);
             }
             None => c.tag = c.tag.saturating_add(delta),
         }
-        c.cost_estimate = if c.cost_estimate == 0 {
-            cost
-        } else {
-            (3 * c.cost_estimate + cost) / 4
-        };
-        let live_seq = c.live_seq;
-        let top_is_ours = self
-            .heap
-            .peek()
-            .is_some_and(|e| e.id() == id && e.seq() == live_seq);
+        if mode == FairQueueMode::Finish {
+            // Only WFQ's key reads the estimate.
+            c.cost_estimate = if c.cost_estimate == 0 {
+                cost
+            } else {
+                (3 * c.cost_estimate + cost) / 4
+            };
+        }
+        let top_is_ours = top.is_some_and(|e| e.id() == id && e.seq() == c.live_seq);
         if still_ready {
-            let seq = self.next_seq();
-            let c = &mut self.clients[id as usize];
+            self.seq = self.seq.wrapping_add(1);
+            let seq = self.seq;
             c.live_seq = seq;
-            let key = self.key(&self.clients[id as usize]);
+            let key = Self::key(mode, c);
             if top_is_ours {
                 self.heap.replace_top(Entry::new(key, seq, id));
             } else {
                 self.heap.push(Entry::new(key, seq, id));
             }
         } else {
-            let c = &mut self.clients[id as usize];
             c.ready = false;
             self.ready -= 1;
             // Its entry is now stale; if it is the top, the next push replaces it (or the next
@@ -932,6 +960,25 @@ macro_rules! delegate {
             AnyPolicy::Drr($p) => $e,
         }
     };
+}
+
+impl AnyPolicy {
+    /// The client the next `schedule` will probably take, for [`super::Tree`]'s look-ahead
+    /// (fair queues only: the other policies answer `None`, so a walk stops at them).
+    #[inline]
+    pub(crate) fn next_hint(&self) -> Option<ClientId> {
+        match self {
+            AnyPolicy::Fq(f) => f.next_hint(),
+            _ => None,
+        }
+    }
+    /// Hints the cache with the first lines of the node's next heap sift (fair queues only).
+    #[inline]
+    pub(crate) fn hint_heap(&self) {
+        if let AnyPolicy::Fq(f) = self {
+            f.hint_heap()
+        }
+    }
 }
 
 impl Scheduler for AnyPolicy {
