@@ -346,10 +346,8 @@ pub struct CoreCounters {
     pub os_steal_ns: Counter,
     /// The part of `infra_ns` spent around sleeps, by the OS's clocks: CPU inside the blocking
     /// poll (entering and leaving it, the wake-up) and run-queue wait after a wake-up. Read
-    /// from the thread's CPU clock and schedstat on each side of one sleep in eight (the
-    /// others are charged the sampled ones' running mean, capped at their own length; reading
-    /// every sleep cost a busy server more than the wake-ups), and moved from idle to infra,
-    /// so a lightly loaded worker's wake-ups are attributed, not lost.
+    /// from the thread's CPU clock and schedstat on each side of every sleep, and moved from
+    /// idle to infra, so a lightly loaded worker's wake-ups are attributed, not lost.
     pub wake_ns: Counter,
     /// Messages dropped because a handler panicked.
     pub panics: Counter,

@@ -32,13 +32,6 @@ struct StageBatching {
 
 /// How often a worker publishes its loop counters and reads the OS clocks, ns.
 const FLUSH_INTERVAL_NS: u64 = 10_000_000;
-/// The OS's clocks are read around one sleep in this many (see `wake_ns` in the loop): the
-/// readings (a `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` and a `pread` of
-/// `/proc/thread-self/schedstat` on each side) cost more than the wake-up they measure. A
-/// busy proxy sleeping 2,800 times a second paid 3.7 µs per one-request connection for them
-/// (46.7 vs 43.0 µs of worker CPU per request, 4 alternating rounds). The other sleeps are
-/// charged the running mean of the sampled ones, each capped at its own window.
-const WAKE_SAMPLE_EVERY: u32 = 8;
 
 /// A hasher for small integer keys (ids): one multiply. Keys are ids we assign, not input an
 /// attacker picks, so flooding is not a concern.
@@ -1397,9 +1390,6 @@ fn run_loop<const ACCOUNTED: bool>(
     let mut schedstat = sys::SchedStat::open();
     // A second handle for the reads around each sleep (the flush closure owns the first).
     let mut sleep_schedstat = sys::SchedStat::open();
-    // Sleeps so far (which ones are sampled) and the sampled wake-ups' running mean, ns.
-    let mut sleeps = 0u32;
-    let mut wake_mean_ns = 0u64;
     // Steal is per CPU, so it can be charged to a worker only if the worker owns its CPU.
     let mut steal = pin.map(sys::CpuSteal::open);
     let steal_begin = steal.as_mut().and_then(|s| s.read()).unwrap_or(0);
@@ -1662,18 +1652,14 @@ fn run_loop<const ACCOUNTED: bool>(
             // The OS's clocks on each side of the sleep: the kernel's CPU inside the blocking
             // poll (entering it, the wake-up, leaving it) and the run-queue wait between the
             // wake-up and running again are the runtime's cost of sleeping, not idle time.
-            // Read around one sleep in WAKE_SAMPLE_EVERY (two syscalls and two schedstat reads
-            // each): a busy server sleeps thousands of times a second between bursts, and
-            // reading every time cost more than the wake-ups read. The window is stamped by our
-            // clock outside the OS reads, so a sampled sleep's reads land inside it and are
-            // counted once (by the OS's clock, as wake time), not also as the loop's time on
-            // either side.
+            // Two syscalls and a schedstat read per sleep: only an idle worker pays them.
+            // The window is stamped by our clock outside the OS reads, so the reads' own CPU
+            // lands inside it and is counted once (by the OS's clock, as wake time), not also
+            // as the loop's time on either side.
             // The bypass takes none of these readings.
             let window_start = if ACCOUNTED { clock.raw() } else { now_raw };
-            let sampled = ACCOUNTED && sleeps.is_multiple_of(WAKE_SAMPLE_EVERY);
-            sleeps = sleeps.wrapping_add(1);
-            let cpu_before = if sampled { sys::thread_cpu_ns() } else { 0 };
-            let rq_before = if sampled {
+            let cpu_before = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
+            let rq_before = if ACCOUNTED {
                 sleep_schedstat.read().map(|(_, w)| w)
             } else {
                 None
@@ -1685,12 +1671,12 @@ fn run_loop<const ACCOUNTED: bool>(
             }
             // The CPU clock is read first before and last after, so its interval covers the
             // schedstat reads too.
-            let rq_after = if sampled {
+            let rq_after = if ACCOUNTED {
                 sleep_schedstat.read().map(|(_, w)| w)
             } else {
                 None
             };
-            let cpu_after = if sampled { sys::thread_cpu_ns() } else { 0 };
+            let cpu_after = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
             let after = clock.raw();
             if precise_armed {
                 if let Some(t) = &precise {
@@ -1706,18 +1692,7 @@ fn run_loop<const ACCOUNTED: bool>(
             };
             if ACCOUNTED {
                 // The OS's readings lie inside the window; never move more than its length.
-                let wake = if sampled {
-                    let w = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
-                    // Mean over about the last 8 samples (the first one sets it).
-                    wake_mean_ns = if sleeps == 1 {
-                        w
-                    } else {
-                        (wake_mean_ns * 7 + w) / 8
-                    };
-                    w
-                } else {
-                    wake_mean_ns.min(window)
-                };
+                let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
                 time.wake_ns += wake;
                 time.idle_ns += window - wake;
                 // Arming the sleep is the loop's work; so is the wake. What follows the window
