@@ -7,27 +7,10 @@
 
 mod common;
 
-use common::{run, serve, BIN};
+use common::{have_preload, run, serve, BIN};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn have_preload() -> bool {
-    let dir = PathBuf::from(BIN).parent().unwrap().to_path_buf();
-    let found = [
-        dir.join("libomnistage_shape_preload.so"),
-        dir.join("deps").join("libomnistage_shape_preload.so"),
-    ]
-    .iter()
-    .any(|p| p.is_file());
-    if !found {
-        eprintln!(
-            "skipped: the preload library is not built (cargo build -p omnistage-shape-preload)"
-        );
-    }
-    found
-}
 
 fn node(admin: &str, path: &str) -> serde_json::Value {
     let (code, out, err) = run(&["tree", "--json", "--admin", admin]);
@@ -181,18 +164,14 @@ fn a_shaped_copy_reports_to_a_running_server_and_set_changes_its_rate() {
         a["total"]["disk_write_bytes"].as_u64().unwrap() >= size,
         "rolled up: {a}"
     );
-    let metrics = Command::new("curl")
-        .args(["-s", &format!("{admin}/metrics")])
-        .output();
-    if let Ok(m) = metrics {
-        let m = String::from_utf8_lossy(&m.stdout);
-        if !m.is_empty() {
-            let line = format!(
-                "omnistage_activity_disk_written_bytes_total{{activity=\"/tenants/a/copy\"}} {size}"
-            );
-            assert!(m.contains(&line), "{line} not in /metrics");
-        }
-    }
+    let metrics = omnistage_admin::client::Client::new(&admin, None)
+        .unwrap()
+        .request("GET", "/metrics", None)
+        .unwrap();
+    let line = format!(
+        "omnistage_activity_disk_written_bytes_total{{activity=\"/tenants/a/copy\"}} {size}"
+    );
+    assert!(metrics.text().contains(&line), "{line} not in /metrics");
     drop(s);
     std::fs::remove_dir_all(&dir).ok();
 }

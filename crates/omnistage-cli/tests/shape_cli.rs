@@ -4,31 +4,15 @@
 //! the binary (`cargo test --workspace` or `cargo build -p omnistage-shape-preload` builds it);
 //! without it the tests say so and skip.
 
+mod common;
+
+use common::have_preload;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn omnistage() -> Command {
     Command::new(env!("CARGO_BIN_EXE_omnistage"))
-}
-
-fn have_preload() -> bool {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_omnistage"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let mut so = dir.join("libomnistage_shape_preload.so");
-    if !so.is_file() {
-        // Where `cargo test` builds it (omnistage shape looks there too).
-        so = dir.join("deps").join("libomnistage_shape_preload.so");
-    }
-    if !so.is_file() {
-        eprintln!(
-            "skipped: {} not built (cargo build -p omnistage-shape-preload)",
-            so.display()
-        );
-    }
-    so.is_file()
 }
 
 #[test]

@@ -122,21 +122,16 @@ impl GroupState {
                 None => {}
                 Some(r) if old.present != 0 && old.rate_per_s == r => {}
                 Some(r) => {
-                    let new = if old.present != 0 {
-                        // Keep the kind and burst rule the bucket was made with.
-                        let burst = if old.kind == 1 {
-                            0
+                    // A bucket that stays keeps its kind; a new one takes the template's.
+                    let kind = BucketTemplate {
+                        leaky: if old.present != 0 {
+                            old.kind == 1
                         } else {
-                            t.burst.unwrap_or((r / 100).max(1))
-                        };
-                        BucketCfg {
-                            rate_per_s: r,
-                            burst,
-                            ..old
-                        }
-                    } else {
-                        t.bucket(r)
+                            t.leaky
+                        },
+                        ..t
                     };
+                    let new = kind.bucket(r);
                     let s = if old.present != 0 {
                         let mut s = self.shaper(b);
                         s.set_spec(new.spec(), now_ns);

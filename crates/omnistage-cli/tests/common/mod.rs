@@ -87,3 +87,24 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Whether the preload library is built where `omnistage shape` looks for it (next to the
+/// binary, or in `deps/` where `cargo test` builds it); says why a test skips when it is not.
+pub fn have_preload() -> bool {
+    let dir = std::path::PathBuf::from(BIN)
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let found = [
+        dir.join("libomnistage_shape_preload.so"),
+        dir.join("deps").join("libomnistage_shape_preload.so"),
+    ]
+    .iter()
+    .any(|p| p.is_file());
+    if !found {
+        eprintln!(
+            "skipped: the preload library is not built (cargo build -p omnistage-shape-preload)"
+        );
+    }
+    found
+}
