@@ -531,12 +531,16 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                         f(j, "/files/1/fraction") * 100.0
                     ),
                     None,
-                    // Inconclusive (null) for any file makes the row inconclusive.
+                    // A file that misses makes the row a miss, whatever the others say; else an
+                    // inconclusive (null) file makes it inconclusive.
                     j["files"].as_array().and_then(|a| {
-                        a.iter()
-                            .map(|x| x["goal_met"].as_bool())
-                            .collect::<Option<Vec<bool>>>()
-                            .map(|v| v.iter().all(|&m| m))
+                        let verdicts: Vec<Option<bool>> =
+                            a.iter().map(|x| x["goal_met"].as_bool()).collect();
+                        if verdicts.contains(&Some(false)) {
+                            Some(false)
+                        } else {
+                            verdicts.into_iter().collect::<Option<Vec<bool>>>().map(|_| true)
+                        }
                     }),
                 )
             },

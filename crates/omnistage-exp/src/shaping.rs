@@ -73,7 +73,8 @@ struct Fit {
     max_window_ratio: f64,
     client_max_window_ratio: f64,
     /// Both fits with slope in [`SLOPE_MIN`, `SLOPE_MAX`] and R² ≥ [`GOAL_R2`] (and, leaky,
-    /// no 100 ms ledger window above the rate by more than one grain).
+    /// no 100 ms ledger window above the rate by more than one grain, nor a client window by
+    /// more than one grain and [`CLIENT_LATE`] of the rate).
     goal_met: bool,
 }
 
@@ -94,6 +95,9 @@ struct Report {
 
 const BODY: usize = 65536;
 const TICK: Duration = Duration::from_millis(100);
+/// How late a client's read may be before the bytes it moves into the next 100 ms window count
+/// against the leaky bucket in the clients' windows.
+const CLIENT_LATE: Duration = Duration::from_millis(5);
 const WARMUP_S: f64 = 0.5;
 const GOAL_R2: f64 = 0.99;
 /// A shaper that delivered a fixed fraction of every rate would fit a line perfectly: the slope
@@ -244,6 +248,16 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
                 .filter(|p| p.kind == kind)
                 .map(|p| p.client_max_window_ratio)
                 .fold(0.0, f64::max);
+            // The same bound on the clients' windows, with CLIENT_LATE of the rate added for the
+            // clients' own reads: they run on the other, shared CPU, and a read that much late
+            // moves that much of the rate into the next window.
+            let client_grain_ok = points.iter().filter(|p| p.kind == kind).all(|p| {
+                let rate = p.rate_mb_per_s * 1e6;
+                let grain = omnistage_http::server::leaky_grain_bytes(rate as u64) as f64;
+                let tick_s = TICK.as_secs_f64();
+                p.client_max_window_ratio
+                    <= 1.0 + (grain + rate * CLIENT_LATE.as_secs_f64()) / (rate * tick_s)
+            });
             Fit {
                 kind,
                 intercept_bytes_per_s: i,
@@ -254,7 +268,9 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
                 client_r2: cr2,
                 max_window_ratio: mr,
                 client_max_window_ratio: cmr,
-                goal_met: fit_ok(s, r2) && fit_ok(cs, cr2) && (kind == "token" || grain_ok),
+                goal_met: fit_ok(s, r2)
+                    && fit_ok(cs, cr2)
+                    && (kind == "token" || (grain_ok && client_grain_ok)),
             }
         })
         .collect();
@@ -350,13 +366,15 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
              {SLOPE_MIN}–{SLOPE_MAX} and R² ≥ {GOAL_R2} (below the link's speed; loopback is far faster than 32 MB/s), and for the \
              leaky bucket no 100 ms window of the ledger above the rate by more than one grain (a leaky cap sends in \
              grains of 1 ms of its rate, 1–16 KiB, and never writes more than its bucket holds; a discrete sender \
-             cannot do better than one grain in every window). The clients' own 100 ms windows are shown beside it, \
-             not judged: the clients read on the other, shared CPU, and a read a few milliseconds late moves that \
-             many milliseconds of the rate into the next window. \
+             cannot do better than one grain in every window), nor any of the clients' own 100 ms windows by more than one \
+             grain and {} ms of the rate (the clients read on the other, shared CPU, and a read a few milliseconds late \
+             moves that many milliseconds of the rate into the next window). \
              \"Lost\" is what the tenant's bucket discarded of its rate over the window (`Server::net_cap_lost_bytes`): \
              late, while backlogged (a wake-up later than the leaky bucket's catch-up allowance, or a token bucket \
              already full), and idle, while the tenant had nothing to send.",
-            a.conns, a.common.seconds
+            a.conns,
+            a.common.seconds,
+            CLIENT_LATE.as_millis()
         )],
         tables: vec![(String::new(), t), ("Linear fit of achieved vs cap".into(), tf)],
         notes: vec![],
