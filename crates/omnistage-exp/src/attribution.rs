@@ -395,9 +395,12 @@ pub fn run(a: AttributionArgs) -> Result<(), String> {
         ), format!(
             "How the wake-ups are attributed: the runtime's clock cannot see inside epoll_wait, where the kernel works for \
              the thread and where, once woken, the thread waits on the run queue for its CPU; the OS counts both as busy. \
-             The worker reads the OS's clocks (its thread CPU clock and schedstat's run-queue wait) on each side of every \
-             sleep and charges what it finds to the loop (/infra): that part of the charged side is the OS's own reading \
-             copied in, so it is shown on its own line and cannot hide a gap elsewhere. Light phase: {} ns per sleep; what \
+             The worker reads its thread CPU clock on each side of every sleep, and schedstat's run-queue wait at each \
+             10 ms flush, of which it takes as wake-up wait what the loop's own segments (wall beyond CPU: preemption, \
+             already charged as wall time) do not explain, at most the idle the sleeps left; it charges both to the loop \
+             (/infra). That part of the charged side is the OS's own reading copied in, so it is shown on its own line; \
+             the run-queue part is what the loop's segments leave unexplained, so a segment's wall time that is neither CPU \
+             nor run-queue wait (the thread blocked inside the loop) still shows as a gap. Light phase: {} ns per sleep; what \
              remains per sleep: {} ns (signed) = {} ns of thread CPU beyond the charged time + {} ns of run-queue wait \
              (+ steal).",
             opt(lp.wake_ns_per_sleep),

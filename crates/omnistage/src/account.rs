@@ -345,8 +345,10 @@ pub struct CoreCounters {
     /// resolution), ns; 0 when the worker is not pinned or where unavailable.
     pub os_steal_ns: Counter,
     /// The part of `infra_ns` spent around sleeps, by the OS's clocks: CPU inside the blocking
-    /// poll (entering and leaving it, the wake-up) and run-queue wait after a wake-up. Read
-    /// from the thread's CPU clock and schedstat on each side of every sleep, and moved from
+    /// poll (entering and leaving it, the wake-up) and run-queue wait after a wake-up. The CPU
+    /// is read from the thread's CPU clock on each side of every sleep; the run-queue wait from
+    /// schedstat at each 10 ms flush, less the wait inside the loop's own segments (their wall
+    /// time beyond their CPU time), at most what the interval's sleeps left idle. Moved from
     /// idle to infra, so a lightly loaded worker's wake-ups are attributed, not lost.
     pub wake_ns: Counter,
     /// Messages dropped because a handler panicked.

@@ -36,6 +36,7 @@ pub mod panic;
 mod sys;
 pub mod task;
 mod task_io;
+mod wake_queue;
 mod worker;
 
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};

@@ -1,6 +1,7 @@
 //! One worker: its tree, its typed queues, its timers, its loop, and the handler context.
 
 use super::gate::Gate;
+use super::wake_queue::WakeQueue;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
 use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
 use crate::account::{ActivityId, Cell, EdgeFrom, StageId};
@@ -1388,8 +1389,6 @@ fn run_loop<const ACCOUNTED: bool>(
         .cell(core, INFRA, LOOP_STAGE)
         .expect("first cell of the core fits");
     let mut schedstat = sys::SchedStat::open();
-    // A second handle for the reads around each sleep (the flush closure owns the first).
-    let mut sleep_schedstat = sys::SchedStat::open();
     // Steal is per CPU, so it can be charged to a worker only if the worker owns its CPU.
     let mut steal = pin.map(sys::CpuSteal::open);
     let steal_begin = steal.as_mut().and_then(|s| s.read()).unwrap_or(0);
@@ -1397,6 +1396,13 @@ fn run_loop<const ACCOUNTED: bool>(
     let cpu_begin = sys::thread_cpu_ns();
     let rq_begin = schedstat.read().map(|(_, w)| w).unwrap_or(0);
     let t_begin = clock.raw();
+    let mut wq = WakeQueue {
+        rq_flushed_ns: rq_begin,
+        sleep_room_ns: 0,
+        loop_wait_ns: 0,
+        mark_raw: t_begin,
+        mark_cpu_ns: cpu_begin,
+    };
     let mut seg_start = t_begin;
     let mut time = LoopTime::default();
     let mut next_flush_ns = 0u64;
@@ -1407,17 +1413,26 @@ fn run_loop<const ACCOUNTED: bool>(
     let mut stale_idle = false;
     let task_stage = shared.tasks.as_ref().map(|t| t.stage() as usize);
 
-    let mut flush = |time: &mut LoopTime, seg_start: &mut u64| {
+    let mut flush = |time: &mut LoopTime, seg_start: &mut u64, wq: &mut WakeQueue| {
         let t = clock.raw();
         if ACCOUNTED {
             time.infra_ns += clock.delta_as_nanos(*seg_start, t);
         }
         *seg_start = t;
-        let cpu = sys::thread_cpu_ns().saturating_sub(cpu_begin);
-        let rq = schedstat
-            .read()
-            .map(|(_, w)| w.saturating_sub(rq_begin))
-            .unwrap_or(0);
+        let cpu_now = sys::thread_cpu_ns();
+        let rq_now = schedstat.read().map(|(_, w)| w);
+        if ACCOUNTED {
+            wq.close_segment(clock.delta_as_nanos(wq.mark_raw, t), t, cpu_now);
+            if let Some(rq_now) = rq_now {
+                let to_wake = wq.settle(rq_now);
+                // Inside the room the sleeps left idle: idle_ns cannot go below zero.
+                time.idle_ns -= to_wake;
+                time.wake_ns += to_wake;
+                time.infra_ns += to_wake;
+            }
+        }
+        let cpu = cpu_now.saturating_sub(cpu_begin);
+        let rq = rq_now.map(|w| w.saturating_sub(rq_begin)).unwrap_or(0);
         counters.elapsed_ns.set(clock.delta_as_nanos(t_begin, t));
         counters.idle_ns.set(time.idle_ns);
         counters.infra_ns.set(time.infra_ns);
@@ -1525,7 +1540,7 @@ fn run_loop<const ACCOUNTED: bool>(
                     .0
                     .fetch_sub(b.messages as usize, Ordering::AcqRel);
                 if st.now_ns >= next_flush_ns || stop {
-                    flush(&mut time, &mut seg_start);
+                    flush(&mut time, &mut seg_start, &mut wq);
                     counters.dropped.set(st.dropped);
                     next_flush_ns = st.now_ns + FLUSH_INTERVAL_NS;
                 }
@@ -1649,33 +1664,25 @@ fn run_loop<const ACCOUNTED: bool>(
                 }
                 _ => false,
             };
-            // The OS's clocks on each side of the sleep: the kernel's CPU inside the blocking
-            // poll (entering it, the wake-up, leaving it) and the run-queue wait between the
-            // wake-up and running again are the runtime's cost of sleeping, not idle time.
-            // Two syscalls and a schedstat read per sleep: only an idle worker pays them.
-            // The window is stamped by our clock outside the OS reads, so the reads' own CPU
-            // lands inside it and is counted once (by the OS's clock, as wake time), not also
-            // as the loop's time on either side.
+            // The OS's CPU clock on each side of the sleep: the kernel's CPU inside the
+            // blocking poll (entering it, the wake-up, leaving it) is the runtime's cost of
+            // sleeping, not idle time; so is the run-queue wait between the wake-up and
+            // running again, settled at the next flush (`WakeQueue`). Two syscalls per sleep:
+            // only an idle worker pays them. The window is stamped by our clock outside the OS
+            // reads, so the reads' own CPU lands inside it and is counted once (by the OS's
+            // clock, as wake time), not also as the loop's time on either side.
             // The bypass takes none of these readings.
             let window_start = if ACCOUNTED { clock.raw() } else { now_raw };
             let cpu_before = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
-            let rq_before = if ACCOUNTED {
-                sleep_schedstat.read().map(|(_, w)| w)
-            } else {
-                None
-            };
+            if ACCOUNTED {
+                let wall = clock.delta_as_nanos(wq.mark_raw, window_start);
+                wq.close_segment(wall, window_start, cpu_before);
+            }
             if let Err(e) = poll.poll(&mut events, Some(Duration::from_nanos(wait))) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
                 }
             }
-            // The CPU clock is read first before and last after, so its interval covers the
-            // schedstat reads too.
-            let rq_after = if ACCOUNTED {
-                sleep_schedstat.read().map(|(_, w)| w)
-            } else {
-                None
-            };
             let cpu_after = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
             let after = clock.raw();
             if precise_armed {
@@ -1686,15 +1693,15 @@ fn run_loop<const ACCOUNTED: bool>(
             }
             mailbox.sleeping.store(false, Ordering::SeqCst);
             let window = clock.delta_as_nanos(window_start, after);
-            let rq_in_sleep = match (rq_before, rq_after) {
-                (Some(b), Some(a)) => a.saturating_sub(b),
-                _ => 0,
-            };
             if ACCOUNTED {
                 // The OS's readings lie inside the window; never move more than its length.
-                let wake = (cpu_after.saturating_sub(cpu_before) + rq_in_sleep).min(window);
+                let wake = cpu_after.saturating_sub(cpu_before).min(window);
                 time.wake_ns += wake;
                 time.idle_ns += window - wake;
+                wq.sleep_room_ns += window - wake;
+                // The next loop segment starts at the wake-up.
+                wq.mark_raw = after;
+                wq.mark_cpu_ns = cpu_after;
                 // Arming the sleep is the loop's work; so is the wake. What follows the window
                 // falls in the next segment, which starts at `after`.
                 time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
@@ -1723,7 +1730,7 @@ fn run_loop<const ACCOUNTED: bool>(
             }
         }
         if st.now_ns >= next_flush_ns || stop {
-            flush(&mut time, &mut seg_start);
+            flush(&mut time, &mut seg_start, &mut wq);
             counters.dropped.set(st.dropped);
             next_flush_ns = st.now_ns + FLUSH_INTERVAL_NS;
         }
