@@ -526,9 +526,11 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             ours: |j| {
                 (
                     format!(
-                        "1 KiB {:+.2} %, 1 MiB {:+.2} %",
+                        "worker CPU per request over the bypass's (median of paired rounds, ± half their range): 1 KiB {:+.2} % (± {:.1}), 1 MiB {:+.2} % (± {:.1})",
                         f(j, "/files/0/fraction") * 100.0,
-                        f(j, "/files/1/fraction") * 100.0
+                        f(j, "/files/0/paired_spread") * 100.0,
+                        f(j, "/files/1/fraction") * 100.0,
+                        f(j, "/files/1/paired_spread") * 100.0
                     ),
                     None,
                     // A file that misses makes the row a miss, whatever the others say; else an
