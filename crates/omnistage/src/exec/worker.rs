@@ -1311,6 +1311,11 @@ struct LoopTime {
 /// keep their enqueue stamp field, filled with that last reading (a store, no clock read). It
 /// still counts messages handled (`handled`, one add per dispatch) and the pending count each
 /// core keeps for routing.
+/// The clock reading halfway between two readings (`a` first).
+fn raw_midpoint(a: u64, b: u64) -> u64 {
+    a.wrapping_add(b.wrapping_sub(a) / 2)
+}
+
 pub(crate) fn run(
     core: usize,
     pin: Option<usize>,
@@ -1420,9 +1425,12 @@ fn run_loop<const ACCOUNTED: bool>(
         }
         *seg_start = t;
         let cpu_now = sys::thread_cpu_ns();
+        let t_after_cpu = if ACCOUNTED { clock.raw() } else { t };
         let rq_now = schedstat.read().map(|(_, w)| w);
         if ACCOUNTED {
-            wq.close_segment(clock.delta_as_nanos(wq.mark_raw, t), t, cpu_now);
+            // The CPU clock's sample instant, for the segment's edge (as around sleeps).
+            let t_cpu = raw_midpoint(t, t_after_cpu);
+            wq.close_segment(clock.delta_as_nanos(wq.mark_raw, t_cpu), t_cpu, cpu_now);
             if let Some(rq_now) = rq_now {
                 let to_wake = wq.settle(rq_now);
                 // Inside the room the sleeps left idle: idle_ns cannot go below zero.
@@ -1668,12 +1676,20 @@ fn run_loop<const ACCOUNTED: bool>(
             // blocking poll (entering it, the wake-up, leaving it) is the runtime's cost of
             // sleeping, not idle time; so is the run-queue wait between the wake-up and
             // running again, settled at the next flush (`WakeQueue`). Two syscalls per sleep:
-            // only an idle worker pays them. The window is stamped by our clock outside the OS
-            // reads, so the reads' own CPU lands inside it and is counted once (by the OS's
-            // clock, as wake time), not also as the loop's time on either side.
+            // only an idle worker pays them. Each window edge is stamped by our clock at the
+            // midpoint of its OS read (a clock read on each side of it): the OS samples its
+            // clock somewhere inside the system call, so an edge stamped outside the read
+            // leaves part of the read's own CPU on neither side (counted idle: about 1 % of a
+            // lightly loaded worker's busy time here, 0.5-1 µs per sleep), and one stamped
+            // inside would count that part twice. The midpoint errs by the read's asymmetry.
             // The bypass takes none of these readings.
-            let window_start = if ACCOUNTED { clock.raw() } else { now_raw };
-            let cpu_before = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
+            let (window_start, cpu_before) = if ACCOUNTED {
+                let pre = clock.raw();
+                let cpu = sys::thread_cpu_ns();
+                (raw_midpoint(pre, clock.raw()), cpu)
+            } else {
+                (now_raw, 0)
+            };
             if ACCOUNTED {
                 let wall = clock.delta_as_nanos(wq.mark_raw, window_start);
                 wq.close_segment(wall, window_start, cpu_before);
@@ -1683,8 +1699,15 @@ fn run_loop<const ACCOUNTED: bool>(
                     eprintln!("omnistage: worker {core}: poll failed: {e}");
                 }
             }
-            let cpu_after = if ACCOUNTED { sys::thread_cpu_ns() } else { 0 };
+            let (window_end, cpu_after) = if ACCOUNTED {
+                let pre = clock.raw();
+                let cpu = sys::thread_cpu_ns();
+                (raw_midpoint(pre, clock.raw()), cpu)
+            } else {
+                (0, 0)
+            };
             let after = clock.raw();
+            let window_end = if ACCOUNTED { window_end } else { after };
             if precise_armed {
                 if let Some(t) = &precise {
                     t.arm(0);
@@ -1692,7 +1715,7 @@ fn run_loop<const ACCOUNTED: bool>(
                 }
             }
             mailbox.sleeping.store(false, Ordering::SeqCst);
-            let window = clock.delta_as_nanos(window_start, after);
+            let window = clock.delta_as_nanos(window_start, window_end);
             if ACCOUNTED {
                 // The OS's readings lie inside the window; never move more than its length.
                 let wake = cpu_after.saturating_sub(cpu_before).min(window);
@@ -1700,13 +1723,13 @@ fn run_loop<const ACCOUNTED: bool>(
                 time.idle_ns += window - wake;
                 wq.sleep_room_ns += window - wake;
                 // The next loop segment starts at the wake-up.
-                wq.mark_raw = after;
+                wq.mark_raw = window_end;
                 wq.mark_cpu_ns = cpu_after;
                 // Arming the sleep is the loop's work; so is the wake. What follows the window
-                // falls in the next segment, which starts at `after`.
+                // falls in the next segment, which starts at `window_end`.
                 time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
             }
-            seg_start = after;
+            seg_start = window_end;
             st.now_ns = shared.ns_of_raw(after);
             last_poll_ns = st.now_ns;
             dispatches_since_poll = 0;
