@@ -351,6 +351,12 @@ pub struct CoreCounters {
     /// time beyond their CPU time), at most what the interval's sleeps left idle. Moved from
     /// idle to infra, so a lightly loaded worker's wake-ups are attributed, not lost.
     pub wake_ns: Counter,
+    /// How far the loop's stamps of the OS CPU-clock readings can be from the instants the OS
+    /// took them, summed, ns: each reading is stamped at the midpoint of its system call (a
+    /// clock read on each side), and the OS samples somewhere inside it, so each stamp is off
+    /// by at most half the call. The finest gap between the OS's CPU clock and the charged
+    /// time that the readings can resolve.
+    pub os_read_uncertainty_ns: Counter,
     /// Messages dropped because a handler panicked.
     pub panics: Counter,
     /// Messages handled (in both scheduled and bypass modes; updated per dispatch).
@@ -448,6 +454,7 @@ impl Ledger {
                 os_runqueue_ns: k.os_runqueue_ns.get(),
                 os_steal_ns: k.os_steal_ns.get(),
                 wake_ns: k.wake_ns.get(),
+                os_read_uncertainty_ns: k.os_read_uncertainty_ns.get(),
                 panics: k.panics.get(),
             });
         }
@@ -541,6 +548,8 @@ pub struct CoreRow {
     pub os_steal_ns: u64,
     /// The part of `infra_ns` spent around sleeps (see [`CoreCounters::wake_ns`]).
     pub wake_ns: u64,
+    /// See [`CoreCounters::os_read_uncertainty_ns`].
+    pub os_read_uncertainty_ns: u64,
     pub panics: u64,
 }
 
@@ -558,6 +567,9 @@ impl CoreRow {
             os_runqueue_ns: self.os_runqueue_ns.saturating_sub(earlier.os_runqueue_ns),
             os_steal_ns: self.os_steal_ns.saturating_sub(earlier.os_steal_ns),
             wake_ns: self.wake_ns.saturating_sub(earlier.wake_ns),
+            os_read_uncertainty_ns: self
+                .os_read_uncertainty_ns
+                .saturating_sub(earlier.os_read_uncertainty_ns),
             panics: self.panics.saturating_sub(earlier.panics),
         }
     }

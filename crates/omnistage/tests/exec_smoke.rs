@@ -59,6 +59,8 @@ fn sleeps_charge_their_wake_ups_to_the_loop() {
     let c = rt.snapshot().cores[0];
     assert!(c.wake_ns > 0, "{c:?}");
     assert!(c.wake_ns <= c.infra_ns, "{c:?}");
+    // Every sleep's two CPU-clock reads were stamped, each with its own uncertainty.
+    assert!(c.os_read_uncertainty_ns > 0, "{c:?}");
     assert!(c.idle_ns > 0, "{c:?}");
     // idle + infra + dispatch tile elapsed (each piece is converted to ns on its own, so allow
     // a rounding nanosecond per piece: far less than a millisecond).

@@ -1297,6 +1297,9 @@ struct LoopTime {
     /// The part of `infra_ns` spent around sleeps by the OS's clocks (CPU in the blocking poll,
     /// run-queue wait after a wake-up).
     wake_ns: u64,
+    /// Σ half the length of each OS CPU-clock read the loop stamped (see
+    /// `CoreCounters::os_read_uncertainty_ns`).
+    read_uncertainty_ns: u64,
 }
 
 /// The worker thread's body: one copy of the loop per mode, chosen once here, so the
@@ -1430,6 +1433,7 @@ fn run_loop<const ACCOUNTED: bool>(
         if ACCOUNTED {
             // The CPU clock's sample instant, for the segment's edge (as around sleeps).
             let t_cpu = raw_midpoint(t, t_after_cpu);
+            time.read_uncertainty_ns += clock.delta_as_nanos(t, t_after_cpu) / 2;
             wq.close_segment(clock.delta_as_nanos(wq.mark_raw, t_cpu), t_cpu, cpu_now);
             if let Some(rq_now) = rq_now {
                 let to_wake = wq.settle(rq_now);
@@ -1445,6 +1449,9 @@ fn run_loop<const ACCOUNTED: bool>(
         counters.idle_ns.set(time.idle_ns);
         counters.infra_ns.set(time.infra_ns);
         counters.wake_ns.set(time.wake_ns);
+        counters
+            .os_read_uncertainty_ns
+            .set(time.read_uncertainty_ns);
         counters.dispatch_ns.set(time.dispatch_ns);
         counters.os_cpu_ns.set(cpu);
         counters.os_runqueue_ns.set(rq);
@@ -1686,7 +1693,9 @@ fn run_loop<const ACCOUNTED: bool>(
             let (window_start, cpu_before) = if ACCOUNTED {
                 let pre = clock.raw();
                 let cpu = sys::thread_cpu_ns();
-                (raw_midpoint(pre, clock.raw()), cpu)
+                let post = clock.raw();
+                time.read_uncertainty_ns += clock.delta_as_nanos(pre, post) / 2;
+                (raw_midpoint(pre, post), cpu)
             } else {
                 (now_raw, 0)
             };
@@ -1702,7 +1711,9 @@ fn run_loop<const ACCOUNTED: bool>(
             let (window_end, cpu_after) = if ACCOUNTED {
                 let pre = clock.raw();
                 let cpu = sys::thread_cpu_ns();
-                (raw_midpoint(pre, clock.raw()), cpu)
+                let post = clock.raw();
+                time.read_uncertainty_ns += clock.delta_as_nanos(pre, post) / 2;
+                (raw_midpoint(pre, post), cpu)
             } else {
                 (0, 0)
             };
