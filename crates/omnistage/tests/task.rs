@@ -750,6 +750,8 @@ fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
     };
     join(spawn_children(a, vec![limit_ns / 5; 4])).unwrap();
     wait_for("the children", || rt.task_stats().completed == 5);
+    // A task completes inside its poll; the dispatch is charged after it returns.
+    wait_for("the ledger", || polls(&rt, a).1 >= 5);
     assert_eq!(polls(&rt, a), (2, 5));
     assert_eq!(rt.long_polls(), vec![]);
 
@@ -790,6 +792,8 @@ fn a_task_batch_stops_at_the_poll_limit_and_the_rest_waits_its_turn() {
         .unwrap();
     join(parent).unwrap();
     wait_for("the children", || rt.task_stats().completed == 5);
+    // A task completes inside its poll; the dispatch is charged after it returns.
+    wait_for("the ledger", || polls(&rt, a).1 >= 5);
     // The parent's poll, then one dispatch per child, in the order they were spawned.
     assert_eq!(polls(&rt, a), (5, 5));
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);

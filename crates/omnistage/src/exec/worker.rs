@@ -1302,6 +1302,11 @@ struct LoopTime {
     read_uncertainty_ns: u64,
 }
 
+/// The clock reading halfway between two readings (`a` first).
+fn raw_midpoint(a: u64, b: u64) -> u64 {
+    a.wrapping_add(b.wrapping_sub(a) / 2)
+}
+
 /// The worker thread's body: one copy of the loop per mode, chosen once here, so the
 /// scheduled loop carries no test of the mode per dispatch and the bypass carries none of the
 /// accounting.
@@ -1314,11 +1319,6 @@ struct LoopTime {
 /// keep their enqueue stamp field, filled with that last reading (a store, no clock read). It
 /// still counts messages handled (`handled`, one add per dispatch) and the pending count each
 /// core keeps for routing.
-/// The clock reading halfway between two readings (`a` first).
-fn raw_midpoint(a: u64, b: u64) -> u64 {
-    a.wrapping_add(b.wrapping_sub(a) / 2)
-}
-
 pub(crate) fn run(
     core: usize,
     pin: Option<usize>,
