@@ -167,18 +167,13 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
                 .zip(of_mode(true))
                 .map(|(&s, b)| overhead_fraction(s, b))
                 .collect();
-            let fraction = harness::median(&paired_fractions);
-            let paired_spread = {
-                let (lo, hi) = paired_fractions
-                    .iter()
-                    .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-                        (lo.min(x), hi.max(x))
-                    });
-                if paired_fractions.len() < 2 {
-                    f64::INFINITY
-                } else {
-                    (hi - lo) / 2.0
-                }
+            let pairs = rounds::Spread::of(&paired_fractions);
+            let fraction = pairs.median;
+            // One pair says nothing about its own noise.
+            let paired_spread = if pairs.n < 2 {
+                f64::INFINITY
+            } else {
+                (pairs.max - pairs.min) / 2.0
             };
             let bypass_spread = rounds::relative_spread(
                 &rounds

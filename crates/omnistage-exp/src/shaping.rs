@@ -237,12 +237,17 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
                 .map(|p| p.max_window_ratio)
                 .fold(0.0, f64::max);
             // The leaky bucket's design bound: a window holds at most the rate and one grain
-            // (the ledger counts bytes as the send stage's writes return).
-            let grain_ok = points.iter().filter(|p| p.kind == kind).all(|p| {
+            // (the ledger counts bytes as the send stage's writes return), plus `late` of the
+            // rate where the counting side may read late.
+            let within_grain = |p: &Point, ratio: f64, late: Duration| {
                 let rate = p.rate_mb_per_s * 1e6;
                 let grain = omnistage_http::server::leaky_grain_bytes(rate as u64) as f64;
-                p.max_window_ratio <= 1.0 + grain / (rate * TICK.as_secs_f64())
-            });
+                ratio <= 1.0 + (grain + rate * late.as_secs_f64()) / (rate * TICK.as_secs_f64())
+            };
+            let grain_ok = points
+                .iter()
+                .filter(|p| p.kind == kind)
+                .all(|p| within_grain(p, p.max_window_ratio, Duration::ZERO));
             let cmr = points
                 .iter()
                 .filter(|p| p.kind == kind)
@@ -251,13 +256,10 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
             // The same bound on the clients' windows, with CLIENT_LATE of the rate added for the
             // clients' own reads: they run on the other, shared CPU, and a read that much late
             // moves that much of the rate into the next window.
-            let client_grain_ok = points.iter().filter(|p| p.kind == kind).all(|p| {
-                let rate = p.rate_mb_per_s * 1e6;
-                let grain = omnistage_http::server::leaky_grain_bytes(rate as u64) as f64;
-                let tick_s = TICK.as_secs_f64();
-                p.client_max_window_ratio
-                    <= 1.0 + (grain + rate * CLIENT_LATE.as_secs_f64()) / (rate * tick_s)
-            });
+            let client_grain_ok = points
+                .iter()
+                .filter(|p| p.kind == kind)
+                .all(|p| within_grain(p, p.client_max_window_ratio, CLIENT_LATE));
             Fit {
                 kind,
                 intercept_bytes_per_s: i,

@@ -1307,6 +1307,17 @@ fn raw_midpoint(a: u64, b: u64) -> u64 {
     a.wrapping_add(b.wrapping_sub(a) / 2)
 }
 
+/// The thread's CPU clock (ns) and the instant it stands for: our clock at the midpoint of
+/// the read, whose half length is added to `uncertainty_ns` (the OS samples somewhere inside
+/// the system call).
+fn stamped_cpu_read(clock: &quanta::Clock, uncertainty_ns: &mut u64) -> (u64, u64) {
+    let pre = clock.raw();
+    let cpu = sys::thread_cpu_ns();
+    let post = clock.raw();
+    *uncertainty_ns += clock.delta_as_nanos(pre, post) / 2;
+    (raw_midpoint(pre, post), cpu)
+}
+
 /// The worker thread's body: one copy of the loop per mode, chosen once here, so the
 /// scheduled loop carries no test of the mode per dispatch and the bypass carries none of the
 /// accounting.
@@ -1691,11 +1702,7 @@ fn run_loop<const ACCOUNTED: bool>(
             // inside would count that part twice. The midpoint errs by the read's asymmetry.
             // The bypass takes none of these readings.
             let (window_start, cpu_before) = if ACCOUNTED {
-                let pre = clock.raw();
-                let cpu = sys::thread_cpu_ns();
-                let post = clock.raw();
-                time.read_uncertainty_ns += clock.delta_as_nanos(pre, post) / 2;
-                (raw_midpoint(pre, post), cpu)
+                stamped_cpu_read(clock, &mut time.read_uncertainty_ns)
             } else {
                 (now_raw, 0)
             };
@@ -1709,11 +1716,7 @@ fn run_loop<const ACCOUNTED: bool>(
                 }
             }
             let (window_end, cpu_after) = if ACCOUNTED {
-                let pre = clock.raw();
-                let cpu = sys::thread_cpu_ns();
-                let post = clock.raw();
-                time.read_uncertainty_ns += clock.delta_as_nanos(pre, post) / 2;
-                (raw_midpoint(pre, post), cpu)
+                stamped_cpu_read(clock, &mut time.read_uncertainty_ns)
             } else {
                 (0, 0)
             };
