@@ -99,8 +99,7 @@ pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
     ShaperSpec {
         kind,
         rate_per_s,
-        // 10 ms of the rate, at least one quantum (a smaller bucket could never admit a write).
-        burst: (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64),
+        burst: net_cap_burst_bytes(rate_per_s),
         // A leaky bucket sends in grains of 1 ms of its rate (at most a quantum, at least
         // 1 KiB): the send stage writes no more than the bucket holds, so no 100 ms window
         // carries more than the rate and one grain, and the tenant is woken ≤ ~1,000 times/s.
@@ -109,6 +108,13 @@ pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
             ShaperKind::Token => 0,
         },
     }
+}
+
+/// The bucket depth of a tenant's `net_cap` of `rate_per_s` (either kind): 10 ms of the rate,
+/// at least one send quantum (a smaller bucket could never admit a write). What a token bucket
+/// may send at once after a pause.
+pub fn net_cap_burst_bytes(rate_per_s: u64) -> u64 {
+    (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64)
 }
 
 /// The grain in which a tenant's leaky `net_cap` of `rate_per_s` sends (see [`bucket`]): what
