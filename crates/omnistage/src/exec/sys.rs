@@ -29,8 +29,9 @@ pub(crate) fn pin_to(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// CPU time of the calling thread as the OS counts it (CLOCK_THREAD_CPUTIME_ID), ns.
-pub(crate) fn thread_cpu_ns() -> u64 {
+/// CPU time of the calling thread as the OS counts it (CLOCK_THREAD_CPUTIME_ID), ns. On a
+/// paravirtualised guest this excludes steal (time the hypervisor ran something else).
+pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
