@@ -65,6 +65,10 @@ struct Level {
     errors_by_kind: serde_json::Value,
     /// Largest VmRSS seen during the active run.
     rss_active_max_kib: u64,
+    /// Seconds the idle run took until the server held every connection, and the active
+    /// run's warmup derived from it ([`active_warmup_s`]).
+    open_all_s: f64,
+    warmup_s: f64,
     /// The server's CPU time (user + system) during the active run's measured window over
     /// its requests, µs; `None` when /proc cannot say.
     server_cpu_us_per_req: Option<f64>,
@@ -235,6 +239,16 @@ fn idle_wait_s(n: usize) -> f64 {
     2.0 + n as f64 / 1000.0
 }
 
+/// The active run's warmup: 0.5 s plus twice the time the idle run took until the server held
+/// every connection, at most [`WARMUP_MAX_S`]. Its connections open and send their first
+/// requests in a burst like the idle run's; a window that began before that burst was absorbed
+/// would count the ramp's queueing in the tail (seen: a fixed 0.5 s warmup gave a p99 of
+/// 0.5–1 s at 10,000 connections on a busy host, 98 ms with a 3 s warmup, p50 88 ms in both).
+fn active_warmup_s(open_all_s: f64) -> f64 {
+    (0.5 + 2.0 * open_all_s).min(WARMUP_MAX_S)
+}
+const WARMUP_MAX_S: f64 = 10.0;
+
 /// Clock ticks per second of /proc's CPU times (`CLK_TCK`, 100 on Linux).
 const CLK_TCK: f64 = 100.0;
 
@@ -265,6 +279,7 @@ fn measure(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    let open_all_s = t0.elapsed().as_secs_f64();
     // Let the last requests be answered and their buffers settle, then read: what the server
     // holds for its idle connections, including what its allocator kept from the burst of
     // first requests (neither server is asked to give that back). `idle_peak` is the most seen.
@@ -289,7 +304,7 @@ fn measure(
     }
     // Active: small think time, throughput from the load generator; the server's CPU time
     // over the measured window (it starts after the warmup).
-    let warmup_s = 0.5;
+    let warmup_s = active_warmup_s(open_all_s);
     let mut child = spawn_load(addr, n, a.common.seconds, warmup_s, a.think_ms)?;
     let t_active = Instant::now();
     let mut act_max = 0;
@@ -339,6 +354,8 @@ fn measure(
         errors: err_sum(t),
         errors_by_kind: t["errors"].clone(),
         rss_active_max_kib: act_max,
+        open_all_s,
+        warmup_s,
         server_cpu_us_per_req,
     })
 }
@@ -607,6 +624,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "open at reading",
         "req/s",
         "p99 ms",
+        "all open s / warmup s",
         "errors",
         "server CPU µs / req",
         "RSS before MiB",
@@ -625,6 +643,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                 .map(|s| s.show(0))
                 .unwrap_or_else(|| format!("{:.0}", l.req_per_s)),
             format!("{:.2}", l.p99_ms),
+            format!("{:.2} / {:.2}", l.open_all_s, l.warmup_s),
             l.errors.to_string(),
             l.server_cpu_us_per_req
                 .map(|c| format!("{c:.1}"))
@@ -711,7 +730,9 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
              (after malloc_trim), over the connections it held, is the memory per idle connection (the goal's figure; \
              neither server gives its allocator's free pages back before that reading). Also shown: the peak while the \
              connections opened, and for omnistage the figure after a malloc_trim (what the connections themselves hold). An active run then sends a {FILE_BYTES}-byte file with {} ms think \
-             time for {} s (after 0.5 s warmup); the server's CPU time (its worker thread, or nginx's one process, \
+             time for {} s, after a warmup of 0.5 s plus twice the time the idle run took until the server held every \
+             connection (at most {WARMUP_MAX_S} s: the active run opens its connections in the same burst, and a window that \
+             began inside it would count the ramp's queueing in the tail); the server's CPU time (its worker thread, or nginx's one process, \
              from /proc) over the requests in that window is its CPU per request. Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
              per idle connection ≤ nginx's.",
             a.common.repeats, a.think_ms, a.common.seconds
