@@ -1,11 +1,11 @@
 //! `connections` (SEDA Fig. 7 / C10k): requests/s and resident memory of the server at 100, 1000,
-//! 5000 and 10000 keep-alive connections. The server runs in this process (one worker pinned to
-//! CPU 0, a fresh server per level); the load generator runs as a child process (`omnistage
-//! load`, pinned to CPU 1) so that its sockets and buffers are not in this process's `VmRSS`.
+//! 5000 and 10000 keep-alive connections. The server runs as its own process (`omnistage serve`,
+//! one worker, the process confined to CPU 0, a fresh process per run, as nginx is); the load
+//! generator runs as a child process (`omnistage load`, pinned to CPU 1).
 //! Per level: an idle run (each connection sends one request and then thinks for 60 s) gives the
 //! resident memory per idle connection, `VmRSS` once all connections are open (the run is
 //! stopped then; if some never open within the limit, what was open counts) minus `VmRSS`
-//! before (after `malloc_trim`), over the connections the server held; an active run (a small
+//! before, over the connections the server held; an active run (a small
 //! think time) gives requests/s and the server's CPU time per request (user + system time of
 //! its worker thread, or of nginx's single process, from `/proc`: a figure that stays
 //! comparable when the machine is shared and throughput is not). nginx (`/usr/sbin/nginx`, one
@@ -55,9 +55,6 @@ struct Level {
     kib_per_idle_connection: f64,
     /// The same with the most VmRSS seen while they were opening.
     kib_per_idle_connection_peak: f64,
-    /// omnistage only: the same after `malloc_trim` (what the connections themselves hold,
-    /// without the allocator's free pages).
-    kib_per_idle_connection_trimmed: Option<f64>,
     req_per_s: f64,
     p99_ms: f64,
     errors: u64,
@@ -126,7 +123,6 @@ pub(crate) mod sys {
     extern "C" {
         fn getrlimit(resource: i32, rlim: *mut RLimit) -> i32;
         fn setrlimit(resource: i32, rlim: *const RLimit) -> i32;
-        fn malloc_trim(pad: usize) -> i32;
     }
 
     /// Raises the soft open-files limit to the hard one; returns (soft, hard) after.
@@ -150,14 +146,6 @@ pub(crate) mod sys {
         }
         Some((r.cur, r.max))
     }
-
-    /// Returns freed heap memory to the OS (glibc), so a later VmRSS rise is new memory.
-    pub fn trim() {
-        // SAFETY: malloc_trim only walks glibc's own arenas.
-        unsafe {
-            malloc_trim(0);
-        }
-    }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
@@ -165,7 +153,6 @@ pub(crate) mod sys {
     pub fn raise_nofile() -> Option<(u64, u64)> {
         None
     }
-    pub fn trim() {}
 }
 
 /// Starts `omnistage load --json` as a child process.
@@ -226,8 +213,6 @@ struct Probe<'a> {
     rss: &'a dyn Fn() -> u64,
     open: &'a dyn Fn() -> usize,
     cpu_ticks: &'a dyn Fn() -> Option<u64>,
-    /// Returns the allocator's free pages to the OS if the server is this process (true).
-    trim: &'a dyn Fn() -> bool,
 }
 
 /// Longest wait for the server to close the idle run's connections.
@@ -261,7 +246,6 @@ fn measure(
     p: &Probe<'_>,
 ) -> Result<Level, String> {
     std::thread::sleep(Duration::from_millis(200));
-    sys::trim();
     let before = (p.rss)();
     // Idle: one request per connection, then a 60 s think; read memory once all are open,
     // then stop the generator (its run is longer than the wait, so it never ends by itself
@@ -287,8 +271,6 @@ fn measure(
     open_n = open_n.max((p.open)());
     let idle_peak = idle_rss.max((p.rss)());
     let idle_rss = (p.rss)();
-    // Ours only (this process): what is left once the allocator returns its free pages.
-    let idle_trimmed = (p.trim)().then(|| (p.rss)());
     if child.try_wait().map_err(|e| e.to_string())?.is_some() {
         let _ = finish_load(child)?;
     } else {
@@ -348,7 +330,6 @@ fn measure(
         rss_idle_kib: idle_rss,
         kib_per_idle_connection: per_conn(idle_rss),
         kib_per_idle_connection_peak: per_conn(idle_peak),
-        kib_per_idle_connection_trimmed: idle_trimmed.map(per_conn),
         req_per_s,
         p99_ms: t["p99_ms"].as_f64().unwrap_or(0.0),
         errors: err_sum(t),
@@ -369,15 +350,22 @@ fn stat_ticks(path: &str) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
-/// The `/proc/self/task/TID/stat` of this process's thread named `name`.
-fn thread_stat_path(name: &str) -> Option<String> {
-    std::fs::read_dir("/proc/self/task")
-        .ok()?
-        .flatten()
-        .find_map(|e| {
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            (comm.trim() == name).then(|| format!("{}/stat", e.path().display()))
-        })
+/// A child server process, killed and reaped when dropped (also on an early return).
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `TASK_DIR/TID/stat` (`/proc/PID/task`) of the thread named `name`.
+fn thread_stat_path(task_dir: &str, name: &str) -> Option<String> {
+    std::fs::read_dir(task_dir).ok()?.flatten().find_map(|e| {
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        (comm.trim() == name).then(|| format!("{}/stat", e.path().display()))
+    })
 }
 
 /// TCP sockets a process holds (entries of /proc/PID/fd that are sockets), minus one listener.
@@ -441,39 +429,77 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = \"{}\"\n",
         root.display()
     );
-    // One omnistage run at `n` connections (a fresh server each run).
+    // One omnistage run at `n` connections: a fresh `omnistage serve` process each run, confined
+    // to the server's CPU like nginx (memory is read from a process that served nothing else:
+    // run in this process, a server's idle figure depended on what the servers before it had
+    // left in the allocator, 0.00 to 0.58 KiB per connection).
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
     let ours = |n: usize, a: &ConnectionsArgs| -> Result<Level, String> {
-        let (server, addr) = cfgweb::start(
-            &format!(
-                "connections_max = {}\nkeepalive_timeout_ms = 120000\n",
+        let port = nginx::free_port()?;
+        let config = root.join("omnistage.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = [\"127.0.0.1:{port}\"]\nworkers = 1\nconnections_max = {}\n\
+                 keepalive_timeout_ms = 120000\n\n{tenant}",
                 max_n + 100
             ),
-            &tenant,
-        )?;
-        let stats = server.stats();
-        // The one worker thread serves everything (this process's other threads are the
-        // experiment's own); looked up when read, as it may not be named yet at start.
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .args(["--admin", "off", "--pin"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        nginx::confine_to_server_cpu(&mut cmd);
+        let mut server = Served(
+            cmd.spawn()
+                .map_err(|e| format!("cannot start omnistage serve: {e}"))?,
+        );
+        let pid = server.0.id();
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = server.0.try_wait() {
+                return Err(format!("omnistage serve exited at start ({status})"));
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!(
+                    "omnistage serve did not listen on {port} within 10 s"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Sockets it holds besides its clients' (its listener is already left out): counted
+        // once the probe connection above is closed.
+        std::thread::sleep(Duration::from_millis(200));
+        let own_sockets = sockets_of(pid);
+        let task_dir = format!("/proc/{pid}/task");
         let lv = measure(
             "omnistage",
-            &addr,
+            &format!("127.0.0.1:{port}"),
             n,
             a,
             &Probe {
-                rss: &|| cfgweb::rss_kib("self").unwrap_or(0),
-                open: &|| {
-                    stats
-                        .open_connections
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                },
-                cpu_ticks: &|| thread_stat_path(WORKER_THREAD).and_then(|p| stat_ticks(&p)),
-                trim: &|| {
-                    sys::trim();
-                    true
+                rss: &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
+                open: &|| sockets_of(pid).saturating_sub(own_sockets),
+                // Looked up when read: the worker may not be named yet at start.
+                cpu_ticks: &|| {
+                    thread_stat_path(&task_dir, WORKER_THREAD).and_then(|p| stat_ticks(&p))
                 },
             },
         );
-        server.drain(Duration::from_millis(300));
-        lv
+        let cpus = nginx::cpus_allowed(pid)?;
+        drop(server);
+        let lv = lv?;
+        if cpus != nginx::SERVER_CPU.to_string() {
+            return Err(format!(
+                "omnistage serve ran on CPUs {cpus}, not {}",
+                nginx::SERVER_CPU
+            ));
+        }
+        Ok(lv)
     };
     // One nginx run at `n` connections (a fresh nginx each run, `worker_connections` twice
     // `n`), and where its worker was allowed to run, read after the run.
@@ -501,7 +527,6 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                     rss: &|| cfgweb::rss_kib(&pid.to_string()).unwrap_or(0),
                     open: &|| sockets_of(pid),
                     cpu_ticks: &|| stat_ticks(&stat),
-                    trim: &|| false,
                 },
             )?;
             let cpus = ng.serving_cpus()?;
@@ -631,7 +656,6 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "RSS idle MiB",
         "KiB / idle conn",
         "(peak)",
-        "(after trim)",
         "RSS max active MiB",
     ]);
     for l in &r.levels {
@@ -652,9 +676,6 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             format!("{:.1}", l.rss_idle_kib as f64 / 1024.0),
             format!("{:.2}", l.kib_per_idle_connection),
             format!("{:.2}", l.kib_per_idle_connection_peak),
-            l.kib_per_idle_connection_trimmed
-                .map(|k| format!("{k:.2}"))
-                .unwrap_or_else(|| "–".into()),
             format!("{:.1}", l.rss_active_max_kib as f64 / 1024.0),
         ]);
     }
@@ -720,16 +741,16 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
-            "The HTTP server in this process (1 worker on CPU 0, a fresh server per run) and, where installed, nginx \
+            "The HTTP server as its own process (`omnistage serve`, 1 worker, the process confined to CPU 0 and read back \
+             from /proc after each run, a fresh process per run) and, where installed, nginx \
              (master and one worker, the worker under worker_cpu_affinity on CPU 0, a fresh nginx per run with \
              worker_connections twice the level, its configuration picked by a pre-run). Per level the two servers \
              alternate for {} rounds (the first server alternating); the table shows per server and level the run with \
              the median req/s, req/s as median (min–max). The load generator runs as a child process on CPU 1 so its memory is not counted. \
              Per level: an idle run opens every connection, sends one request on each and then thinks for 60 s; the \
              server's VmRSS once all connections are open and their first requests answered, minus its VmRSS before \
-             (after malloc_trim), over the connections it held, is the memory per idle connection (the goal's figure; \
-             neither server gives its allocator's free pages back before that reading). Also shown: the peak while the \
-             connections opened, and for omnistage the figure after a malloc_trim (what the connections themselves hold). An active run then sends a {FILE_BYTES}-byte file with {} ms think \
+             over the connections it held, is the memory per idle connection (the goal's figure; neither server gives \
+             its allocator's free pages back before that reading). Also shown: the peak while the connections opened. An active run then sends a {FILE_BYTES}-byte file with {} ms think \
              time for {} s, after a warmup of 0.5 s plus twice the time the idle run took until the server held every \
              connection (at most {WARMUP_MAX_S} s: the active run opens its connections in the same burst, and a window that \
              began inside it would count the ramp's queueing in the tail); the server's CPU time (its worker thread, or nginx's one process, \

@@ -284,18 +284,7 @@ pub fn start(
         .arg("-p")
         .arg(dir)
         .stderr(Stdio::null());
-    // SAFETY: between fork and exec the closure only calls sched_setaffinity(2) on a cpu_set_t
-    // on its own stack (async-signal-safe; no allocation, no locks).
-    unsafe {
-        cmd.pre_exec(|| {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(SERVER_CPU, &mut set);
-            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    confine_to_server_cpu(&mut cmd);
     let master = cmd
         .spawn()
         .map_err(|e| format!("cannot start nginx: {e}"))?;
@@ -324,6 +313,23 @@ pub fn start(
     }
     nginx.serving_cpus()?;
     Ok(nginx)
+}
+
+/// Makes the process `cmd` starts, and every thread it makes, run on the server's CPU only
+/// (`sched_setaffinity` before exec; read back from /proc by [`cpus_allowed`]).
+pub fn confine_to_server_cpu(cmd: &mut Command) {
+    // SAFETY: between fork and exec the closure only calls sched_setaffinity(2) on a cpu_set_t
+    // on its own stack (async-signal-safe; no allocation, no locks).
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(SERVER_CPU, &mut set);
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// `Cpus_allowed_list` of a process, from /proc/PID/status.
