@@ -226,9 +226,10 @@ fn idle_wait_s(n: usize) -> f64 {
 
 /// The active run's warmup: 0.5 s plus twice the time the idle run took until the server held
 /// every connection, at most [`WARMUP_MAX_S`]. Its connections open and send their first
-/// requests in a burst like the idle run's; a window that began before that burst was absorbed
-/// would count the ramp's queueing in the tail (seen: a fixed 0.5 s warmup gave a p99 of
-/// 0.5–1 s at 10,000 connections on a busy host, 98 ms with a 3 s warmup, p50 88 ms in both).
+/// requests in a burst like the idle run's, and the steady state the window measures (req/s,
+/// CPU per request, p99) begins after it. (The second-long p99 once seen at 10,000 connections
+/// was the load generator's, timing a late connection's first request from the run's start;
+/// see `omnistage_load`'s `due_when_connected`.)
 fn active_warmup_s(open_all_s: f64) -> f64 {
     (0.5 + 2.0 * open_all_s).min(WARMUP_MAX_S)
 }
@@ -752,8 +753,8 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
              over the connections it held, is the memory per idle connection (the goal's figure; neither server gives \
              its allocator's free pages back before that reading). Also shown: the peak while the connections opened. An active run then sends a {FILE_BYTES}-byte file with {} ms think \
              time for {} s, after a warmup of 0.5 s plus twice the time the idle run took until the server held every \
-             connection (at most {WARMUP_MAX_S} s: the active run opens its connections in the same burst, and a window that \
-             began inside it would count the ramp's queueing in the tail); the server's CPU time (its worker thread, or nginx's one process, \
+             connection (at most {WARMUP_MAX_S} s: the active run opens its connections in the same burst, and the window \
+             measures the steady state after it); the server's CPU time (its worker thread, or nginx's one process, \
              from /proc) over the requests in that window is its CPU per request. Goal: req/s at the largest level ≥ 90 % of that at the smallest, and KiB \
              per idle connection ≤ nginx's.",
             a.common.repeats, a.think_ms, a.common.seconds
