@@ -45,7 +45,8 @@ fn messages_are_handled_and_charged() {
 }
 
 /// An idle worker sleeps; what the OS's clocks find around each sleep (its CPU clock; the
-/// run-queue wait at each flush) is moved from idle to the loop's time (`wake_ns`, a part of `infra_ns`), and the three parts still tile elapsed time.
+/// run-queue wait at each flush) is moved from idle to the loop's time (`wake_ns`, a part of
+/// `infra_ns`), and the three parts still tile elapsed time.
 #[test]
 fn sleeps_charge_their_wake_ups_to_the_loop() {
     let mut b = Runtime::builder().workers(1);

@@ -17,10 +17,11 @@ use std::sync::atomic::Ordering;
 const ACCEPTS_PER_EVENT_MAX: usize = 128;
 
 /// Connections the kernel may hold for each listener before the worker accepts them (it
-/// clamps this to `net.core.somaxconn`, 4096 by default since Linux 5.4). A SYN beyond a full
-/// queue is dropped and the client retries after a second: with 1,024 here, 10,000 clients
-/// connecting at once saw a p99 of about 1.1 s in `exp connections` (nginx, given 4096 there,
-/// 0.14 s).
+/// clamps this to `net.core.somaxconn`, 4096 by default since Linux 5.4), as `exp connections`
+/// gives nginx. A SYN beyond a full queue is dropped and the client retries after a second.
+/// (The p99 of about 1.1 s once seen there at 10,000 connections was not this: it stayed after
+/// the change, and was the load generator timing a late connection's first request from the
+/// run's start.)
 pub(super) const LISTEN_BACKLOG: i32 = 4096;
 
 pub(super) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<TcpListener> {

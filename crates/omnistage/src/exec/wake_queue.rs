@@ -24,6 +24,18 @@ pub(crate) struct WakeQueue {
 }
 
 impl WakeQueue {
+    /// At the worker's start: the thread's run-queue wait then, and the first loop segment's
+    /// start by our clock (raw) and the thread's CPU clock (ns).
+    pub(crate) fn new(rq_ns: u64, raw: u64, cpu_ns: u64) -> WakeQueue {
+        WakeQueue {
+            rq_flushed_ns: rq_ns,
+            sleep_room_ns: 0,
+            loop_wait_ns: 0,
+            mark_raw: raw,
+            mark_cpu_ns: cpu_ns,
+        }
+    }
+
     /// Ends the open loop segment at (`raw`, `cpu_ns`), which starts the next one.
     pub(crate) fn close_segment(&mut self, wall_ns: u64, raw: u64, cpu_ns: u64) {
         let cpu = cpu_ns.saturating_sub(self.mark_cpu_ns);
@@ -49,13 +61,7 @@ mod tests {
     use super::WakeQueue;
 
     fn fresh(rq_ns: u64) -> WakeQueue {
-        WakeQueue {
-            rq_flushed_ns: rq_ns,
-            sleep_room_ns: 0,
-            loop_wait_ns: 0,
-            mark_raw: 0,
-            mark_cpu_ns: 0,
-        }
+        WakeQueue::new(rq_ns, 0, 0)
     }
 
     #[test]

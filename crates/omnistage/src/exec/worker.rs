@@ -1433,13 +1433,7 @@ fn run_loop<const ACCOUNTED: bool>(
     let cpu_begin = sys::thread_cpu_ns();
     let rq_begin = schedstat.read().map(|(_, w)| w).unwrap_or(0);
     let t_begin = clock.raw();
-    let mut wq = WakeQueue {
-        rq_flushed_ns: rq_begin,
-        sleep_room_ns: 0,
-        loop_wait_ns: 0,
-        mark_raw: t_begin,
-        mark_cpu_ns: cpu_begin,
-    };
+    let mut wq = WakeQueue::new(rq_begin, t_begin, cpu_begin);
     let mut seg_start = t_begin;
     let mut time = LoopTime::default();
     let mut next_flush_ns = 0u64;
