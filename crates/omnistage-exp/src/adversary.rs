@@ -124,6 +124,11 @@ pub struct AdversaryArgs {
     /// Slowloris connections.
     #[arg(long, default_value_t = 300)]
     slowloris_conns: usize,
+    /// Also run the victim in closed loop, alone and under the combined attack (phases
+    /// `closed-alone` and `closed-all`): the same connections, each waiting `connections /
+    /// rate` after every response, so that it offers the sized rate when answered at once.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    closed_loop: bool,
     /// Run the adversary's client threads under SCHED_IDLE on the load CPU, so that they take
     /// only the CPU the victim's generator leaves and never delay its wakeups (false: normal).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -139,6 +144,11 @@ struct Victim {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// From each request's actual send to the kernel's receipt of its response (the load
+    /// generator's `--kernel-stamps`), ms: the latency the server and the loopback caused,
+    /// without the generator's own lateness in sending or in waking to read.
+    kernel_p50_ms: Option<f64>,
+    kernel_p99_ms: Option<f64>,
     errors: u64,
     errors_by_kind: serde_json::Value,
 }
@@ -211,7 +221,8 @@ struct Phase {
     server: &'static str,
     /// The round (1-based): servers alternate round by round (`--repeats`).
     round: usize,
-    /// "alone", "all" (every selected attack at once) or one attack kind.
+    /// "alone", "all" (every selected attack at once) or one attack kind, with the victim in
+    /// open loop; "closed-alone" and "closed-all" with the victim in closed loop.
     phase: String,
     victim_rate_per_s: f64,
     victim: Victim,
@@ -219,6 +230,8 @@ struct Phase {
     /// attacked p99 / alone p99 of the same server; None when either phase's victim got no
     /// answer at all (a p99 of nothing is not 0 ms, and the ratio would read as a win).
     p99_ratio: Option<f64>,
+    /// The same ratio of the kernel-stamped p99s (send → the kernel's receipt).
+    kernel_p99_ratio: Option<f64>,
     /// The victim's clients' own windows of the measured window ([`VICTIM_WINDOW_MS`] each,
     /// the load generator's `--window-ms`), and the largest p99 among them.
     victim_windows: Vec<ClientWindow>,
@@ -277,8 +290,21 @@ struct Report {
     /// (no ratio then: it is a miss, not a 0×).
     omnistage_victim_unanswered_rounds: usize,
     nginx_victim_unanswered_rounds: usize,
-    /// omnistage_p99_ratio ≤ 1.5 and the victim had no errors under attack.
+    /// The same ratios with the victim in closed loop (`closed-all` over `closed-alone`).
+    omnistage_closed_p99_ratio: Option<f64>,
+    nginx_closed_p99_ratio: Option<f64>,
+    /// omnistage_p99_ratio ≤ 1.5, and omnistage_closed_p99_ratio ≤ 1.5 when the closed loop
+    /// ran, and the victim had no errors under attack.
     goal_met: Option<bool>,
+    /// The ratios of the kernel-stamped p99s (each request's send → the kernel's receipt of
+    /// its response; medians over rounds), and the same goal judged on omnistage's: the
+    /// server's and the loopback's part of the victim's latency, the generator's own delays
+    /// (its run-queue wait among them) left out.
+    omnistage_kernel_p99_ratio: Option<f64>,
+    nginx_kernel_p99_ratio: Option<f64>,
+    omnistage_closed_kernel_p99_ratio: Option<f64>,
+    nginx_closed_kernel_p99_ratio: Option<f64>,
+    kernel_goal_met: Option<bool>,
     /// Under the combined attack (median over rounds), the larger of the worker's dispatch and
     /// I/O-round p99s, µs, and whether it is within [`STRETCH_P99_GOAL_US`].
     stretch_p99_us: Option<f64>,
@@ -560,6 +586,8 @@ fn victim_of(r: &omnistage_load::report::Report) -> Victim {
         p50_ms: t.p50_ms,
         p99_ms: t.p99_ms,
         max_ms: t.max_ms,
+        kernel_p50_ms: t.kernel_p50_ms,
+        kernel_p99_ms: t.kernel_p99_ms,
         errors: harness::errors(t),
         errors_by_kind: serde_json::to_value(t.errors).unwrap_or_default(),
     }
@@ -731,13 +759,25 @@ fn new_thread_schedstat(name: &str, old: &[u64]) -> Option<PathBuf> {
     None
 }
 
-/// Runs the victim at `rate` for one phase, with `kinds` attacking (none: alone).
+/// The victim's pacing at `rate`: open loop at that rate, or closed loop with each connection
+/// waiting `connections / rate` after every response (the same rate when answered at once).
+fn victim_pacing(rate: f64, closed: bool) -> String {
+    if closed {
+        format!("think-ms={:.3}", VICTIM_CONNS as f64 / rate * 1e3)
+    } else {
+        format!("rate={rate}")
+    }
+}
+
+/// Runs the victim at `rate` for one phase, with `kinds` attacking (none: alone), in open or
+/// closed loop.
 fn phase(
     a: &AdversaryArgs,
     tg: &Target<'_>,
     rate: f64,
     name: &str,
     kinds: &[&str],
+    closed: bool,
 ) -> Result<Phase, String> {
     let attack = if kinds.is_empty() {
         None
@@ -756,8 +796,12 @@ fn phase(
             a.victim_spin_us.to_string(),
             "--window-ms".into(),
             VICTIM_WINDOW_MS.to_string(),
+            "--kernel-stamps".into(),
             "--tenant".into(),
-            format!("victim:victim.test:{VICTIM_CONNS}:path=/{SMALL},rate={rate}"),
+            format!(
+                "victim:victim.test:{VICTIM_CONNS}:path=/{SMALL},{}",
+                victim_pacing(rate, closed)
+            ),
         ],
     )?;
     // The victim's generator thread is the one named like the load generator's that the
@@ -827,6 +871,7 @@ fn phase(
         victim: victim_of(&r),
         adversary,
         p99_ratio: None,
+        kernel_p99_ratio: None,
         victim_window_p99_max_ms: windowing::p99_max_ms(&victim_windows),
         victim_windows,
         ledger,
@@ -844,19 +889,38 @@ fn run_server(
     kinds: &[&str],
     rate: f64,
 ) -> Result<Vec<Phase>, String> {
-    let mut out = vec![phase(a, tg, rate, "alone", &[])?];
-    out.push(phase(a, tg, rate, "all", kinds)?);
+    let mut out = vec![phase(a, tg, rate, "alone", &[], false)?];
+    out.push(phase(a, tg, rate, "all", kinds, false)?);
     if a.per_kind && kinds.len() > 1 {
         for k in kinds {
-            out.push(phase(a, tg, rate, k, &[k])?);
+            out.push(phase(a, tg, rate, k, &[k], false)?);
         }
     }
-    let alone = out[0].victim.p99_ms;
-    let alone_answered = out[0].victim.req_per_s > 0.0;
-    for p in out.iter_mut().skip(1) {
-        p.p99_ratio = attacked_ratio(alone_answered, alone, &p.victim);
+    set_ratios(&mut out);
+    if a.closed_loop {
+        let mut closed = vec![phase(a, tg, rate, "closed-alone", &[], true)?];
+        closed.push(phase(a, tg, rate, "closed-all", kinds, true)?);
+        set_ratios(&mut closed);
+        out.extend(closed);
     }
     Ok(out)
+}
+
+/// Each phase after the first (the victim alone) gets its p99 ratios to the first's.
+fn set_ratios(out: &mut [Phase]) {
+    let Some((alone, rest)) = out.split_first_mut() else {
+        return;
+    };
+    let alone_answered = alone.victim.req_per_s > 0.0;
+    for p in rest {
+        p.p99_ratio = attacked_ratio(alone_answered, alone.victim.p99_ms, &p.victim);
+        p.kernel_p99_ratio = match (alone.victim.kernel_p99_ms, p.victim.kernel_p99_ms) {
+            (Some(a), Some(k)) if a > 0.0 && alone_answered && p.victim.req_per_s > 0.0 => {
+                Some(k / a)
+            }
+            _ => None,
+        };
+    }
 }
 
 /// The victim's attacked/alone p99 ratio, or None when a phase's victim got no answers.
@@ -869,9 +933,14 @@ fn attacked_ratio(alone_answered: bool, alone_p99_ms: f64, attacked: &Victim) ->
 fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
     phases
         .iter()
-        .filter(|p| p.server == server && p.phase == "all" && p.victim.req_per_s <= 0.0)
+        .filter(|p| {
+            p.server == server && ATTACKED.contains(&p.phase.as_str()) && p.victim.req_per_s <= 0.0
+        })
         .count()
 }
+
+/// The phases under the combined attack that the goal is judged on (open and closed loop).
+const ATTACKED: [&str; 2] = ["all", "closed-all"];
 
 fn omnistage_toml(root: &Path, victim_weight: u32) -> (String, String) {
     let server = format!(
@@ -1086,30 +1155,52 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
     })();
     let _ = std::fs::remove_dir_all(&dir);
     let (caps, sizing, phases, peer_cpus, nginx_note, nginx_tuning, omni_cfg) = result?;
-    // The median over the rounds of the attacked/alone p99 ratio.
-    let ratio = |s: &str| {
+    // The median over the rounds of the attacked/alone p99 ratio, in open loop (phase "all")
+    // and in closed loop ("closed-all").
+    let ratio = |s: &str, phase: &str, of: fn(&Phase) -> Option<f64>| {
         let v: Vec<f64> = phases
             .iter()
-            .filter(|p| p.server == s && p.phase == "all")
-            .filter_map(|p| p.p99_ratio)
+            .filter(|p| p.server == s && p.phase == phase)
+            .filter_map(of)
             .collect();
         (!v.is_empty()).then(|| Spread::of(&v).median)
     };
-    let omnistage_p99_ratio = ratio("omnistage");
-    let nginx_p99_ratio = ratio("nginx");
+    let e2e = |p: &Phase| p.p99_ratio;
+    let kernel = |p: &Phase| p.kernel_p99_ratio;
+    let omnistage_p99_ratio = ratio("omnistage", "all", e2e);
+    let nginx_p99_ratio = ratio("nginx", "all", e2e);
+    let omnistage_kernel_p99_ratio = ratio("omnistage", "all", kernel);
+    let nginx_kernel_p99_ratio = ratio("nginx", "all", kernel);
+    let omnistage_closed_p99_ratio = ratio("omnistage", "closed-all", e2e);
+    let nginx_closed_p99_ratio = ratio("nginx", "closed-all", e2e);
+    let omnistage_closed_kernel_p99_ratio = ratio("omnistage", "closed-all", kernel);
+    let nginx_closed_kernel_p99_ratio = ratio("nginx", "closed-all", kernel);
     let attacked_errors: u64 = phases
         .iter()
-        .filter(|p| p.server == "omnistage" && p.phase == "all")
+        .filter(|p| p.server == "omnistage" && ATTACKED.contains(&p.phase.as_str()))
         .map(|p| p.victim.errors)
         .sum();
     let omnistage_victim_unanswered_rounds = unanswered_rounds(&phases, "omnistage");
     let nginx_victim_unanswered_rounds = unanswered_rounds(&phases, "nginx");
-    // A victim with no answer at all in some round is a miss, whatever the other rounds' ratio.
-    let goal_met = if omnistage_victim_unanswered_rounds > 0 {
-        Some(false)
-    } else {
-        omnistage_p99_ratio.map(|r| r <= 1.5 && attacked_errors == 0)
+    // Met when every loop measured meets (a victim with no answer at all in some round is a
+    // miss, whatever the other rounds' ratio); not judged when a loop has no ratio.
+    let judge = |open: Option<f64>, closed: Option<f64>| {
+        if omnistage_victim_unanswered_rounds > 0 || attacked_errors > 0 {
+            return Some(false);
+        }
+        let loops = if a.closed_loop {
+            vec![open, closed]
+        } else {
+            vec![open]
+        };
+        let met: Option<Vec<bool>> = loops.into_iter().map(|r| r.map(|r| r <= 1.5)).collect();
+        met.map(|m| m.iter().all(|&x| x))
     };
+    let goal_met = judge(omnistage_p99_ratio, omnistage_closed_p99_ratio);
+    let kernel_goal_met = judge(
+        omnistage_kernel_p99_ratio,
+        omnistage_closed_kernel_p99_ratio,
+    );
     let stretch_p99_us = {
         let v: Vec<f64> = phases
             .iter()
@@ -1154,7 +1245,14 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         nginx_p99_ratio,
         omnistage_victim_unanswered_rounds,
         nginx_victim_unanswered_rounds,
+        omnistage_closed_p99_ratio,
+        nginx_closed_p99_ratio,
         goal_met,
+        omnistage_kernel_p99_ratio,
+        nginx_kernel_p99_ratio,
+        omnistage_closed_kernel_p99_ratio,
+        nginx_closed_kernel_p99_ratio,
+        kernel_goal_met,
         stretch_p99_us,
         stretch_goal_met: stretch_p99_us.map(|v| v <= STRETCH_P99_GOAL_US),
         runqueue_fraction_max,
@@ -1172,6 +1270,8 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "max ms",
         "worst 250 ms p99 ms",
         "p99 / alone",
+        "send→kernel p99 ms",
+        "send→kernel p99 / alone",
         "victim errors",
         "victim gen. run-queue ms",
         "server run-queue ms",
@@ -1182,7 +1282,9 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
     ]);
     for p in &r.phases {
         let adv = p.adversary.clone().unwrap_or_default();
-        let has = |k: &str| p.phase == "all" && r.attacks.iter().any(|x| x == k) || p.phase == k;
+        let has = |k: &str| {
+            ATTACKED.contains(&p.phase.as_str()) && r.attacks.iter().any(|x| x == k) || p.phase == k
+        };
         t.row(vec![
             p.server.into(),
             p.phase.clone(),
@@ -1193,6 +1295,10 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             p.victim_window_p99_max_ms
                 .map_or("—".into(), |x| format!("{x:.2}")),
             p.p99_ratio.map_or("—".into(), |x| format!("{x:.2}")),
+            p.victim
+                .kernel_p99_ms
+                .map_or("—".into(), |x| format!("{x:.2}")),
+            p.kernel_p99_ratio.map_or("—".into(), |x| format!("{x:.2}")),
             p.victim.errors.to_string(),
             p.victim_generator_runqueue_ms
                 .map_or("—".into(), |x| format!("{x:.0}")),
@@ -1247,6 +1353,33 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             ]);
         }
     }
+    // "1.23× (nginx 4.56×)", or "—" when there is no ratio.
+    let pair = |ours: Option<f64>, peer: Option<f64>| match ours {
+        Some(x) => format!(
+            "{x:.2}×{}",
+            peer.map_or(String::new(), |n| format!(" (nginx {n:.2}×)"))
+        ),
+        None => "—".into(),
+    };
+    let closed_part = |ours: Option<f64>, peer: Option<f64>| {
+        if r.omnistage_closed_p99_ratio.is_some() || r.omnistage_closed_kernel_p99_ratio.is_some() {
+            format!(", in closed loop {}", pair(ours, peer))
+        } else {
+            String::new()
+        }
+    };
+    let kernel_verdict = match r.kernel_goal_met {
+        Some(met) => format!(
+            "From each request's send to the kernel's receipt of its response (the `send→kernel` columns: the \
+             load generator's `--kernel-stamps`, SO_TIMESTAMPNS, so the generator's own lateness in sending and in \
+             waking to read is left out), omnistage's victim p99 under the combined attack over its p99 alone: \
+             in open loop {}{}: {} on that instrument.",
+            pair(r.omnistage_kernel_p99_ratio, r.nginx_kernel_p99_ratio),
+            closed_part(r.omnistage_closed_kernel_p99_ratio, r.nginx_closed_kernel_p99_ratio),
+            if met { "the goal is met" } else { "the goal is **not met**" },
+        ),
+        None => String::new(),
+    };
     let stretch_verdict = match (r.stretch_p99_us, r.stretch_goal_met) {
         (Some(v), Some(met)) => format!(
             "Stretches under the combined attack (median over rounds of the larger p99): {v:.0} µs: {} \
@@ -1276,11 +1409,16 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         }
     }
     let verdict = match (r.omnistage_p99_ratio, r.goal_met) {
-        (Some(x), Some(true)) => format!(
-            "**Goal met**: omnistage's victim p99 under the combined attack is {x:.2}× its p99 alone (goal ≤ 1.5×), with no victim errors."
-        ),
-        (Some(x), _) => format!(
-            "**Goal not met**: omnistage's victim p99 under the combined attack is {x:.2}× its p99 alone (goal ≤ 1.5×, and no victim errors)."
+        (Some(x), met) => format!(
+            "**Goal {}**: omnistage's victim p99 under the combined attack over its p99 alone, by its clients: in open \
+             loop {x:.2}×{} (goal ≤ 1.5× in each loop, and no victim errors{}).",
+            match met {
+                Some(true) => "met",
+                Some(false) => "not met",
+                None => "not judged",
+            },
+            closed_part(r.omnistage_closed_p99_ratio, None),
+            if met.is_none() { "; a loop without a ratio" } else { "" }
         ),
         (_, Some(false)) => format!(
             "**Goal not met**: omnistage's victim got no answer at all under the combined attack in {} of {} rounds.",
@@ -1300,7 +1438,9 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
     };
     let peer = match (r.nginx_p99_ratio, &r.nginx_note) {
         (Some(x), _) => format!(
-            "nginx under the same attack: {x:.2}× its p99 alone.{}",
+            "nginx under the same attack: {x:.2}× its p99 alone{}.{}",
+            r.nginx_closed_p99_ratio
+                .map_or(String::new(), |c| format!(" ({c:.2}× in closed loop)")),
             unanswered(r.nginx_victim_unanswered_rounds)
         ),
         (None, Some(n)) => format!("nginx not measured: {n}."),
@@ -1409,7 +1549,9 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 SLOWLORIS_BYTE_EVERY.as_secs(),
                 RAMP.as_secs_f64()
             ),
-            "Goal (issue 5): the victim's p99 under the combined attack ≤ 1.5× its p99 alone, on omnistage.".into(),
+            "Goal (issues 5 and 14): the victim's p99 under the combined attack ≤ 1.5× its p99 alone, on omnistage, in open \
+             loop and (phases `closed-alone`, `closed-all`) in closed loop: the same connections, each waiting \
+             connections / rate after every response.".into(),
         ],
         tables: vec![
             (String::new(), t),
@@ -1419,7 +1561,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                       measured window; quantiles within a bucket (a quarter octave). Goal: p99 ≤ {STRETCH_P99_GOAL_US:.0} µs \
                       for both:"), st),
         ],
-        notes: [verdict, stretch_verdict, peer, noise, r.fd_note.clone().unwrap_or_default(), confinement]
+        notes: [verdict, kernel_verdict, stretch_verdict, peer, noise, r.fd_note.clone().unwrap_or_default(), confinement]
             .into_iter()
             .filter(|n| !n.is_empty())
             .collect(),
@@ -1473,9 +1615,75 @@ mod tests {
             p50_ms: p99_ms / 2.0,
             p99_ms,
             max_ms: p99_ms,
+            kernel_p50_ms: None,
+            kernel_p99_ms: None,
             errors: 0,
             errors_by_kind: serde_json::Value::Null,
         }
+    }
+
+    fn phase_of(name: &str, p99_ms: f64, kernel_p99_ms: Option<f64>) -> Phase {
+        Phase {
+            server: "omnistage",
+            round: 1,
+            phase: name.into(),
+            victim_rate_per_s: 100.0,
+            victim: Victim {
+                kernel_p99_ms,
+                ..victim(100.0, p99_ms)
+            },
+            adversary: None,
+            p99_ratio: None,
+            kernel_p99_ratio: None,
+            victim_windows: Vec::new(),
+            victim_window_p99_max_ms: None,
+            ledger: None,
+            stretches: None,
+            victim_generator_runqueue_ms: None,
+            server_runqueue_ms: None,
+        }
+    }
+
+    /// Attacked phases are compared with the alone phase of their own loop, on each
+    /// instrument; a phase without kernel stamps has no kernel ratio.
+    #[test]
+    fn ratios_pair_each_loop_with_its_own_alone_phase() {
+        let mut open = vec![
+            phase_of("alone", 2.0, Some(0.5)),
+            phase_of("all", 3.0, Some(1.5)),
+            phase_of("many-conns", 1.0, None),
+        ];
+        set_ratios(&mut open);
+        assert_eq!(open[0].p99_ratio, None);
+        assert_eq!(
+            (open[1].p99_ratio, open[1].kernel_p99_ratio),
+            (Some(1.5), Some(3.0))
+        );
+        assert_eq!(
+            (open[2].p99_ratio, open[2].kernel_p99_ratio),
+            (Some(0.5), None)
+        );
+        let mut closed = vec![
+            phase_of("closed-alone", 4.0, Some(1.0)),
+            phase_of("closed-all", 5.0, Some(1.0)),
+        ];
+        set_ratios(&mut closed);
+        assert_eq!(
+            (closed[1].p99_ratio, closed[1].kernel_p99_ratio),
+            (Some(1.25), Some(1.0))
+        );
+    }
+
+    /// The closed-loop victim offers the sized rate when answered at once: each of its
+    /// connections waits connections / rate after every response.
+    #[test]
+    fn the_closed_loop_victim_waits_connections_over_rate() {
+        assert_eq!(victim_pacing(1_000.0, false), "rate=1000");
+        let think_ms = VICTIM_CONNS as f64 / 1_000.0 * 1e3;
+        assert_eq!(
+            victim_pacing(1_000.0, true),
+            format!("think-ms={think_ms:.3}")
+        );
     }
 
     #[test]

@@ -744,6 +744,10 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed: "QLinux LRP / TAP §1 (a co-hosted adversary)",
             seed_number: "victim p99 attacked ≤ 1.5× alone",
             ours: |j| {
+                let times = |v: &serde_json::Value| {
+                    v.as_f64()
+                        .map_or("not measured".to_string(), |x| format!("{x:.2}×"))
+                };
                 // The median over rounds, as the ratio is (each round has its own phases).
                 let p99 = |server: &str, phase: &str| {
                     let v: Vec<f64> = j["phases"]
@@ -763,10 +767,13 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 };
                 (
                     format!(
-                        "victim p99 {:.2} ms alone, {:.2} ms attacked (medians over rounds; median ratio of the rounds {:.2}×)",
+                        "victim p99 {:.2} ms alone, {:.2} ms attacked (medians over rounds; median ratio of the rounds {:.2}×; closed loop {}; send→kernel p99 {} open, {} closed)",
                         p99("omnistage", "alone"),
                         p99("omnistage", "all"),
-                        f(j, "/omnistage_p99_ratio")
+                        f(j, "/omnistage_p99_ratio"),
+                        times(&j["omnistage_closed_p99_ratio"]),
+                        times(&j["omnistage_kernel_p99_ratio"]),
+                        times(&j["omnistage_closed_kernel_p99_ratio"])
                     ),
                     Some(match j["nginx_p99_ratio"].as_f64() {
                         Some(r) => format!(

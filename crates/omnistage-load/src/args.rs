@@ -106,6 +106,13 @@ pub struct LoadArgs {
     #[arg(long = "window-ms", default_value_t = 0, value_name = "MS")]
     pub window_ms: u64,
 
+    /// Also measure each response from its request's actual send to the kernel's receipt of
+    /// the response (SO_TIMESTAMPNS; Linux): the latency the server and the network caused,
+    /// without the generator's own lateness in sending or in waking to read. Reported as
+    /// `kernel_p50_ms`/`kernel_p99_ms` beside the usual figures.
+    #[arg(long = "kernel-stamps")]
+    pub kernel_stamps: bool,
+
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -142,6 +149,8 @@ pub(crate) struct Plan {
     pub spin: Duration,
     /// Per-window figures (`--window-ms`), if asked for.
     pub window: Option<Duration>,
+    /// Kernel receive stamps (`--kernel-stamps`).
+    pub kernel_stamps: bool,
 }
 
 /// Parses and checks a target address: an IP literal with a port, loopback unless allowed.
@@ -295,6 +304,7 @@ pub(crate) fn plan(a: &LoadArgs) -> Result<Plan, String> {
         seed: a.seed,
         spin: Duration::from_micros(a.spin_us),
         window: check_window(a.window_ms, measure)?,
+        kernel_stamps: a.kernel_stamps,
     })
 }
 

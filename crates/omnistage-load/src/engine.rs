@@ -160,6 +160,10 @@ struct Conn {
     out: Vec<u8>,
     out_pos: usize,
     reader: ResponseReader,
+    /// `--kernel-stamps`: the wall clock just before the outstanding request's first write,
+    /// and the kernel's latest receive stamp on its response (ns since the epoch; 0: none).
+    sent_ns: u64,
+    received_ns: u64,
 }
 
 /// Per-tenant data a thread needs to build requests and pace them.
@@ -256,6 +260,8 @@ impl<'r, 'p> Worker<'r, 'p> {
                     out: Vec::new(),
                     out_pos: 0,
                     reader: ResponseReader::new(),
+                    sent_ns: 0,
+                    received_ns: 0,
                 };
                 if let Pacing::Open { rate_per_s } = plan.tenants[tenant].pacing {
                     c.due = scheduled(
@@ -446,6 +452,9 @@ impl<'r, 'p> Worker<'r, 'p> {
         }
         // Requests are small and latency-sensitive: never wait to coalesce.
         let _ = s.set_nodelay(true);
+        // Without stamps on this connection its responses add no kernel figure; the usual
+        // latency is still recorded.
+        let _ = self.run.plan.kernel_stamps && crate::stamps::enable(s).is_ok();
         let c = &mut self.conns[idx];
         c.phase = Phase::Idle;
         c.backoff = CONNECT_BACKOFF_MIN;
@@ -537,6 +546,10 @@ impl<'r, 'p> Worker<'r, 'p> {
         c.out_pos = 0;
         c.phase = Phase::Busy;
         c.since = now;
+        if self.run.plan.kernel_stamps {
+            c.sent_ns = crate::stamps::realtime_ns();
+            c.received_ns = 0;
+        }
         self.flush(idx, now);
     }
 
@@ -571,7 +584,15 @@ impl<'r, 'p> Worker<'r, 'p> {
             let Some(s) = self.conns[idx].stream.as_mut() else {
                 break;
             };
-            let result = s.read(&mut buf);
+            let result = if self.run.plan.kernel_stamps {
+                let result = crate::stamps::read_stamped(s, &mut buf);
+                if let Ok((_, Some(ns))) = result {
+                    self.conns[idx].received_ns = ns;
+                }
+                result.map(|(n, _)| n)
+            } else {
+                s.read(&mut buf)
+            };
             let now = Instant::now();
             match result {
                 Ok(0) => {
@@ -660,9 +681,11 @@ impl<'r, 'p> Worker<'r, 'p> {
     }
 
     fn complete(&mut self, idx: usize, resp: Response, now: Instant) {
-        let (tenant, slot, due) = {
+        let (tenant, slot, due, kernel_us) = {
             let c = &self.conns[idx];
-            (c.tenant, c.slot, c.due)
+            let stamped = c.sent_ns > 0 && c.received_ns >= c.sent_ns;
+            let kernel_us = stamped.then(|| (c.received_ns - c.sent_ns) / 1_000);
+            (c.tenant, c.slot, c.due, kernel_us)
         };
         if self.run.measured(now) {
             let window = self.window_of(now);
@@ -674,6 +697,9 @@ impl<'r, 'p> Worker<'r, 'p> {
                     let latency_us = now.saturating_duration_since(due).as_micros();
                     let latency_us = u64::try_from(latency_us).unwrap_or(u64::MAX);
                     st.latency_us.saturating_record(latency_us);
+                    if let Some(us) = kernel_us {
+                        st.kernel_latency_us.saturating_record(us);
+                    }
                     st.ok += 1;
                     st.body_bytes += resp.body_bytes;
                     st.ok_per_connection[slot] += 1;

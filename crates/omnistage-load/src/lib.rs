@@ -39,6 +39,7 @@ pub mod stats;
 
 mod affinity;
 mod engine;
+mod stamps;
 
 pub use args::LoadArgs;
 pub use report::{format_table, print_table, Report, TenantReport, WindowReport};

@@ -87,6 +87,11 @@ pub struct TenantReport {
     pub p999_ms: f64,
     pub max_ms: f64,
     pub mean_ms: f64,
+    /// With `--kernel-stamps`: quantiles of the time from each successful request's actual
+    /// send to the kernel's receipt of its response, ms (`null` otherwise): the server's and
+    /// the network's part of the latency, without the generator's own delays.
+    pub kernel_p50_ms: Option<f64>,
+    pub kernel_p99_ms: Option<f64>,
     pub errors: ErrorCounts,
     /// Responses that carried a `Retry-After` header (counted only; never waited for).
     pub retry_after: u64,
@@ -115,6 +120,11 @@ pub(crate) struct TenantMeta {
 
 fn us_to_ms(us: u64) -> f64 {
     us as f64 / 1000.0
+}
+
+fn kernel_quantile(s: &TenantStats, q: f64) -> Option<f64> {
+    let h = &s.kernel_latency_us;
+    (!h.is_empty()).then(|| us_to_ms(h.value_at_quantile(q)))
 }
 
 /// Figures for one tenant (or the total) over `seconds` of measurement.
@@ -160,6 +170,8 @@ pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> 
         p999_ms: q(0.999),
         max_ms: if h.is_empty() { 0.0 } else { us_to_ms(h.max()) },
         mean_ms: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+        kernel_p50_ms: kernel_quantile(s, 0.5),
+        kernel_p99_ms: kernel_quantile(s, 0.99),
         errors: s.errors,
         retry_after: s.retry_after,
         reconnects: s.reconnects,

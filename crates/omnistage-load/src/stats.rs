@@ -101,6 +101,9 @@ pub fn new_histogram() -> Histogram<u64> {
 pub struct TenantStats {
     /// Latency of successful responses, µs from the intended send time.
     pub latency_us: Histogram<u64>,
+    /// With `--kernel-stamps`: µs from each successful request's actual send to the kernel's
+    /// receipt of its response (empty otherwise).
+    pub kernel_latency_us: Histogram<u64>,
     /// Successful responses (2xx, 304).
     pub ok: u64,
     /// Complete responses of any status.
@@ -160,6 +163,7 @@ impl TenantStats {
     pub fn new(connections: usize) -> Self {
         TenantStats {
             latency_us: new_histogram(),
+            kernel_latency_us: new_histogram(),
             ok: 0,
             responses: 0,
             body_bytes: 0,
@@ -192,6 +196,9 @@ impl TenantStats {
     fn add_counts(&mut self, o: &TenantStats) {
         self.latency_us
             .add(&o.latency_us)
+            .expect("histograms share bounds");
+        self.kernel_latency_us
+            .add(&o.kernel_latency_us)
             .expect("histograms share bounds");
         self.ok += o.ok;
         self.responses += o.responses;
