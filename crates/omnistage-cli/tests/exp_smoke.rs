@@ -290,11 +290,25 @@ fn adversary_smoke() {
     ]);
     assert_eq!(r["experiment"], "adversary");
     let p = r["phases"].as_array().unwrap();
-    assert_eq!(p.len(), 2);
-    assert_eq!(p[0]["phase"], "alone");
-    assert_eq!(p[1]["phase"], "all");
+    let names: Vec<_> = p.iter().map(|x| x["phase"].as_str().unwrap()).collect();
+    // Open loop alone and attacked, then the same in closed loop.
+    assert_eq!(names, ["alone", "all", "closed-alone", "closed-all"]);
     for k in ["req_per_s", "p50_ms", "p99_ms", "max_ms", "errors"] {
         assert!(p[1]["victim"][k].is_number(), "{k}");
+    }
+    // The victim's generator stamps its reads: the send→kernel figure is there alone.
+    assert!(p[0]["victim"]["kernel_p99_ms"].is_number(), "{}", p[0]);
+    assert!(
+        p[3]["victim"]["req_per_s"].as_f64().unwrap() > 0.0,
+        "{}",
+        p[3]
+    );
+    for k in [
+        "omnistage_kernel_p99_ratio",
+        "omnistage_closed_p99_ratio",
+        "kernel_goal_met",
+    ] {
+        assert!(r.get(k).is_some(), "{k}");
     }
     for k in [
         "flood_req_per_s",
