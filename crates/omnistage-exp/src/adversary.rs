@@ -20,7 +20,7 @@ use super::util::machine;
 use super::windowing::{self, ClientWindow};
 use super::Common;
 use clap::Args;
-use omnistage::account::{HistSnapshot, StretchRow};
+use omnistage::account::{HistSnapshot, LatencyRow, StretchRow};
 use omnistage::activity::INFRA;
 use serde::Serialize;
 use std::io::{Read, Write};
@@ -216,6 +216,36 @@ struct Ledger {
     elapsed_ms: f64,
 }
 
+/// How long the victim's messages waited in the omnistage worker's queues in one phase (every
+/// stage, from enqueue to the start of their dispatch; the runtime's own histograms), µs.
+#[derive(Serialize, Clone, Default)]
+struct QueueWait {
+    messages: u64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+}
+
+impl QueueWait {
+    /// `activity`'s queue waits between two readings of the runtime's latency rows.
+    fn between(before: &[LatencyRow], after: &[LatencyRow], activity: u32) -> QueueWait {
+        let mut h = HistSnapshot::default();
+        for e in after.iter().filter(|r| r.activity == activity) {
+            let b = before
+                .iter()
+                .find(|b| (b.activity, b.stage, b.core) == (e.activity, e.stage, e.core));
+            h.add(&b.map_or(e.wait, |b| e.wait.since(&b.wait)));
+        }
+        let us = |q: f64| h.percentile(q).map_or(0.0, |v| v as f64 / 1e3);
+        QueueWait {
+            messages: h.count(),
+            p50_us: us(0.5),
+            p99_us: us(0.99),
+            max_us: us(1.0),
+        }
+    }
+}
+
 #[derive(Serialize, Clone)]
 struct Phase {
     server: &'static str,
@@ -241,6 +271,9 @@ struct Phase {
     /// the measured window (its own stamps), the stretches in which it could not pick the
     /// victim's work.
     stretches: Option<Stretches>,
+    /// omnistage: the victim's messages' waits in the worker's queues: the part of its latency
+    /// that the worker's scheduling decided.
+    victim_queue_wait: Option<QueueWait>,
     /// Time the victim's generator thread waited for CPU 1 in the measured window (the OS's
     /// run queue), ms: latency the server did not cause.
     victim_generator_runqueue_ms: Option<f64>,
@@ -721,6 +754,8 @@ struct Target<'a> {
     ledger: Option<&'a dyn Fn() -> omnistage::account::Snapshot>,
     /// omnistage: the worker's stretch histograms (dispatches, I/O rounds).
     stretches: Option<&'a dyn Fn() -> Vec<StretchRow>>,
+    /// omnistage: the runtime's queue-wait histograms per (activity, stage, core).
+    latencies: Option<&'a dyn Fn() -> Vec<LatencyRow>>,
     ids: (u32, u32),
     /// The server's `schedstat` file (its one worker thread): where its run-queue wait is read.
     schedstat: Option<PathBuf>,
@@ -814,6 +849,7 @@ fn phase(
     std::thread::sleep(Duration::from_secs_f64(WARMUP_S).saturating_sub(t0.elapsed()));
     let before = tg.ledger.map(|f| f());
     let stretch0 = tg.stretches.map(|f| f());
+    let lat0 = tg.latencies.map(|f| f());
     let gen0 = gen_stat.as_deref().and_then(runqueue_ns);
     let srv0 = tg.schedstat.as_deref().and_then(runqueue_ns);
     let mut gen1 = gen0;
@@ -831,6 +867,10 @@ fn phase(
     let after = tg.ledger.map(|f| f());
     let stretches = match (stretch0, tg.stretches.map(|f| f())) {
         (Some(b), Some(e)) => Some(Stretches::between(&b, &e)),
+        _ => None,
+    };
+    let victim_queue_wait = match (lat0, tg.latencies.map(|f| f())) {
+        (Some(b), Some(e)) => Some(QueueWait::between(&b, &e, tg.ids.0)),
         _ => None,
     };
     let ms = |a: Option<u64>, b: Option<u64>| match (a, b) {
@@ -876,6 +916,7 @@ fn phase(
         victim_windows,
         ledger,
         stretches,
+        victim_queue_wait,
         victim_generator_runqueue_ms: ms(gen0, gen1),
         server_runqueue_ms: ms(srv0, srv1),
     })
@@ -1043,11 +1084,13 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         );
         let snap = || server.runtime().snapshot();
         let stretches = || server.runtime().stretches();
+        let latencies = || server.runtime().latencies();
         let ours = Target {
             server: "omnistage",
             addr: &addr,
             ledger: Some(&snap),
             stretches: Some(&stretches),
+            latencies: Some(&latencies),
             ids,
             // The worker names itself when it starts running.
             schedstat: new_thread_schedstat("omnistage-w0", &[]),
@@ -1090,6 +1133,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
             addr: &ng_addr,
             ledger: None,
             stretches: None,
+            latencies: None,
             ids: (0, 0),
             schedstat: ng
                 .as_ref()
@@ -1272,6 +1316,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "p99 / alone",
         "send→kernel p99 ms",
         "send→kernel p99 / alone",
+        "victim queue wait p99 µs",
         "victim errors",
         "victim gen. run-queue ms",
         "server run-queue ms",
@@ -1299,6 +1344,9 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 .kernel_p99_ms
                 .map_or("—".into(), |x| format!("{x:.2}")),
             p.kernel_p99_ratio.map_or("—".into(), |x| format!("{x:.2}")),
+            p.victim_queue_wait
+                .as_ref()
+                .map_or("—".into(), |q| format!("{:.0}", q.p99_us)),
             p.victim.errors.to_string(),
             p.victim_generator_runqueue_ms
                 .map_or("—".into(), |x| format!("{x:.0}")),
@@ -1639,6 +1687,7 @@ mod tests {
             victim_window_p99_max_ms: None,
             ledger: None,
             stretches: None,
+            victim_queue_wait: None,
             victim_generator_runqueue_ms: None,
             server_runqueue_ms: None,
         }
@@ -1672,6 +1721,39 @@ mod tests {
             (closed[1].p99_ratio, closed[1].kernel_p99_ratio),
             (Some(1.25), Some(1.0))
         );
+    }
+
+    /// The victim's queue waits are the growth of its own rows only (every stage and core),
+    /// a row that appeared during the phase counting whole.
+    #[test]
+    fn queue_wait_is_the_victims_growth_over_the_phase() {
+        use omnistage::account::Histogram;
+        let row = |activity: u32, stage: u32, waits_ns: &[u64]| {
+            let h = Histogram::default();
+            for &w in waits_ns {
+                h.record(w);
+            }
+            LatencyRow {
+                activity,
+                stage,
+                core: 0,
+                wait: h.snapshot(),
+                response: h.snapshot(),
+            }
+        };
+        let before = [row(3, 2, &[1_000; 10]), row(4, 2, &[1_000; 10])];
+        let after = [
+            // 10 old waits of 1 µs, 99 new of 1 µs and one of 1 ms.
+            row(3, 2, &[&[1_000; 109][..], &[1_000_000]].concat()),
+            // A stage the victim first used during the phase.
+            row(3, 3, &[2_000; 100]),
+            // The adversary's row is not the victim's.
+            row(4, 2, &[5_000_000; 50]),
+        ];
+        let q = QueueWait::between(&before, &after, 3);
+        assert_eq!(q.messages, 200);
+        assert!(q.p50_us >= 1.0 && q.p50_us < 4.0, "{}", q.p50_us);
+        assert!(q.max_us >= 900.0 && q.max_us < 1_300.0, "{}", q.max_us);
     }
 
     /// The closed-loop victim offers the sized rate when answered at once: each of its
