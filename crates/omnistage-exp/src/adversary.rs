@@ -972,12 +972,17 @@ fn attacked_ratio(alone_answered: bool, alone_p99_ms: f64, attacked: &Victim) ->
 
 /// Rounds in which `server`'s victim got no answer at all under the combined attack.
 fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
-    phases
+    let mut rounds: Vec<usize> = phases
         .iter()
         .filter(|p| {
             p.server == server && ATTACKED.contains(&p.phase.as_str()) && p.victim.req_per_s <= 0.0
         })
-        .count()
+        .map(|p| p.round)
+        .collect();
+    // A round counts once, in whichever loop (or both) its victim got nothing.
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds.len()
 }
 
 /// The phases under the combined attack that the goal is judged on (open and closed loop).
@@ -1754,6 +1759,22 @@ mod tests {
         assert_eq!(q.messages, 200);
         assert!(q.p50_us >= 1.0 && q.p50_us < 4.0, "{}", q.p50_us);
         assert!(q.max_us >= 900.0 && q.max_us < 1_300.0, "{}", q.max_us);
+    }
+
+    /// A round whose victim got nothing in both loops counts once.
+    #[test]
+    fn an_unanswered_round_counts_once_across_loops() {
+        let mut ps = vec![
+            phase_of("all", 0.0, None),
+            phase_of("closed-all", 0.0, None),
+            phase_of("all", 1.0, None),
+        ];
+        for p in &mut ps[..2] {
+            p.victim.req_per_s = 0.0;
+        }
+        ps[2].round = 2;
+        assert_eq!(unanswered_rounds(&ps, "omnistage"), 1);
+        assert_eq!(unanswered_rounds(&ps, "nginx"), 0);
     }
 
     /// The closed-loop victim offers the sized rate when answered at once: each of its
