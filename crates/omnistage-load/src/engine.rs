@@ -452,9 +452,11 @@ impl<'r, 'p> Worker<'r, 'p> {
         }
         // Requests are small and latency-sensitive: never wait to coalesce.
         let _ = s.set_nodelay(true);
-        // Without stamps on this connection its responses add no kernel figure; the usual
-        // latency is still recorded.
-        let _ = self.run.plan.kernel_stamps && crate::stamps::enable(s).is_ok();
+        if self.run.plan.kernel_stamps {
+            // If the kernel refuses, this connection's reads carry no stamps and its responses
+            // add no kernel figure; the usual latency is still recorded.
+            let _ = crate::stamps::enable(s);
+        }
         let c = &mut self.conns[idx];
         c.phase = Phase::Idle;
         c.backoff = CONNECT_BACKOFF_MIN;
@@ -586,8 +588,10 @@ impl<'r, 'p> Worker<'r, 'p> {
             };
             let result = if self.run.plan.kernel_stamps {
                 let result = crate::stamps::read_stamped(s, &mut buf);
-                if let Ok((_, Some(ns))) = result {
-                    self.conns[idx].received_ns = ns;
+                if let Ok((_, stamp)) = result {
+                    // The figure is the read that completes the response: one without a stamp
+                    // (the kernel's stamping not on yet, or the end of the stream) gives none.
+                    self.conns[idx].received_ns = stamp.unwrap_or(0);
                 }
                 result.map(|(n, _)| n)
             } else {
