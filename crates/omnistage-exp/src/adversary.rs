@@ -955,19 +955,33 @@ fn set_ratios(out: &mut [Phase]) {
     let alone_answered = alone.victim.req_per_s > 0.0;
     for p in rest {
         p.p99_ratio = attacked_ratio(alone_answered, alone.victim.p99_ms, &p.victim);
-        p.kernel_p99_ratio = match (alone.victim.kernel_p99_ms, p.victim.kernel_p99_ms) {
-            (Some(a), Some(k)) if a > 0.0 && alone_answered && p.victim.req_per_s > 0.0 => {
-                Some(k / a)
-            }
-            _ => None,
-        };
+        p.kernel_p99_ratio = alone
+            .victim
+            .kernel_p99_ms
+            .zip(p.victim.kernel_p99_ms)
+            .and_then(|(a, k)| p99_ratio(alone_answered, a, p.victim.req_per_s > 0.0, k));
     }
 }
 
 /// The victim's attacked/alone p99 ratio, or None when a phase's victim got no answers.
 fn attacked_ratio(alone_answered: bool, alone_p99_ms: f64, attacked: &Victim) -> Option<f64> {
-    (alone_answered && alone_p99_ms > 0.0 && attacked.req_per_s > 0.0)
-        .then(|| attacked.p99_ms / alone_p99_ms)
+    p99_ratio(
+        alone_answered,
+        alone_p99_ms,
+        attacked.req_per_s > 0.0,
+        attacked.p99_ms,
+    )
+}
+
+/// attacked / alone, when both phases' victims were answered (on any instrument).
+fn p99_ratio(
+    alone_answered: bool,
+    alone_p99_ms: f64,
+    attacked_answered: bool,
+    attacked_p99_ms: f64,
+) -> Option<f64> {
+    (alone_answered && alone_p99_ms > 0.0 && attacked_answered)
+        .then(|| attacked_p99_ms / alone_p99_ms)
 }
 
 /// Rounds in which `server`'s victim got no answer at all under the combined attack.
