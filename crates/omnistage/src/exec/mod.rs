@@ -32,6 +32,7 @@
 //! ([`Runtime::queues`]).
 
 mod gate;
+mod lost_time;
 pub mod panic;
 mod sys;
 pub mod task;

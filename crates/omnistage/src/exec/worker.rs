@@ -1,6 +1,7 @@
 //! One worker: its tree, its typed queues, its timers, its loop, and the handler context.
 
 use super::gate::Gate;
+use super::lost_time::LostTime;
 use super::wake_queue::WakeQueue;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
 use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
@@ -1434,6 +1435,7 @@ fn run_loop<const ACCOUNTED: bool>(
     let rq_begin = schedstat.read().map(|(_, w)| w).unwrap_or(0);
     let t_begin = clock.raw();
     let mut wq = WakeQueue::new(rq_begin, t_begin, cpu_begin);
+    let mut lost = LostTime::new(shared.ns_of_raw(t_begin), cpu_begin);
     let mut seg_start = t_begin;
     let mut time = LoopTime::default();
     let mut next_flush_ns = 0u64;
@@ -1629,7 +1631,10 @@ fn run_loop<const ACCOUNTED: bool>(
                     bc.window_ns = 0;
                 }
             }
-            st.tree.charge(leaf, cost, still_backlogged, end_ns);
+            // The scheduler is charged what the dispatch ran, not the time the thread lost to
+            // preemption in it (the ledger keeps the whole stretch, as the loop's time).
+            let sched_cost = lost.run_part(end_ns, cost, sys::thread_cpu_ns);
+            st.tree.charge(leaf, sched_cost, still_backlogged, end_ns);
             let cell = &st.leaves[leaf as usize].as_ref().expect("leaf info").cell;
             cell.cpu_ns.add(cost);
             cell.dispatches.add(1);
@@ -1751,6 +1756,8 @@ fn run_loop<const ACCOUNTED: bool>(
                 // The next loop segment starts at the wake-up.
                 wq.mark_raw = window_end;
                 wq.mark_cpu_ns = cpu_after;
+                // A sleep is not lost time: the next dispatch's check starts at the wake-up.
+                lost = LostTime::new(shared.ns_of_raw(window_end), cpu_after);
                 // Arming the sleep is the loop's work; so is the wake. What follows the window
                 // falls in the next segment, which starts at `window_end`.
                 time.infra_ns += clock.delta_as_nanos(now_raw, window_start) + wake;
