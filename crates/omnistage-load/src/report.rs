@@ -263,6 +263,26 @@ pub fn format_table(r: &Report) -> String {
             compact(t.unfinished),
         );
     }
+    // `--kernel-stamps`: the server's and the network's part of each tenant's latency, on a
+    // line of its own so the table keeps its width without them.
+    let stamped: Vec<String> = r
+        .tenants
+        .iter()
+        .filter_map(|t| {
+            let (p50, p99) = (t.kernel_p50_ms?, t.kernel_p99_ms?);
+            Some(format!(
+                "{} p50 {p50:.3} ms p99 {p99:.3} ms",
+                truncate(&t.name, 12)
+            ))
+        })
+        .collect();
+    if !stamped.is_empty() {
+        let _ = writeln!(
+            out,
+            "send→kernel (SO_TIMESTAMPNS: each request's send to the kernel's receipt of its response): {}",
+            stamped.join("; ")
+        );
+    }
     let c = &r.client_requests;
     let _ = writeln!(
         out,
@@ -289,5 +309,48 @@ fn compact(n: u64) -> String {
         0..=999_999 => n.to_string(),
         1_000_000..=999_999_999 => format!("{:.1}M", n as f64 / 1e6),
         _ => format!("{:.1}G", n as f64 / 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(kernel: Option<(f64, f64)>) -> Report {
+        let meta = |name: &str| TenantMeta {
+            name: name.into(),
+            host: "a.test".into(),
+            mix: "path=/".into(),
+            rate_per_s: Some(100.0),
+            think_ms: None,
+        };
+        let stats = TenantStats::new(2);
+        let mut a = tenant_report(meta("a"), &stats, 1.0);
+        if let Some((p50, p99)) = kernel {
+            a.kernel_p50_ms = Some(p50);
+            a.kernel_p99_ms = Some(p99);
+        }
+        Report {
+            addr: "127.0.0.1:1".into(),
+            threads: 1,
+            seconds: 1.0,
+            warmup_s: 0.0,
+            window_s: None,
+            tenants: vec![a],
+            total: tenant_report(meta("total"), &stats, 1.0),
+            client_jain: None,
+            client_requests: ClientCounts::default(),
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_kernel_stamped_figures_when_there_are_any() {
+        let t = format_table(&report(Some((0.25, 1.5))));
+        assert!(
+            t.contains("send→kernel") && t.contains("a p50 0.250 ms p99 1.500 ms"),
+            "{t}"
+        );
+        let t = format_table(&report(None));
+        assert!(!t.contains("send→kernel"), "{t}");
     }
 }
