@@ -603,11 +603,20 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
         return Err(plain(format!("larger than {CONFIG_BYTES_MAX} bytes")));
     }
     let text = std::fs::read_to_string(path).map_err(|e| plain(format!("cannot read: {e}")))?;
+    parse_config_of_file(&text, path).map_err(with_path)
+}
+
+/// Parses and validates `text`, the contents of the config file at `path`: relative docroots,
+/// access logs and certificate paths resolve against the file's directory (not the process's
+/// working directory), and docroots must be directories. What [`load_config`] does after
+/// reading the file; for callers that read it themselves (to keep its bytes, as
+/// [`crate::persist::ConfigFile`] does).
+pub fn parse_config_of_file(text: &str, path: &Path) -> Result<Config, ConfigError> {
     let base = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    parse_with_base(&text, Some(&base)).map_err(with_path)
+    parse_with_base(text, Some(&base))
 }
 
 // ---- raw, spanned form as written in the file ----

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use toml_edit::{DocumentMut, Item, Table, Value};
 
-use crate::config::{parse_config, Config, ConfigError};
+use crate::config::{parse_config_of_file, Config, ConfigError};
 
 /// A config file as loaded: where it is and the bytes the running config came from.
 #[derive(Debug, Clone)]
@@ -61,7 +61,10 @@ impl ConfigFile {
             column: None,
             message: "not UTF-8".into(),
         })?;
-        let config = parse_config(text).map_err(|mut e| {
+        // Relative paths in the file resolve against its directory, as documented (they once
+        // resolved against the working directory here: `serve --config
+        // examples/three-tenants.toml` answered 404 for every file).
+        let config = parse_config_of_file(text, path).map_err(|mut e| {
             e.path = Some(path.to_path_buf());
             e
         })?;
@@ -92,7 +95,7 @@ impl ConfigFile {
         }
         let text = std::str::from_utf8(&now).map_err(|_| "the config file is not UTF-8")?;
         let new_text = edit_text(text, edits)?;
-        parse_config(&new_text)
+        parse_config_of_file(&new_text, &self.path)
             .map_err(|e| format!("the change would make the config file invalid: {e}"))?;
         replace_atomically(&self.path, new_text.as_bytes())
             .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
@@ -234,7 +237,7 @@ mod tests {
                 "name = \"b\"\ndocroot = \".\"\nnet_cap = \"10MB/s\"\n",
             );
         assert_eq!(out, want);
-        let c = parse_config(&out).unwrap();
+        let c = crate::config::parse_config(&out).unwrap();
         assert_eq!(c.tenants[0].weight, 70);
         assert_eq!(c.tenants[0].classes[0].weight, 20);
         assert_eq!(c.tenants[1].net_cap_bytes_per_s, Some(10_000_000));
@@ -252,6 +255,25 @@ mod tests {
         assert!(e.contains("no [[tenant]] named \"zz\""), "{e}");
         let e = edit_text(FILE, &[edit("b", Some("gold"), "weight", Setting::Int(1))]).unwrap_err();
         assert!(e.contains("no [[tenant.class]] named \"gold\""), "{e}");
+    }
+
+    #[test]
+    fn relative_docroots_resolve_against_the_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("www")).unwrap();
+        let text = FILE.replace("docroot = \".\"\nweight", "docroot = \"./www\"\nweight");
+        let (config, _) = file(dir.path(), &text);
+        let www = dir.path().join("www").canonicalize().unwrap();
+        assert_eq!(config.tenants[0].docroot, www);
+        assert_eq!(
+            config.tenants[1].docroot,
+            dir.path().canonicalize().unwrap()
+        );
+        // A docroot that is not there is refused when the file is loaded, not served as 404s.
+        let missing = FILE.replace("docroot = \".\"\nweight", "docroot = \"./nowhere\"\nweight");
+        std::fs::write(dir.path().join("bad.toml"), &missing).unwrap();
+        let e = ConfigFile::load(&dir.path().join("bad.toml")).unwrap_err();
+        assert!(e.to_string().contains("is not a directory"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_omnistage");
 pub struct Serve {
     pub child: Child,
     pub admin: String,
+    /// The first plain-HTTP listener, `IP:PORT`.
+    pub http: String,
     pub lines: std::sync::mpsc::Receiver<String>,
 }
 
@@ -33,6 +35,11 @@ pub fn serve(dir: &std::path::Path) -> Serve {
         ),
     )
     .unwrap();
+    serve_config(&config, dir)
+}
+
+/// `omnistage serve --config CONFIG` started in the working directory `cwd`.
+pub fn serve_config(config: &std::path::Path, cwd: &std::path::Path) -> Serve {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -42,7 +49,8 @@ pub fn serve(dir: &std::path::Path) -> Serve {
             "127.0.0.1:0",
             "--config",
         ])
-        .arg(&config)
+        .arg(config)
+        .current_dir(cwd)
         .env_remove("OMNISTAGE_ADMIN_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -59,11 +67,18 @@ pub fn serve(dir: &std::path::Path) -> Serve {
         }
     });
     let end = Instant::now() + Duration::from_secs(20);
+    let mut http = None;
     let admin = loop {
         let left = end.saturating_duration_since(Instant::now());
         let line = rx
             .recv_timeout(left)
             .expect("serve prints where the admin API is");
+        // "omnistage: serving 1 tenant(s) [a] on http://127.0.0.1:PORT/ with 1 worker(s)"
+        if let Some(rest) = line.strip_prefix("omnistage: serving ") {
+            if let Some((_, url)) = rest.split_once(" on http://") {
+                http = http.or(url.split('/').next().map(str::to_string));
+            }
+        }
         if let Some(rest) = line.strip_prefix("omnistage: admin API and dashboard on ") {
             break rest.trim_end_matches('/').to_string();
         }
@@ -71,6 +86,7 @@ pub fn serve(dir: &std::path::Path) -> Serve {
     Serve {
         child,
         admin,
+        http: http.expect("serve prints where it serves before the admin API"),
         lines: rx,
     }
 }
