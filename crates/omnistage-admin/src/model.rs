@@ -73,10 +73,11 @@ pub struct Latency {
 pub struct Cap {
     /// `token` or `leaky`.
     pub kind: String,
-    /// The rate in cores (`rate_per_s` / 1e9) per worker: each worker's tree enforces its own
-    /// bucket, so an activity served on N workers may use up to N times this.
+    /// The cap in cores for the whole machine (CPU seconds per second), as a change gives it
+    /// and as the config file's `cpu_cap` is: `rate_per_s` × workers / 1e9.
     pub cores: f64,
-    /// CPU ns per second.
+    /// CPU ns per second that each worker's tree allows (the cap split evenly between the
+    /// workers: an activity served on fewer workers than all gets only their parts).
     pub rate_per_s: u64,
     /// Bucket depth, CPU ns.
     pub burst: u64,
@@ -268,7 +269,8 @@ pub struct History {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CapChange {
-    /// Cores (CPU seconds per second), > 0.
+    /// Cores (CPU seconds per second) for the whole machine, > 0: split evenly between the
+    /// workers, each of whose trees holds its part (as the config file's `cpu_cap`).
     pub cores: f64,
     /// `token` (default) or `leaky`.
     #[serde(default)]

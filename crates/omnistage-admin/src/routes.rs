@@ -635,7 +635,10 @@ pub(crate) fn body_json<T: serde::de::DeserializeOwned>(req: &Request) -> Result
     serde_json::from_slice(&req.body).map_err(|e| Response::error(400, &format!("body: {e}")))
 }
 
-fn cap_spec(c: &CapChange) -> Result<ShaperSpec, Response> {
+/// The bucket each of `workers` trees holds for a machine-wide cap of `c.cores` (split evenly,
+/// as the HTTP server splits the config file's `cpu_cap`, so a cap set here and persisted means
+/// the same in the file).
+fn cap_spec(c: &CapChange, workers: usize) -> Result<ShaperSpec, Response> {
     if !c.cores.is_finite() {
         return Err(Response::error(400, "cap.cores must be a number"));
     }
@@ -654,7 +657,7 @@ fn cap_spec(c: &CapChange) -> Result<ShaperSpec, Response> {
         return Err(Response::error(400, "cap.burst_ms must be a number >= 0"));
     }
     // Out-of-range values (0 cores, a huge rate) are left for the tree's validation: 409.
-    let rate = (c.cores * 1e9).max(0.0);
+    let rate = (c.cores * 1e9 / workers.max(1) as f64).max(0.0);
     Ok(ShaperSpec {
         kind,
         rate_per_s: rate as u64,
@@ -875,7 +878,7 @@ fn put_activity(
     if let Some(cap) = &change.cap {
         spec.cap = match cap {
             None => None,
-            Some(c) => match cap_spec(c) {
+            Some(c) => match cap_spec(c, rt.workers()) {
                 Ok(s) => Some(s),
                 Err(r) => return r,
             },
@@ -1075,29 +1078,54 @@ mod tests {
 
     #[test]
     fn caps_in_cores() {
-        let c = cap_spec(&CapChange {
-            cores: 0.5,
-            kind: None,
-            burst_ms: None,
-        })
+        let c = cap_spec(
+            &CapChange {
+                cores: 0.5,
+                kind: None,
+                burst_ms: None,
+            },
+            1,
+        )
         .unwrap();
         assert_eq!(c, ShaperSpec::token(500_000_000, 5_000_000));
-        let l = cap_spec(&CapChange {
-            cores: 2.0,
-            kind: Some("leaky".into()),
-            burst_ms: None,
-        })
+        let l = cap_spec(
+            &CapChange {
+                cores: 2.0,
+                kind: Some("leaky".into()),
+                burst_ms: None,
+            },
+            1,
+        )
         .unwrap();
         assert_eq!(l, ShaperSpec::leaky(2_000_000_000));
         assert_eq!(
-            cap_spec(&CapChange {
-                cores: 1.0,
-                kind: Some("bucket".into()),
-                burst_ms: None
-            })
+            cap_spec(
+                &CapChange {
+                    cores: 1.0,
+                    kind: Some("bucket".into()),
+                    burst_ms: None
+                },
+                1
+            )
             .unwrap_err()
             .status,
             400
         );
+    }
+
+    #[test]
+    fn a_cap_is_for_the_machine_and_split_between_the_workers() {
+        // Half a core on four workers: each tree holds an eighth of a core (and a tenth of its
+        // rate as the default 10 ms burst).
+        let c = cap_spec(
+            &CapChange {
+                cores: 0.5,
+                kind: None,
+                burst_ms: None,
+            },
+            4,
+        )
+        .unwrap();
+        assert_eq!(c, ShaperSpec::token(125_000_000, 1_250_000));
     }
 }

@@ -177,13 +177,15 @@ pub(crate) fn activities(rt: &Runtime) -> (u64, BTreeMap<ActivityId, ActInfo>) {
     })
 }
 
-fn cap_of(spec: &ActivitySpec) -> Option<model::Cap> {
+/// The cap as the API gives it: machine-wide cores (each of `workers` trees holds an even part,
+/// `rate_per_s`), as `cap_spec` takes them and as the config file's `cpu_cap` is.
+fn cap_of(spec: &ActivitySpec, workers: usize) -> Option<model::Cap> {
     spec.cap.map(|c| model::Cap {
         kind: match c.kind {
             ShaperKind::Token => "token".into(),
             ShaperKind::Leaky => "leaky".into(),
         },
-        cores: c.rate_per_s as f64 / 1e9,
+        cores: c.rate_per_s as f64 * workers as f64 / 1e9,
         rate_per_s: c.rate_per_s,
         burst: c.burst,
     })
@@ -199,6 +201,7 @@ fn name_of(path: &str) -> String {
 /// Node building state: fresh totals and, with a window, interval aggregates.
 struct Build<'a> {
     acts: &'a BTreeMap<ActivityId, ActInfo>,
+    workers: usize,
     now: BTreeMap<ActivityId, Agg>,
     interval: Option<(BTreeMap<ActivityId, Agg>, f64)>,
 }
@@ -240,7 +243,7 @@ impl Build<'_> {
             weight: info.spec.weight,
             policy: info.spec.policy.name().into(),
             priority: info.spec.priority,
-            cap: cap_of(&info.spec),
+            cap: cap_of(&info.spec, self.workers),
             queued: total.queued,
             delayed: total.delayed,
             share: None,
@@ -388,6 +391,7 @@ pub(crate) fn tree(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> model:
     let (version, acts) = activities(rt);
     let b = Build {
         acts: &acts,
+        workers: rt.workers(),
         now: by_activity(fresh),
         interval: win.map(|w| {
             let last = by_activity(&w.last);

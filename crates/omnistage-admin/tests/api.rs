@@ -183,8 +183,9 @@ fn changes_apply_and_refused_changes_change_nothing() {
         .status,
         200
     );
+    // Half a core of the machine: each of the two workers' trees holds a quarter.
     let cap = rt.with_activities(|t| t.get(t.lookup("/t/c").unwrap()).unwrap().spec.cap);
-    assert_eq!(cap.map(|c| c.rate_per_s), Some(500_000_000));
+    assert_eq!(cap.map(|c| c.rate_per_s), Some(250_000_000));
     assert_eq!(weight("/t/c"), Some(40), "fields left out keep their value");
     assert_eq!(
         req(

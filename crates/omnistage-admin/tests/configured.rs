@@ -138,13 +138,22 @@ fn served(
     dir: &std::path::Path,
     with_file: bool,
 ) -> (Arc<omnistage_admin::Served>, std::path::PathBuf) {
+    served_on(toml, dir, with_file, 1)
+}
+
+fn served_on(
+    toml: &str,
+    dir: &std::path::Path,
+    with_file: bool,
+    workers: usize,
+) -> (Arc<omnistage_admin::Served>, std::path::PathBuf) {
     let path = dir.join("omnistage.toml");
     std::fs::write(&path, toml).unwrap();
     let (config, file) = omnistage_http::persist::ConfigFile::load(&path).unwrap();
     let server = Server::start(
         config,
         ServerOptions {
-            workers: Some(1),
+            workers: Some(workers),
             ..Default::default()
         },
     )
@@ -163,6 +172,55 @@ fn admin_of(s: &Arc<omnistage_admin::Served>) -> (omnistage_admin::AdminHandle, 
     let h = start_admin_with_tenants(s.clone(), omnistage_admin::Served::runtime, cfg).unwrap();
     let c = Client::new(&format!("http://{}", h.local_addr()), None).unwrap();
     (h, c)
+}
+
+/// A CPU cap is for the whole machine in the API as in the file: set on two workers and
+/// persisted, it is the same cap after a reload (each worker's tree holding half), and the tree
+/// shows it as set. (The API once took it per worker and persisted that figure, so a reload
+/// halved it.)
+#[test]
+fn a_persisted_cpu_cap_is_the_same_cap_after_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let (s, path) = served_on(&toml, dir.path(), true, 2);
+    let (_h, c) = admin_of(&s);
+    let per_tree = || {
+        s.runtime().with_activities(|t| {
+            t.lookup("/tenants/a")
+                .and_then(|id| t.get(id).unwrap().spec.cap)
+                .map(|c| c.rate_per_s)
+        })
+    };
+    let shown = || {
+        let tree: serde_json::Value =
+            serde_json::from_slice(&c.request("GET", "/api/v1/tree", None).unwrap().body).unwrap();
+        let a = &tree["root"]["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["path"] == "/tenants")
+            .unwrap()["children"][0];
+        assert_eq!(a["path"], "/tenants/a");
+        a["cap"]["cores"].as_f64().unwrap()
+    };
+    let r = c
+        .request(
+            "PUT",
+            "/api/v1/activities/tenants/a?persist=true",
+            Some(br#"{"cap": {"cores": 0.5}}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(per_tree(), Some(250_000_000));
+    assert_eq!(shown(), 0.5);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("cpu_cap = 0.5"), "{text}");
+    s.reload_file().unwrap();
+    assert_eq!(per_tree(), Some(250_000_000));
+    assert_eq!(shown(), 0.5);
 }
 
 /// `?persist=true` writes the change into the file (comments kept), a reload of the file (what

@@ -141,7 +141,8 @@ pub struct SetArgs {
     /// The activity (created if it does not exist; its parent must).
     path: String,
     /// KEY=VALUE settings: weight=N, policy=fifo|rr|priority|wfq|sfq|drr, priority=N,
-    /// cap_cpu=CORES|none, cap_kind=token|leaky, cap_burst_ms=MS, p90_ms=MS, admission=
+    /// cap_cpu=CORES|none (cores of the whole machine, split evenly between the workers, as
+    /// the config file's cpu_cap), cap_kind=token|leaky, cap_burst_ms=MS, p90_ms=MS, admission=
     /// threshold|inherit|token:RATE:BURST, stage=NAME (for p90_ms and admission; default
     /// http.work), cap_net=RATE|none, cap_disk=RATE|none, budget=BYTES|none,
     /// send_order=fair|fifo|shortest_first|longest_first (the last four change an HTTP
