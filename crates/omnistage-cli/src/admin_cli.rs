@@ -124,13 +124,16 @@ pub fn tree(a: TreeArgs) -> Result<(), String> {
         if r.status != 200 {
             return Err(format!("{} {}", r.status, r.error_message()));
         }
-        print!("{}", r.text());
+        crate::print_stdout(&r.text());
         return Ok(());
     }
     let t: Tree = c.get_json("/api/v1/tree")?;
+    let mut text = String::new();
     for l in tree_lines(&t) {
-        println!("{}", l.trim_end());
+        text.push_str(l.trim_end());
+        text.push('\n');
     }
+    crate::print_stdout(&text);
     Ok(())
 }
 
@@ -284,10 +287,10 @@ pub fn set(a: SetArgs) -> Result<(), String> {
         return Err(format!("{} {}", r.status, r.error_message()));
     }
     let c: Changed = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
-    println!(
-        "{} {} (activity table version {})",
+    crate::print_stdout(&format!(
+        "{} {} (activity table version {})\n",
         c.action, c.path, c.version
-    );
+    ));
     Ok(())
 }
 
@@ -310,7 +313,7 @@ pub fn graph(a: GraphArgs) -> Result<(), String> {
     if r.status != 200 {
         return Err(format!("{} {}", r.status, r.error_message()));
     }
-    print!("{}", r.text());
+    crate::print_stdout(&r.text());
     Ok(())
 }
 

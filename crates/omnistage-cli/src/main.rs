@@ -41,6 +41,22 @@ enum Command {
     Shape(omnistage_shape::launch::ShapeArgs),
 }
 
+/// Writes `text` to stdout. A reader that went away (`omnistage tree | head -1`) ends the
+/// command quietly with status 0, as other Unix tools do, instead of the panic `print!` raises
+/// (Rust ignores SIGPIPE, so the write fails with `BrokenPipe`); any other write error is one
+/// line and status 2.
+fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("omnistage: cannot write to stdout: {e}");
+        std::process::exit(2);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -60,9 +76,12 @@ fn main() {
         }
         Command::Load(args) => omnistage_load::run(&args).map(|r| {
             if args.json {
-                println!("{}", serde_json::to_string(&r).expect("report serializes"));
+                print_stdout(&format!(
+                    "{}\n",
+                    serde_json::to_string(&r).expect("report serializes")
+                ));
             } else {
-                omnistage_load::print_table(&r);
+                print_stdout(&omnistage_load::format_table(&r));
             }
         }),
     };

@@ -364,7 +364,7 @@ pub fn run(a: TopArgs) -> Result<(), String> {
         if let Some(e) = &app.error {
             return Err(e.clone());
         }
-        print!("{}", frame_text(&app, a.width.max(40), a.height.max(8)));
+        crate::print_stdout(&frame_text(&app, a.width.max(40), a.height.max(8)));
         return Ok(());
     }
     let interval = Duration::from_millis(a.interval_ms);

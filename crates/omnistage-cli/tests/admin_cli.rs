@@ -38,6 +38,21 @@ fn set_tree_graph_and_top_against_a_running_server() {
         out.lines().any(|l| l.trim_start().starts_with("x ")),
         "{out}"
     );
+    // A reader that goes away (`omnistage tree | head -0`): the command ends quietly, status
+    // 0, no panic. The pipe is closed before the command can have asked the server anything.
+    for cmd in ["tree", "graph"] {
+        let mut child = Command::new(common::BIN)
+            .args([cmd, "--admin", admin.as_str()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {err}");
+        assert!(!err.contains("panicked"), "{cmd}: {err}");
+    }
     let (code, out, _) = run(&[&["tree", "--json"], &a[..]].concat());
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
