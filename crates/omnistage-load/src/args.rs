@@ -43,7 +43,8 @@ pub struct LoadArgs {
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "IP:PORT")]
     pub addr: String,
 
-    /// A tenant: NAME:HOST:CONNS:MIX[,rate=R|,think-ms=MS]; repeat for several tenants.
+    /// A tenant: NAME:HOST:CONNS:MIX[,rate=R|,think-ms=MS][,header=NAME:VALUE]; repeat for
+    /// several tenants.
     #[arg(long = "tenant", value_name = "NAME:HOST:CONNS:MIX", required = true)]
     pub tenants: Vec<String>,
 
