@@ -104,7 +104,9 @@ impl Default for AdminConfig {
 }
 
 impl AdminConfig {
-    fn validate(&self) -> Result<(), String> {
+    /// Why the admin server would refuse to start with these settings (checked again when it
+    /// starts): a caller can check before it starts anything else.
+    pub fn validate(&self) -> Result<(), String> {
         if !(1..=THREADS_MAX).contains(&self.threads) {
             return Err(format!("admin threads must be in 1..={THREADS_MAX}"));
         }

@@ -56,11 +56,16 @@ fn admin_config(a: &ServeArgs) -> Result<Option<AdminConfig>, String> {
         .admin_token
         .clone()
         .or_else(|| std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty()));
-    Ok(Some(AdminConfig {
+    let cfg = AdminConfig {
         listen,
         token,
         ..Default::default()
-    }))
+    };
+    // Refused before the server starts serving (it once printed where it served, then
+    // refused to start the admin API and exited).
+    cfg.validate()
+        .map_err(|e| format!("{e} (use --admin ADDR:PORT, or --admin off)"))?;
+    Ok(Some(cfg))
 }
 
 pub fn run(a: ServeArgs) -> Result<(), String> {

@@ -50,3 +50,24 @@ fn a_relative_docroot_is_found_from_any_working_directory() {
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(r.ends_with("found by the file's directory\n"), "{r}");
 }
+
+#[test]
+fn an_admin_listener_that_would_be_refused_stops_serve_before_it_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("omnistage.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = common::run(&[
+        "serve",
+        "--admin",
+        "0.0.0.0:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs a bearer token"), "{err}");
+    assert!(!err.contains("serving"), "{err}");
+}
