@@ -1115,8 +1115,8 @@ mod tests {
 
     #[test]
     fn a_cap_is_for_the_machine_and_split_between_the_workers() {
-        // Half a core on four workers: each tree holds an eighth of a core (and a tenth of its
-        // rate as the default 10 ms burst).
+        // Half a core on four workers: each tree holds an eighth of a core, and 10 ms of that
+        // rate as its burst (the default).
         let c = cap_spec(
             &CapChange {
                 cores: 0.5,
