@@ -1076,39 +1076,22 @@ mod tests {
         assert_eq!(host_name("evil.example:80"), "evil.example");
     }
 
+    fn cap(cores: f64, kind: Option<&str>) -> CapChange {
+        CapChange {
+            cores,
+            kind: kind.map(str::to_string),
+            burst_ms: None,
+        }
+    }
+
     #[test]
     fn caps_in_cores() {
-        let c = cap_spec(
-            &CapChange {
-                cores: 0.5,
-                kind: None,
-                burst_ms: None,
-            },
-            1,
-        )
-        .unwrap();
+        let c = cap_spec(&cap(0.5, None), 1).unwrap();
         assert_eq!(c, ShaperSpec::token(500_000_000, 5_000_000));
-        let l = cap_spec(
-            &CapChange {
-                cores: 2.0,
-                kind: Some("leaky".into()),
-                burst_ms: None,
-            },
-            1,
-        )
-        .unwrap();
+        let l = cap_spec(&cap(2.0, Some("leaky")), 1).unwrap();
         assert_eq!(l, ShaperSpec::leaky(2_000_000_000));
         assert_eq!(
-            cap_spec(
-                &CapChange {
-                    cores: 1.0,
-                    kind: Some("bucket".into()),
-                    burst_ms: None
-                },
-                1
-            )
-            .unwrap_err()
-            .status,
+            cap_spec(&cap(1.0, Some("bucket")), 1).unwrap_err().status,
             400
         );
     }
@@ -1117,15 +1100,7 @@ mod tests {
     fn a_cap_is_for_the_machine_and_split_between_the_workers() {
         // Half a core on four workers: each tree holds an eighth of a core, and 10 ms of that
         // rate as its burst (the default).
-        let c = cap_spec(
-            &CapChange {
-                cores: 0.5,
-                kind: None,
-                burst_ms: None,
-            },
-            4,
-        )
-        .unwrap();
+        let c = cap_spec(&cap(0.5, None), 4).unwrap();
         assert_eq!(c, ShaperSpec::token(125_000_000, 1_250_000));
     }
 }
