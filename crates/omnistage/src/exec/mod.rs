@@ -358,6 +358,8 @@ pub(crate) struct Shared {
     pub(crate) min_cost_ns: u64,
     /// The task stage and its settings, if the runtime runs tasks ([`Builder::tasks`]).
     pub(crate) tasks: Option<task::TaskShared>,
+    /// The CPUs the workers are pinned to, in core order (empty when they are not pinned).
+    worker_cpus: Vec<usize>,
 }
 
 /// An `AtomicUsize` on its own cache line, so cores do not share lines of each other's counts.
@@ -672,6 +674,12 @@ impl Builder {
                 .map(|_| std::sync::atomic::AtomicU32::new(s.config.batch_max))
                 .collect();
         }
+        let ncpu = sys::cpu_count();
+        let worker_cpus: Vec<usize> = if self.pin {
+            (0..self.workers).map(|core| core % ncpu).collect()
+        } else {
+            Vec::new()
+        };
         let clock = quanta::Clock::new();
         let start_raw = clock.raw();
         let shared = Arc::new(Shared {
@@ -695,14 +703,14 @@ impl Builder {
             bypass: self.bypass,
             min_cost_ns: self.min_cost_ns,
             tasks: self.tasks,
+            worker_cpus,
         });
         let factories = Arc::new(self.factories);
-        let ncpu = sys::cpu_count();
         let mut threads = Vec::with_capacity(self.workers);
         for (core, poll) in polls.into_iter().enumerate() {
             let shared = shared.clone();
             let factories = factories.clone();
-            let pin = self.pin.then_some(core % ncpu);
+            let pin = shared.worker_cpus.get(core).copied();
             let t = std::thread::Builder::new()
                 .name(format!("omnistage-w{core}"))
                 .spawn(move || worker::run(core, pin, shared, &factories, poll))
@@ -729,6 +737,27 @@ impl Runtime {
 
     pub fn workers(&self) -> usize {
         self.shared.workers
+    }
+
+    /// The CPUs the workers are pinned to, in core order; empty when they are not pinned.
+    pub fn worker_cpus(&self) -> &[usize] {
+        &self.shared.worker_cpus
+    }
+
+    /// Sets up the calling thread as one of the server's helper threads (a blocking disk
+    /// reader, say): when the workers are pinned, it is confined to their CPUs, so a pinned
+    /// server's helpers never take a CPU it was not given (a load generator's, a neighbour
+    /// process's); and it gets nice value `nice` (0 leaves it as it is), so the kernel runs a
+    /// worker ahead of it when both want the CPU. Failures are returned for the caller to
+    /// report: the thread still works where it is.
+    pub fn enter_helper_thread(&self, nice: i32) -> std::io::Result<()> {
+        if !self.shared.worker_cpus.is_empty() {
+            sys::confine_to(&self.shared.worker_cpus)?;
+        }
+        if nice != 0 {
+            sys::set_thread_nice(nice)?;
+        }
+        Ok(())
     }
 
     /// Nanoseconds since start by the runtime's clock.

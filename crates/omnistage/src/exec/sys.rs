@@ -13,18 +13,39 @@ pub(crate) fn cpu_count() -> usize {
 
 /// Pins the calling thread to `cpu`. Failure (a restricted cpuset) is reported, not fatal.
 pub(crate) fn pin_to(cpu: usize) -> std::io::Result<()> {
+    confine_to(&[cpu])
+}
+
+/// Confines the calling thread to the CPUs in `cpus` (at least one).
+pub(crate) fn confine_to(cpus: &[usize]) -> std::io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
     // SAFETY: `cpu_set_t` is a plain bit array for which all-zero is valid; CPU_SET writes
-    // within it for cpu < CPU_SETSIZE (checked), and sched_setaffinity reads exactly
+    // within it for cpu < CPU_SETSIZE (checked above), and sched_setaffinity reads exactly
     // `size_of::<cpu_set_t>()` bytes from the pointer we pass.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu >= libc::CPU_SETSIZE as usize {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
         }
-        libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             return Err(std::io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Sets the calling thread's nice value (Linux keeps one per thread).
+pub(crate) fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid(2) takes nothing and cannot fail; setpriority(2) only reads its
+    // integer arguments. On Linux PRIO_PROCESS with a thread id sets that thread alone.
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
