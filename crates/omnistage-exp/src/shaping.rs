@@ -15,6 +15,7 @@ use super::report::{self, Doc, Table};
 use super::util::machine;
 use super::Common;
 use clap::Args;
+use omnistage::sched::LEAKY_CATCH_UP_NS;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -270,13 +271,16 @@ fn point(
     })
 }
 
-/// The leaky bucket's design bound on one window: at most the rate and one grain (the ledger
-/// counts bytes as the send stage's writes return), plus `late` of the rate where the counting
-/// side may read late.
+/// The leaky bucket's design bound on one window: at most the rate, one grain (the ledger
+/// counts bytes as the send stage's writes return) and its catch-up allowance (what a late
+/// wake-up may bring back into the window: [`LEAKY_CATCH_UP_NS`] of the rate), plus `late` of
+/// the rate where the counting side may read late. At 100 ms windows and the send stage's grain
+/// of 1 ms of the rate, the first three are 1.03× the rate.
 fn within_grain(p: &Point, ratio: f64, late: Duration) -> bool {
     let rate = p.rate_mb_per_s * 1e6;
     let grain = omnistage_http::server::leaky_grain_bytes(rate as u64) as f64;
-    ratio <= 1.0 + (grain + rate * late.as_secs_f64()) / (rate * TICK.as_secs_f64())
+    let catch_up = Duration::from_nanos(LEAKY_CATCH_UP_NS);
+    ratio <= 1.0 + (grain + rate * (catch_up + late).as_secs_f64()) / (rate * TICK.as_secs_f64())
 }
 
 /// The fit of one kind's points of one repeat, on the ledger's bytes and the clients'.
@@ -581,10 +585,11 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
              16 connections finish together every half second). \
              Goal, per kind, on both the ledger's bytes and the bytes the clients received: slope \
              {SLOPE_MIN}–{SLOPE_MAX} and R² ≥ {GOAL_R2} (below the link's speed; loopback is far faster than 32 MB/s), and for the \
-             leaky bucket no 100 ms window of the ledger above the rate by more than one grain (a leaky cap sends in \
-             grains of 1 ms of its rate, 1–16 KiB, and never writes more than its bucket holds; a discrete sender \
-             cannot do better than one grain in every window), nor any of the clients' own 100 ms windows by more than one \
-             grain and {} ms of the rate (the clients read on the other, shared CPU, and a read a few milliseconds late \
+             leaky bucket no 100 ms window of the ledger above the rate by more than one grain and its catch-up allowance \
+             (a leaky cap sends in grains of 1 ms of its rate, 1–16 KiB, and never writes more than its bucket holds; a \
+             discrete sender cannot do better than one grain in every window; after a wake-up late by L ≤ {} ms it sends \
+             the L of its rate it was owed, so a window may carry that much more), nor any of the clients' own 100 ms \
+             windows by more than that and {} ms of the rate (the clients read on the other, shared CPU, and a read a few milliseconds late \
              moves that many milliseconds of the rate into the next window). \
              \"Lost\" is what the tenant's bucket discarded of its rate over the window (`Server::net_cap_lost_bytes`): \
              late, while backlogged (a wake-up later than the leaky bucket's catch-up allowance, or a token bucket \
@@ -605,6 +610,7 @@ pub fn run(a: ShapingArgs) -> Result<(), String> {
              the goals, not met when an undisturbed run misses, and not judged when only disturbed runs miss.",
             a.conns,
             a.common.seconds,
+            LEAKY_CATCH_UP_NS / 1_000_000,
             CLIENT_LATE.as_millis(),
             a.common.repeats,
             a.download_rate,
