@@ -64,7 +64,7 @@ mod shaped;
 mod view;
 
 use omnistage::exec::Runtime;
-pub use served::Served;
+pub use served::{Served, RELOAD_REFUSED};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

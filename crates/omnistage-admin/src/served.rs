@@ -9,6 +9,9 @@ use omnistage_http::persist::{ConfigFile, Edit};
 use omnistage_http::server::{Reloaded, Server};
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// How a refused reload begins (`serve` prints it after "omnistage: reload: ").
+pub const RELOAD_REFUSED: &str = "refused, the old config keeps serving";
+
 /// A running server and its config file (`None`: the embedded default, nothing to write).
 pub struct Served {
     /// Shared with the fleet thread, when the server is a node of a fleet.
@@ -56,12 +59,17 @@ impl Served {
             return Err("no config file to reload (embedded default)".into());
         };
         let path = f.path().to_path_buf();
-        let (config, fresh) = ConfigFile::load(&path)
-            .map_err(|e| format!("refused, the old config keeps serving: {e}"))?;
+        let (config, fresh) =
+            ConfigFile::load(&path).map_err(|e| format!("{RELOAD_REFUSED}: {e}"))?;
         // Remember the new bytes even if the reload is only partly applied (listeners): they
         // are what the running config now comes from.
         *file = Some(fresh);
-        let reloaded = self.server.reload(config.clone())?;
+        // Nothing was applied on an error (a certificate that does not load, say): the same
+        // words as a file that does not parse, so an operator reads one message for both.
+        let reloaded = self
+            .server
+            .reload(config.clone())
+            .map_err(|e| format!("{RELOAD_REFUSED}: {e}"))?;
         Ok((path.display().to_string(), config, reloaded))
     }
 }

@@ -571,3 +571,33 @@ fn every_change_is_checked_against_the_running_config() {
     assert_eq!(get_status(addr, "a"), 200);
     assert_eq!(get_status(addr, "b"), 200);
 }
+
+/// A reload refused by the server (a certificate that does not load) is worded as one
+/// refused by the parser, and the old configuration keeps serving in both cases.
+#[test]
+fn reload_refusals_read_alike_and_the_old_config_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    );
+    std::fs::write(dir.path().join("index.html"), "hi").unwrap();
+    let (s, path) = served(&good, dir.path(), true);
+    let addr = s.server().local_addrs()[0];
+    assert_eq!(get_status(addr, "a"), 200);
+
+    std::fs::write(&path, "[server\n").unwrap();
+    let syntax = s.reload_file().unwrap_err();
+    // Parses (the listener waits for a restart), but the certificate does not load.
+    let tls = good.replace(
+        "[server]\n",
+        "[server]\nlisten_tls = [\"127.0.0.2:0\"]\ntls_cert = 'missing-cert.pem'\ntls_key = 'missing-key.pem'\n",
+    );
+    std::fs::write(&path, tls).unwrap();
+    let cert = s.reload_file().unwrap_err();
+    for e in [&syntax, &cert] {
+        assert!(e.starts_with(omnistage_admin::RELOAD_REFUSED), "{e}");
+    }
+    assert!(cert.contains("missing-cert.pem"), "{cert}");
+    assert_eq!(get_status(addr, "a"), 200, "the old config still serves");
+}
