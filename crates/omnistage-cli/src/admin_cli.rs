@@ -79,8 +79,18 @@ pub struct TreeArgs {
 
 fn tree_lines(t: &Tree) -> Vec<String> {
     let mut out = vec![format!(
-        "{:<32} {:>6} {:<8} {:<12} {:>6} {:>7} {:>7} {:>8} {:>6} {:>9}",
-        "ACTIVITY", "WEIGHT", "POLICY", "CAP", "CPU%", "SHARE", "TARGET", "MSG/S", "QUEUE", "P90"
+        "{:<32} {:>6} {:<8} {:<12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}",
+        "ACTIVITY",
+        "WEIGHT",
+        "POLICY",
+        "CAP",
+        "CPU%",
+        "SHARE",
+        "TARGET",
+        "MSG/S",
+        "BYTES/S",
+        "QUEUE",
+        "P90"
     )];
     fn walk(n: &Node, depth: usize, out: &mut Vec<String>) {
         let label = if depth == 0 {
@@ -89,7 +99,7 @@ fn tree_lines(t: &Tree) -> Vec<String> {
             format!("{}{}", "  ".repeat(depth - 1), n.name)
         };
         out.push(format!(
-            "{:<32} {:>6} {:<8} {:<12} {:>6} {:>7} {:>7} {:>8} {:>6} {:>9}",
+            "{:<32} {:>6} {:<8} {:<12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}",
             label,
             n.weight,
             n.policy,
@@ -105,6 +115,11 @@ fn tree_lines(t: &Tree) -> Vec<String> {
             n.rate
                 .as_ref()
                 .map(|r| fmt_rate(r.messages))
+                .unwrap_or_else(|| "–".into()),
+            // Network in and out and disk read and written, as `omnistage top` counts them.
+            n.rate
+                .as_ref()
+                .map(|r| fmt_rate(crate::top::bytes_per_s(r)))
                 .unwrap_or_else(|| "–".into()),
             n.queued,
             fmt_ns(n.latency_1s.as_ref().and_then(|l| l.response_ns.p90)),
@@ -320,6 +335,7 @@ pub fn graph(a: GraphArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use omnistage_admin::model::{Counters, Latency};
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
@@ -377,5 +393,43 @@ mod tests {
         assert!(change_of(&s(&["weight"])).is_err());
         assert!(change_of(&s(&["cap_kind=token"])).is_err());
         assert!(change_of(&s(&["admission=token:1"])).is_err());
+    }
+
+    /// The text tree shows each activity's bytes per second (network and disk, as `top`
+    /// counts them): a shaped program's copy under its activity is visible there, not only in
+    /// `tree --json`.
+    #[test]
+    fn the_tree_shows_bytes_per_second() {
+        let node = |path: &str, name: &str, rate: serde_json::Value, children| {
+            serde_json::json!({
+                "id": 0, "path": path, "name": name, "weight": 100, "policy": "sfq",
+                "priority": 0, "cap": null, "queued": 0, "delayed": 0, "share": null,
+                "target_share": null, "cpu_percent": null,
+                "total": Counters::default(), "own": Counters::default(),
+                "rate": rate, "latency": Latency::default(), "latency_1s": null,
+                "children": children,
+            })
+        };
+        let rate = serde_json::json!({
+            "cpu_ns": 0.0, "dispatches": 0.0, "messages": 0.0, "queue_wait_ns": 0.0,
+            "panics": 0.0, "bytes_in": 1000.0, "bytes_out": 500.0, "disk_bytes": 250_000.0,
+            "disk_write_bytes": 2_000_000.0, "rejected": 0.0,
+        });
+        let shaped = node("/copy", "copy", rate, serde_json::json!([]));
+        let root = node(
+            "/",
+            "",
+            serde_json::Value::Null,
+            serde_json::json!([shaped]),
+        );
+        let tree: Tree = serde_json::from_value(serde_json::json!({
+            "version": 1, "uptime_s": 1.0, "workers": 1, "interval_s": null,
+            "cpu_ns_per_s": null, "root": root, "cores": [],
+        }))
+        .unwrap();
+        let lines = tree_lines(&tree);
+        assert!(lines[0].contains("BYTES/S"), "{}", lines[0]);
+        let copy = lines.iter().find(|l| l.starts_with("copy")).unwrap();
+        assert!(copy.contains(" 2.3M "), "{copy}");
     }
 }

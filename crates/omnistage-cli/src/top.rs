@@ -107,7 +107,7 @@ impl SortKey {
 /// Bytes the activity moved per second: network in and out, disk read and written (a group
 /// attached by `omnistage shape --admin` reports all four; the HTTP server's tenants move no
 /// disk writes).
-fn bytes_per_s(r: &omnistage_admin::model::Rates) -> f64 {
+pub(crate) fn bytes_per_s(r: &omnistage_admin::model::Rates) -> f64 {
     r.bytes_in + r.bytes_out + r.disk_bytes + r.disk_write_bytes
 }
 
