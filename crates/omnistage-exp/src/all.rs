@@ -744,9 +744,19 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed: "QLinux LRP / TAP §1 (a co-hosted adversary)",
             seed_number: "victim p99 attacked ≤ 1.5× alone",
             ours: |j| {
+                // No ratio: not measured, or every round left out as disturbed (steal).
+                let disturbed = j["omnistage_rounds_disturbed"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty());
                 let times = |v: &serde_json::Value| {
-                    v.as_f64()
-                        .map_or("not measured".to_string(), |x| format!("{x:.2}×"))
+                    v.as_f64().map_or(
+                        if disturbed {
+                            "not judged (rounds disturbed)".to_string()
+                        } else {
+                            "not measured".to_string()
+                        },
+                        |x| format!("{x:.2}×"),
+                    )
                 };
                 // The median over rounds, as the ratio is (each round has its own phases).
                 let p99 = |server: &str, phase: &str| {
@@ -767,13 +777,21 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 };
                 (
                     format!(
-                        "victim p99 {:.2} ms alone, {:.2} ms attacked (medians over rounds; median ratio of the rounds {:.2}×; closed loop {}; send→kernel p99 {} open, {} closed)",
+                        "victim p99 {:.2} ms alone, {:.2} ms attacked (medians over rounds; median ratio of the undisturbed rounds {}; closed loop {}; send→kernel p99 {} open, {} closed; rounds left out as disturbed: {})",
                         p99("omnistage", "alone"),
                         p99("omnistage", "all"),
-                        f(j, "/omnistage_p99_ratio"),
+                        times(&j["omnistage_p99_ratio"]),
                         times(&j["omnistage_closed_p99_ratio"]),
                         times(&j["omnistage_kernel_p99_ratio"]),
-                        times(&j["omnistage_closed_kernel_p99_ratio"])
+                        times(&j["omnistage_closed_kernel_p99_ratio"]),
+                        j["omnistage_rounds_disturbed"]
+                            .as_array()
+                            .filter(|r| !r.is_empty())
+                            .map_or("none".to_string(), |r| r
+                                .iter()
+                                .map(|x| x.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", "))
                     ),
                     Some(match j["nginx_p99_ratio"].as_f64() {
                         Some(r) => format!(
