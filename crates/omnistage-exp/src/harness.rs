@@ -34,6 +34,21 @@ pub fn pin_this_thread(cpu: usize) {
     }
 }
 
+/// Puts the calling thread (and the threads it creates after) under SCHED_IDLE: it runs only
+/// when nothing else on its CPU wants to, and a waking normal thread preempts it at once
+/// (best effort).
+pub fn sched_idle_this_thread() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy on
+        // Linux; it reads the local `param` and writes no memory of ours.
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
+        }
+    }
+}
+
 /// Pins the calling thread to [`LOAD_CPU`] (best effort).
 pub fn pin_to_load_cpu() {
     pin_this_thread(LOAD_CPU);

@@ -8,6 +8,7 @@ mod adversary;
 mod all;
 mod args;
 mod attribution;
+mod awake;
 mod backend;
 mod breakdown;
 mod cfgweb;
