@@ -1030,11 +1030,14 @@ fn p99_ratio(
 }
 
 /// Rounds in which `server`'s victim got no answer at all under the combined attack.
-/// The rounds of `server` with some ratio left out as disturbed, in order.
+/// The rounds of `server` with a ratio the verdicts read (the combined attack's, in either
+/// loop) left out as disturbed, in order. A disturbed per-kind phase does not count: no
+/// verdict reads it.
 fn rounds_disturbed(phases: &[Phase], server: &str) -> Vec<usize> {
     let mut rounds: Vec<usize> = phases
         .iter()
         .filter(|p| p.server == server && p.ratio_disturbed)
+        .filter(|p| p.phase == "all" || p.phase == "closed-all")
         .map(|p| p.round)
         .collect();
     rounds.sort_unstable();
@@ -1897,14 +1900,24 @@ mod tests {
         let mut round1 = vec![phase_of("alone", 2.0, None), phase_of("all", 2.0, None)];
         round1[0].disturbed = true;
         set_ratios(&mut round1);
-        let mut round2 = vec![phase_of("alone", 2.0, None), phase_of("all", 2.0, None)];
+        let mut round2 = vec![
+            phase_of("alone", 2.0, None),
+            phase_of("all", 2.0, None),
+            phase_of("many-conns", 2.0, None),
+        ];
+        round2[2].disturbed = true;
         set_ratios(&mut round2);
         for p in &mut round2 {
             p.round = 2;
         }
         assert!(round1[1].ratio_disturbed && !round2[1].ratio_disturbed);
+        assert!(round2[2].ratio_disturbed, "a per-kind phase is marked too");
         let all: Vec<Phase> = round1.into_iter().chain(round2).collect();
-        assert_eq!(rounds_disturbed(&all, "omnistage"), vec![1]);
+        assert_eq!(
+            rounds_disturbed(&all, "omnistage"),
+            vec![1],
+            "only the verdicts' phases name a round"
+        );
     }
 
     /// A round whose victim got nothing in both loops counts once.
