@@ -61,15 +61,17 @@ impl Served {
         let path = f.path().to_path_buf();
         let (config, fresh) =
             ConfigFile::load(&path).map_err(|e| format!("{RELOAD_REFUSED}: {e}"))?;
-        // Remember the new bytes even if the reload is only partly applied (listeners): they
-        // are what the running config now comes from.
-        *file = Some(fresh);
         // Nothing was applied on an error (a certificate that does not load, say): the same
-        // words as a file that does not parse, so an operator reads one message for both.
+        // words as a file that does not parse, so an operator reads one message for both. The
+        // old bytes stay remembered then, so a `?persist=true` edit meanwhile is refused as
+        // "changed on disk" instead of being written onto a file that is not what runs.
         let reloaded = self
             .server
             .reload(config.clone())
             .map_err(|e| format!("{RELOAD_REFUSED}: {e}"))?;
+        // Remember the new bytes even if the reload is only partly applied (listeners): they
+        // are what the running config now comes from.
+        *file = Some(fresh);
         Ok((path.display().to_string(), config, reloaded))
     }
 }

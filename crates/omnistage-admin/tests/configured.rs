@@ -588,11 +588,15 @@ fn reload_refusals_read_alike_and_the_old_config_keeps_serving() {
 
     std::fs::write(&path, "[server\n").unwrap();
     let syntax = s.reload_file().unwrap_err();
-    // Parses (the listener waits for a restart), but the certificate does not load.
-    let tls = good.replace(
-        "[server]\n",
-        "[server]\nlisten_tls = [\"127.0.0.2:0\"]\ntls_cert = 'missing-cert.pem'\ntls_key = 'missing-key.pem'\n",
-    );
+    // Parses (the listener waits for a restart), but the certificate does not load; it would
+    // also have moved tenant a to another host.
+    let tls = good
+        .replace(
+            "[server]\n",
+            "[server]\nlisten_tls = [\"127.0.0.2:0\"]\ntls_cert = 'missing-cert.pem'\ntls_key = 'missing-key.pem'\n",
+        )
+        .replace("hosts = [\"a\"]", "hosts = [\"a2\"]");
+    assert!(tls.contains("a2"));
     std::fs::write(&path, tls).unwrap();
     let cert = s.reload_file().unwrap_err();
     for e in [&syntax, &cert] {
@@ -600,4 +604,20 @@ fn reload_refusals_read_alike_and_the_old_config_keeps_serving() {
     }
     assert!(cert.contains("missing-cert.pem"), "{cert}");
     assert_eq!(get_status(addr, "a"), 200, "the old config still serves");
+    assert_ne!(
+        get_status(addr, "a2"),
+        200,
+        "the refused one was not applied"
+    );
+    // A persisted change meanwhile is refused: the file on disk is not what runs.
+    let (_h, c) = admin_of(&s);
+    let r = c
+        .request(
+            "PUT",
+            "/api/v1/activities/tenants/a?persist=true",
+            Some(br#"{"weight": 70}"#),
+        )
+        .unwrap();
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("changed on disk"), "{}", r.text());
 }

@@ -24,7 +24,7 @@ pub struct ServeArgs {
     /// Worker threads (overrides the config).
     #[arg(long)]
     workers: Option<usize>,
-    /// Pin worker i to CPU i.
+    /// Pin worker i to CPU i (the disk readers then stay on the workers' CPUs, at nice 19).
     #[arg(long)]
     pin: bool,
     /// Scheduling bypass (FIFO, no accounting, no clock read per dispatch): a baseline for

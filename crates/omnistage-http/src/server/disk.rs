@@ -12,6 +12,9 @@
 //! per-message path of the workers never takes it. io_uring per core would remove the threads
 //! and the lock; this is the blocking-pool fallback the architecture allows.
 //!
+//! The readers are the server's threads: with pinned workers they stay on the workers' CPUs at
+//! nice 19, below the workers ([`READER_NICE`]).
+//!
 //! The `http.disk` stage ([`on_disk`]) is the way back: it runs on the connection's core, in
 //! the tenant's activity, queues the bytes read and writes on; [`submit_read`] is the way in.
 
@@ -69,7 +72,9 @@ struct Sched {
 /// attacked phase in its CPU's run queue, median of 4; 115 ms at nice 19, against 41 ms with
 /// the readers under SCHED_IDLE, which cut the attacker's large-file rate from ~425 to ~150
 /// MB/s: starving the disk stage whenever the workers are busy). At nice 19 a reader still
-/// gets about 1.5 % of a busy worker's CPU, and all of an idle one's.
+/// gets about 1.5 % of a busy worker's CPU, and all of an idle one's. Applied only when the
+/// workers are pinned ([`Runtime::enter_helper_thread`]); an unpinned server's readers keep
+/// the priority and CPUs they started with.
 const READER_NICE: i32 = 19;
 
 /// The pool.

@@ -745,19 +745,25 @@ impl Runtime {
     }
 
     /// Sets up the calling thread as one of the server's helper threads (a blocking disk
-    /// reader, say): when the workers are pinned, it is confined to their CPUs, so a pinned
-    /// server's helpers never take a CPU it was not given (a load generator's, a neighbour
-    /// process's); and it gets nice value `nice` (0 leaves it as it is), so the kernel runs a
-    /// worker ahead of it when both want the CPU. Failures are returned for the caller to
-    /// report: the thread still works where it is.
+    /// reader, say). Only when the workers are pinned (a server given its CPUs): the thread is
+    /// confined to the workers' CPUs, so the helpers never take a CPU the server was not given
+    /// (a load generator's, a neighbour process's), and it gets nice value `nice` (0 leaves it
+    /// as it is), so the kernel runs a worker ahead of it when both want the same CPU. With
+    /// unpinned workers the thread is left as it is: it shares the machine with everything
+    /// else, and a low priority there would rank it below every other process too. Both steps
+    /// are tried; the first failure is returned for the caller to report (the thread still
+    /// works where it is).
     pub fn enter_helper_thread(&self, nice: i32) -> std::io::Result<()> {
-        if !self.shared.worker_cpus.is_empty() {
-            sys::confine_to(&self.shared.worker_cpus)?;
+        if self.shared.worker_cpus.is_empty() {
+            return Ok(());
         }
-        if nice != 0 {
-            sys::set_thread_nice(nice)?;
-        }
-        Ok(())
+        let confined = sys::confine_to(&self.shared.worker_cpus);
+        let niced = if nice != 0 {
+            sys::set_thread_nice(nice)
+        } else {
+            Ok(())
+        };
+        confined.and(niced)
     }
 
     /// Nanoseconds since start by the runtime's clock.

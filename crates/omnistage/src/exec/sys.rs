@@ -1,5 +1,6 @@
-//! Thin wrappers over the OS calls the workers need: CPU pinning and the OS's own clocks of a
-//! thread (CPU time, run-queue wait), which the ledger uses as an independent check.
+//! Thin wrappers over the OS calls the workers and their helper threads need: CPU pinning and
+//! confinement, a thread's nice value, and the OS's own clocks of a thread (CPU time, run-queue
+//! wait, its CPU's steal), which the ledger uses as an independent check.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
