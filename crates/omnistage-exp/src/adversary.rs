@@ -366,13 +366,15 @@ struct Report {
     keep_awake: bool,
     /// omnistage's rounds left out of the verdicts because the hypervisor disturbed their alone
     /// or attacked phase (in either loop).
-    omnistage_rounds_disturbed: Vec<usize>,
+    omnistage_rounds_disturbed: Vec<String>,
 }
 
 /// Puts the calling thread (and the threads it creates after) under SCHED_IDLE when `idle`.
 fn lower_priority(idle: bool) {
     if idle {
-        harness::sched_idle_this_thread();
+        // Best effort: an attacker left at normal priority shows in the victim generator's
+        // run-queue column.
+        let _ = harness::sched_idle_this_thread();
     }
 }
 
@@ -1029,22 +1031,29 @@ fn p99_ratio(
         .then(|| attacked_p99_ms / alone_p99_ms)
 }
 
-/// Rounds in which `server`'s victim got no answer at all under the combined attack.
-/// The rounds of `server` with a ratio the verdicts read (the combined attack's, in either
-/// loop) left out as disturbed, in order. A disturbed per-kind phase does not count: no
+/// The ratios of `server` that the verdicts read (the combined attack's) and left out as
+/// disturbed, as "round (loop)", in order. A disturbed per-kind phase does not count: no
 /// verdict reads it.
-fn rounds_disturbed(phases: &[Phase], server: &str) -> Vec<usize> {
-    let mut rounds: Vec<usize> = phases
+fn rounds_disturbed(phases: &[Phase], server: &str) -> Vec<String> {
+    let mut rounds: Vec<(usize, &str)> = phases
         .iter()
         .filter(|p| p.server == server && p.ratio_disturbed)
-        .filter(|p| p.phase == "all" || p.phase == "closed-all")
-        .map(|p| p.round)
+        .filter_map(|p| match p.phase.as_str() {
+            "all" => Some((p.round, "open")),
+            "closed-all" => Some((p.round, "closed")),
+            _ => None,
+        })
         .collect();
     rounds.sort_unstable();
     rounds.dedup();
     rounds
+        .into_iter()
+        .map(|(round, lp)| format!("{round} ({lp})"))
+        .collect()
 }
 
+/// Rounds in which `server`'s victim got no answer at all under the combined attack (either
+/// loop; a round counts once).
 fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
     let mut rounds: Vec<usize> = phases
         .iter()
@@ -1329,7 +1338,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
     let stretch_p99_us = {
         let v: Vec<f64> = phases
             .iter()
-            .filter(|p| p.server == "omnistage" && p.phase == "all")
+            .filter(|p| p.server == "omnistage" && p.phase == "all" && !p.ratio_disturbed)
             .filter_map(|p| p.stretches.as_ref().map(Stretches::p99_us))
             .collect();
         (!v.is_empty()).then(|| Spread::of(&v).median)
@@ -1565,8 +1574,19 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             "**Goal not met**: omnistage's victim got no answer at all under the combined attack in {} of {} rounds.",
             r.omnistage_victim_unanswered_rounds, r.repeats
         ),
-        _ if !r.omnistage_rounds_disturbed.is_empty() => {
-            "**Goal not judged**: the hypervisor disturbed every round (below).".into()
+        _ if r
+            .phases
+            .iter()
+            .filter(|p| p.server == "omnistage" && p.phase == "all")
+            .all(|p| p.ratio_disturbed) =>
+        {
+            format!(
+                "**Goal not judged**: the hypervisor disturbed every round's open loop (below){}.",
+                r.omnistage_closed_p99_ratio
+                    .map_or(String::new(), |c| format!(
+                        "; in closed loop the victim's p99 under attack was {c:.2}× alone"
+                    ))
+            )
         }
         _ => "Goal not judged: no p99 alone to compare with.".into(),
     };
@@ -1598,18 +1618,16 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "A phase in which the hypervisor took more than {:.0} % of the measured window from the server's CPU or the \
          clients' (steal, by /proc/stat, in 10 ms ticks) is marked disturbed: the p99 is the slowest 1 % of the \
          victim's requests, and that much stolen time can be the whole tail by itself. A round whose alone or attacked \
-         phase was disturbed is left out of the ratios' medians and the verdicts{}.",
+         phase was disturbed is left out of the ratios' medians and the verdicts{}. Victim errors and rounds \
+         without any answer count in every round, disturbed or not: stolen time delays answers, it does not \
+         lose them.",
         STEAL_DISTURBED_FRACTION * 100.0,
         if r.omnistage_rounds_disturbed.is_empty() {
             " (none was in this run)".to_string()
         } else {
             format!(
-                "; omnistage's rounds left out in this run: {}",
-                r.omnistage_rounds_disturbed
-                    .iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "; omnistage's ratios left out in this run, by round and loop: {}",
+                r.omnistage_rounds_disturbed.join(", ")
             )
         }
     );
@@ -1915,8 +1933,8 @@ mod tests {
         let all: Vec<Phase> = round1.into_iter().chain(round2).collect();
         assert_eq!(
             rounds_disturbed(&all, "omnistage"),
-            vec![1],
-            "only the verdicts' phases name a round"
+            vec!["1 (open)".to_string()],
+            "only the verdicts' phases name a round, with its loop"
         );
     }
 

@@ -789,7 +789,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                             .filter(|r| !r.is_empty())
                             .map_or("none".to_string(), |r| r
                                 .iter()
-                                .map(|x| x.to_string())
+                                .filter_map(|x| x.as_str())
                                 .collect::<Vec<_>>()
                                 .join(", "))
                     ),

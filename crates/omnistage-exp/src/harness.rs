@@ -1,6 +1,6 @@
 //! Shared set-up of the web experiments: the server with some tenants on one worker pinned to
-//! CPU 0, the in-process load generator pinned to CPU 1, ledger deltas, and the OS's view of
-//! the worker thread.
+//! CPU 0, the in-process load generator pinned to CPU 1, ledger deltas, the OS's view of the
+//! worker thread and of its CPU's steal, and thread placement (pinning, SCHED_IDLE).
 
 use clap::Parser;
 use omnistage::account::{CoreRow, Snapshot};
@@ -35,18 +35,18 @@ pub fn pin_this_thread(cpu: usize) {
 }
 
 /// Puts the calling thread (and the threads it creates after) under SCHED_IDLE: it runs only
-/// when nothing else on its CPU wants to, and a waking normal thread preempts it at once
-/// (best effort).
-pub fn sched_idle_this_thread() {
+/// when nothing else on its CPU wants to, and a waking normal thread preempts it at once.
+/// Returns whether the kernel took it.
+pub fn sched_idle_this_thread() -> bool {
     #[cfg(target_os = "linux")]
     {
         let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: sched_setscheduler with pid 0 changes only the calling thread's policy on
         // Linux; it reads the local `param` and writes no memory of ours.
-        unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
-        }
+        unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0 }
     }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 /// Pins the calling thread to [`LOAD_CPU`] (best effort).

@@ -4,7 +4,7 @@
 //! tenant's activity over the measured window) and compared with the configured rate: the
 //! linear fit's R² and slope per kind. The ledger is also sampled every 100 ms: the most bytes
 //! sent in any window relative to the rate times that window's length (the leaky bucket should
-//! never exceed its rate; charging after the write lets one 16 KiB send quantum through over).
+//! exceed its rate by no more than one grain and its catch-up allowance, 1.03× at 100 ms).
 //! Every (kind, rate) series runs `--repeats` times, each judged on its own fit. Then downloads:
 //! one connection, and `--conns` at once, each reading one response longer than the run at
 //! `--download-rate`, judged within 3 % of the cap and never above it (a user's `curl`).
@@ -90,8 +90,8 @@ struct Fit {
     max_window_ratio: f64,
     client_max_window_ratio: f64,
     /// Both fits with slope in [`SLOPE_MIN`, `SLOPE_MAX`] and R² ≥ [`GOAL_R2`] (and, leaky,
-    /// no 100 ms ledger window above the rate by more than one grain, nor a client window by
-    /// more than one grain and [`CLIENT_LATE`] of the rate).
+    /// no 100 ms ledger window above the rate by more than one grain and the catch-up
+    /// allowance, nor a client window by more than that and [`CLIENT_LATE`] of the rate).
     goal_met: bool,
 }
 
@@ -155,7 +155,7 @@ struct Download {
     /// The same for the clients' figure, with [`CLIENT_LATE`] of the rate added.
     client_allowance_ratio: f64,
     /// Ledger's and clients' achieved / cap within [`DOWNLOAD_MIN_RATIO`, 1 + allowance], and
-    /// (leaky) every 100 ms window within its grain.
+    /// (leaky) every 100 ms window within its grain and catch-up allowance.
     goal_met: bool,
 }
 
