@@ -869,8 +869,8 @@ fn phase(
     let srv0 = tg.schedstat.as_deref().and_then(runqueue_ns);
     let steal = || {
         (
-            harness::cpu_steal_ns(nginx::SERVER_CPU),
-            harness::cpu_steal_ns(harness::LOAD_CPU),
+            omnistage::exec::cpu_steal_ns(nginx::SERVER_CPU),
+            omnistage::exec::cpu_steal_ns(harness::LOAD_CPU),
         )
     };
     let steal0 = steal();

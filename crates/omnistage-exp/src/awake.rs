@@ -4,8 +4,10 @@
 //! delay is counted as steal and lands on whatever woke the CPU (a request's arrival, a load
 //! generator's timer). A phase whose CPUs are often idle (`exp adversary`'s victim alone, at a
 //! third of the server's CPU) pays it; a phase whose CPUs are busy (under attack) does not, so
-//! the delay flattered the attacked/alone ratio. Measured on the 2-vCPU VM (4 alternating runs
-//! each of `exp adversary --victim-rate 13000 --repeats 1 --closed-loop false`): the alone
+//! the delay flattered the attacked/alone ratio. Measured on the 2-vCPU VM with spinners
+//! started by hand (`chrt --idle`; `--keep-awake true|false` now runs the same comparison), 4
+//! alternating runs each of `exp adversary --victim-rate 13000 --repeats 1 --closed-loop
+//! false`: the alone
 //! phase's steal on the server's CPU was 30–700 ms of 3 s and its send→kernel p99 0.30–33 ms
 //! with the CPUs free to halt; 0 ms and 0.19–0.33 ms with a spinner on each.
 //!

@@ -1,6 +1,6 @@
 //! Shared set-up of the web experiments: the server with some tenants on one worker pinned to
 //! CPU 0, the in-process load generator pinned to CPU 1, ledger deltas, the OS's view of the
-//! worker thread and of its CPU's steal, and thread placement (pinning, SCHED_IDLE).
+//! worker thread, and thread placement (pinning, SCHED_IDLE).
 
 use clap::Parser;
 use omnistage::account::{CoreRow, Snapshot};
@@ -243,28 +243,6 @@ impl ThreadStat {
     }
 }
 
-/// The length of one clock tick (`sysconf(_SC_CLK_TCK)`), in which /proc/stat counts steal.
-pub fn steal_tick_ns() -> u64 {
-    // SAFETY: sysconf reads a constant of the C library; no memory is passed.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    1_000_000_000 / u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100)
-}
-
-/// Time the hypervisor has taken from `cpu` so far (steal, by /proc/stat, in whole clock
-/// ticks), ns; `None` where the kernel does not say.
-pub fn cpu_steal_ns(cpu: usize) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    steal_of(&text, cpu).map(|ticks| ticks * steal_tick_ns())
-}
-
-/// The steal field (ticks) of `cpuN` in /proc/stat's text.
-fn steal_of(stat: &str, cpu: usize) -> Option<u64> {
-    let label = format!("cpu{cpu} ");
-    let line = stat.lines().find(|l| l.starts_with(&label))?;
-    // cpuN user nice system idle iowait irq softirq steal ...
-    line.split_ascii_whitespace().nth(8)?.parse().ok()
-}
-
 /// Median of a list (mean of the middle two for an even count); 0 for none.
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
@@ -289,16 +267,6 @@ pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn steal_is_the_eighth_field_of_its_cpu() {
-        let stat =
-            "cpu  10 0 5 100 0 0 0 9 0 0\ncpu0 5 0 2 50 0 0 0 3 0 0\ncpu1 5 0 3 50 0 0 0 6 0 0\n";
-        assert_eq!(steal_of(stat, 0), Some(3));
-        assert_eq!(steal_of(stat, 1), Some(6));
-        assert_eq!(steal_of(stat, 2), None);
-        assert_eq!(steal_of("cpu0 1 2\n", 0), None, "a short line");
-    }
 
     #[test]
     fn median_odd_even_empty() {

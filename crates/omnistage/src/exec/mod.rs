@@ -41,7 +41,7 @@ mod wake_queue;
 mod worker;
 
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
-pub use sys::thread_cpu_ns;
+pub use sys::{cpu_steal_ns, thread_cpu_ns};
 pub use worker::{Ctx, DeferredResponse, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
 
 use crate::account::{
