@@ -103,6 +103,10 @@ pub struct AdversaryArgs {
     /// victim at half the server's capacity asks for exactly its share, with no slack.
     #[arg(long, default_value_t = 100)]
     victim_weight: u32,
+    /// The server's `wake_credit_us` (CPU µs a tenant that was idle may take ahead of the busy
+    /// one; default: the server's default).
+    #[arg(long, default_value_t = omnistage_http::config::WAKE_CREDIT_US_DEFAULT)]
+    wake_credit_us: u64,
     /// Victim rate, requests/s (overrides --victim-cpu; no capacity or sizing run).
     #[arg(long)]
     victim_rate: Option<f64>,
@@ -307,6 +311,7 @@ struct Report {
     victim_conns: usize,
     victim_cpu: f64,
     victim_weight: u32,
+    wake_credit_us: u64,
     victim_spin_us: u64,
     small_file_bytes: usize,
     large_file_bytes: usize,
@@ -1071,9 +1076,9 @@ fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
 /// The phases under the combined attack that the goal is judged on (open and closed loop).
 const ATTACKED: [&str; 2] = ["all", "closed-all"];
 
-fn omnistage_toml(root: &Path, victim_weight: u32) -> (String, String) {
+fn omnistage_toml(root: &Path, victim_weight: u32, wake_credit_us: u64) -> (String, String) {
     let server = format!(
-        "connections_max = {SERVER_CONNECTIONS_MAX}\nheader_timeout_ms = {HEADER_TIMEOUT_MS}\nkeepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}\n"
+        "connections_max = {SERVER_CONNECTIONS_MAX}\nheader_timeout_ms = {HEADER_TIMEOUT_MS}\nkeepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}\nwake_credit_us = {wake_credit_us}\n"
     );
     let tenants = [("victim", victim_weight), ("adversary", 100)]
         .iter()
@@ -1107,6 +1112,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
     if !(0.3..=600.0).contains(&a.common.seconds)
         || !(0.05..=0.95).contains(&a.victim_cpu)
         || !(1..=10_000).contains(&a.victim_weight)
+        || a.wake_credit_us > omnistage_http::config::WAKE_CREDIT_US_MAX as u64
         || a.victim_rate.is_some_and(|r| !(1.0..=1e6).contains(&r))
         || a.victim_spin_us > omnistage_load::args::MAX_SPIN_US
         || !(0.2..=60.0).contains(&a.pick_seconds)
@@ -1162,7 +1168,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         std::fs::write(root.join(SMALL), vec![b'v'; SMALL_BYTES]).map_err(|e| e.to_string())?;
         let big: Vec<u8> = (0..a.large_bytes).map(|i| b'a' + (i % 26) as u8).collect();
         std::fs::write(root.join(LARGE), big).map_err(|e| e.to_string())?;
-        let (server_toml, tenants_toml) = omnistage_toml(&root, a.victim_weight);
+        let (server_toml, tenants_toml) = omnistage_toml(&root, a.victim_weight, a.wake_credit_us);
         let (server, addr) = cfgweb::start(&server_toml, &tenants_toml)?;
         let rt = server.runtime();
         let ids = (
@@ -1358,6 +1364,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         victim_conns: VICTIM_CONNS,
         victim_cpu: a.victim_cpu,
         victim_weight: a.victim_weight,
+        wake_credit_us: a.wake_credit_us,
         victim_spin_us: a.victim_spin_us,
         small_file_bytes: SMALL_BYTES,
         large_file_bytes: a.large_bytes,
@@ -1687,10 +1694,10 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 "Two virtual hosts on one server, victim.test and adversary.test. omnistage: one worker pinned to CPU 0, \
                  tenants of weight {} (victim) and 100 (adversary), each with `connections_max = {TENANT_CONNECTIONS_MAX}`, the server's \
                  `connections_max = {SERVER_CONNECTIONS_MAX}`, `header_timeout_ms = {HEADER_TIMEOUT_MS}`, \
-                 `keepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}` (the defaults). nginx: one worker on CPU 0, two \
+                 `keepalive_timeout_ms = {KEEPALIVE_TIMEOUT_MS}` (the defaults), `wake_credit_us = {}`. nginx: one worker on CPU 0, two \
                  `server_name` blocks with `client_header_timeout 10s; keepalive_timeout 5s; send_timeout 10s;`, \
                  sendfile and open_file_cache as its pre-run picked (below), no access log, {SERVER_CONNECTIONS_MAX} worker connections.",
-                r.victim_weight
+                r.victim_weight, r.wake_credit_us
             ),
             format!(
                 "Victim: {VICTIM_CONNS} keep-alive connections, open loop (latency from each request's scheduled \

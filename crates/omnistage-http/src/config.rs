@@ -35,6 +35,9 @@
 //!                                   # does not load refuses the reload, the old keeps serving
 //! body_bytes_max = 10485760         # 0..=1 TiB; a request body larger than this (on a proxied
 //!                                   # route) is answered 413 before it reaches a backend
+//! wake_credit_us = 1000             # 0..=1,000,000 µs of CPU a tenant that was idle may take
+//!                                   # ahead of busy ones (its burst served at once, not at its
+//!                                   # share; never more than its share over time); restart only
 //!
 //! [[upstream]]                      # optional, ≤ 256: backends that tenants are proxied to
 //! name = "app"                      # [a-z0-9_-]{1,64}, unique; named by a tenant's `upstream`
@@ -133,6 +136,13 @@ use toml::Spanned;
 
 /// Most reads in flight on the disk stage.
 pub const DISK_THREADS_MAX: i64 = 64;
+/// `wake_credit_us`'s bound: the scheduler's own ([`omnistage::sched::WAKE_CREDIT_MAX`], 1 s).
+pub const WAKE_CREDIT_US_MAX: i64 = (omnistage::sched::WAKE_CREDIT_MAX / 1_000) as i64;
+/// `wake_credit_us`'s default: 1 ms. Measured by `exp adversary` (many-conns and the combined
+/// attack, equal weights): with no credit the victim's bursts alternate with the attacker's
+/// dispatches and its send→kernel p99 under attack was 0.7-2.2× alone; with 300 µs 0.65-4.5×
+/// (median ~1.0), with 1 ms 0.76-1.16× (docs/design.md, "Wake credit").
+pub const WAKE_CREDIT_US_DEFAULT: u64 = 1_000;
 /// Most listeners of the server.
 pub const LISTENERS_MAX: usize = 64;
 /// Most worker threads.
@@ -289,6 +299,9 @@ pub struct ServerConfig {
     pub tls_key: Option<PathBuf>,
     /// Largest request body accepted on a proxied route (413 beyond).
     pub body_bytes_max: u64,
+    /// CPU time a tenant that was idle may take ahead of the busy ones, µs (the scheduler's
+    /// wake credit, [`omnistage::sched::Tree::set_wake_credit`]).
+    pub wake_credit_us: u64,
 }
 
 impl ServerConfig {
@@ -323,6 +336,7 @@ impl Default for ServerConfig {
             tls_cert: None,
             tls_key: None,
             body_bytes_max: 10 << 20,
+            wake_credit_us: WAKE_CREDIT_US_DEFAULT,
         }
     }
 }
@@ -671,6 +685,7 @@ struct RawServer {
     tls_cert: Option<Spanned<String>>,
     tls_key: Option<Spanned<String>>,
     body_bytes_max: Option<Spanned<i64>>,
+    wake_credit_us: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -1202,6 +1217,9 @@ fn server_config(
         body_bytes_max: c
             .opt_int_in(&s.body_bytes_max, "body_bytes_max", 0, BODY_BYTES_MAX)?
             .map_or(d.body_bytes_max, |n| n as u64),
+        wake_credit_us: c
+            .opt_int_in(&s.wake_credit_us, "wake_credit_us", 0, WAKE_CREDIT_US_MAX)?
+            .map_or(d.wake_credit_us, |n| n as u64),
     })
 }
 
@@ -1798,6 +1816,7 @@ cpu_cap = 2
         assert_eq!(u.connect_timeout, Duration::from_millis(1000));
         assert_eq!(u.response_timeout, Duration::from_millis(30_000));
         assert_eq!(c.server.body_bytes_max, 10 << 20);
+        assert_eq!(c.server.wake_credit_us, WAKE_CREDIT_US_DEFAULT);
         let t = &c.tenants[0];
         assert_eq!((t.upstream, t.upstream_for("/x")), (Some(0), Some(0)));
         let c = parse_config(&format!(
@@ -1850,6 +1869,14 @@ cpu_cap = 2
             (
                 "[server]\nbody_bytes_max = -1\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
                 "body_bytes_max -1 is outside",
+            ),
+            (
+                "[server]\nwake_credit_us = 1000001\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
+                "wake_credit_us 1000001 is outside 0..=1000000",
+            ),
+            (
+                "[server]\nwake_credit_us = -1\n[[tenant]]\nname = \"a\"\ndocroot = \".\"\n".into(),
+                "wake_credit_us -1 is outside",
             ),
         ] {
             let e = err(&text);

@@ -1692,20 +1692,25 @@ fn reload_applies_and_names_what_waits_for_a_restart() {
     ];
     let text = config_text("", &tables).replace(
         "listen = [\"127.0.0.1:0\"]",
-        "listen = [\"127.0.0.1:0\", \"127.0.0.2:0\"]\nworkers = 3",
+        "listen = [\"127.0.0.1:0\", \"127.0.0.2:0\"]\nworkers = 3\nwake_credit_us = 7",
     );
     for _ in 0..2 {
         let r = ts
             .server()
             .reload(parse_config(&text).unwrap())
             .expect("the reload applies");
-        assert_eq!(r.not_applied.len(), 2, "{r:?}");
+        assert_eq!(r.not_applied.len(), 3, "{r:?}");
         assert!(
             r.not_applied[0].contains("[server] listen changes only on restart")
                 && r.not_applied[0].contains("127.0.0.2:0"),
             "{r:?}"
         );
         assert!(r.not_applied[1].contains("workers"), "{r:?}");
+        assert!(
+            r.not_applied[2]
+                .contains("wake_credit_us changes only on restart: still 1000 (the file says 7)"),
+            "{r:?}"
+        );
         // The tenants' change applied, on the listener that runs.
         assert_eq!(c.get("/hello.txt", "c.test").body, b"hello from a\n");
     }

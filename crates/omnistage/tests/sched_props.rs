@@ -753,6 +753,151 @@ proptest! {
     }
 }
 
+// 5b. A wake credit: a waking client takes up to its credit ahead, never more
+// ---------------------------------------------------------------------------------------------
+//
+// With `Tree::set_wake_credit(c)`, A's tag on waking is clamped to V - c/w_A instead of V. The
+// argument of 5 then starts from 0 <= S_B - S_A <= c/w_A + l_B/w_B, so A may run ahead of B by
+// c/w_A more than the bound of 5 allows, and never further. B, which never slept, is never
+// behind by more than the bound of 5 either way. And A does take its credit (SFQ), as far as it
+// missed service while idle (its own tag is not lowered): it is served until its tag passes
+// B's, so at some point dW_A/w_A - dW_B/w_B >= min(c/w_A, missed) less a cost of each side at
+// both ends (the wake's V is the start of B's last dispatch, and the run ends a dispatch short).
+
+proptest! {
+    #![proptest_config(cfg(128))]
+
+    #[test]
+    fn a_waking_client_takes_at_most_its_wake_credit(
+        kind in fq_policy(),
+        wa in 1u32..=10_000,
+        wb in 1u32..=10_000,
+        ca in 1u64..=100_000,
+        cb in 1u64..=100_000,
+        // Up to 500 dispatches' worth at the minimum cost (200): the 1,000 steps below
+        // outlast the run a credit buys.
+        credit in 0u64..=100_000,
+        seed in any::<u64>(),
+    ) {
+        let weights = [wa, wb];
+        let caps = [ca, cb];
+        let mut f = Flat::new(kind, &weights);
+        f.tree.set_wake_credit(credit);
+        prop_assert_eq!(f.tree.wake_credit(), credit);
+        let mut rng = Rng(seed);
+        for _ in 0..50 {
+            f.step(|i| rng.range(1, caps[i]));
+        }
+        f.tree.leaf_idle(f.leaves[0]);
+        let idle_from = f.charged();
+        for _ in 0..2000 {
+            let i = f.step(|i| rng.range(1, caps[i]));
+            prop_assert_eq!(i, 1, "idle leaf picked");
+        }
+        f.tree.leaf_ready(f.leaves[0], f.now);
+        let base = f.charged();
+        let credit_a = credit as f64 / f64::from(wa);
+        // What A missed while idle (B's normalized service then): a credit returns no more.
+        let missed = (base[1] - idle_from[1]) as f64 / f64::from(wb);
+        let mut ahead_max = f64::MIN;
+        for step in 0..1000 {
+            f.step(|i| rng.range(1, caps[i]));
+            let norm = f.norm_since(&base, &weights);
+            let (la, lb) = (lw(&f.lmax, &weights, 0), lw(&f.lmax, &weights, 1));
+            let bound = wake_bound(kind, la, lb);
+            let ahead = norm[0] - norm[1];
+            ahead_max = ahead_max.max(ahead);
+            // The head start is the credit, or what A missed if that is less (its tag stood
+            // within a cost of each side of V when it went idle).
+            let head_start = credit_a.min(missed + la + lb);
+            prop_assert!(
+                ahead <= bound + head_start && -ahead <= bound,
+                "{:?}: {} dispatches after A woke with credit {}: dW_A/w_A - dW_B/w_B = {:.3}, \
+                 allowed -{:.3}..={:.3}",
+                kind, step, credit, ahead, bound, bound + head_start
+            );
+        }
+        if kind == PolicyKind::Sfq {
+            let (la, lb) = (lw(&f.lmax, &weights, 0), lw(&f.lmax, &weights, 1));
+            prop_assert!(
+                ahead_max >= credit_a.min(missed) - 2.0 * (la + lb) - VT_TOL,
+                "SFQ: A woke with credit {} ({:.3} normalized, {:.3} missed) but got at most \
+                 {:.3} ahead",
+                credit, credit_a, missed, ahead_max
+            );
+        }
+    }
+}
+
+/// The credit in numbers (SFQ, equal weights, equal costs): B busy alone, then A wakes with a
+/// credit of ten dispatches. A is served eleven times in a row (its credit, and the one
+/// dispatch any waking client gets at V), then the two alternate; without a credit, once.
+#[test]
+fn a_wake_credit_serves_a_burst_at_once() {
+    for (credit, run_want) in [(0u64, 1usize), (10_000, 11)] {
+        let mut f = Flat::new(PolicyKind::Sfq, &[1, 1]);
+        f.tree.set_wake_credit(credit);
+        f.tree.leaf_idle(f.leaves[0]);
+        for _ in 0..50 {
+            assert_eq!(f.step(|_| 1_000), 1);
+        }
+        f.tree.leaf_ready(f.leaves[0], f.now);
+        let order: Vec<usize> = (0..run_want + 6).map(|_| f.step(|_| 1_000)).collect();
+        let run = order.iter().take_while(|&&i| i == 0).count();
+        assert_eq!(run, run_want, "credit {credit}: {order:?}");
+        assert_eq!(
+            order[run..],
+            [1, 0, 1, 0, 1, 0],
+            "credit {credit}: {order:?}"
+        );
+    }
+}
+
+/// The credit is a setting of the whole tree: nodes made before and after it, and a node whose
+/// policy is replaced, all use it; a value past the bound is clamped.
+#[test]
+fn the_wake_credit_reaches_every_fair_queue_node() {
+    let mut tree = Tree::new(PolicyKind::Sfq);
+    let root = tree.root();
+    let before = tree
+        .add_interior(root, ClientParams::weight(1), PolicyKind::Sfq)
+        .unwrap();
+    tree.set_wake_credit(u64::MAX);
+    assert_eq!(tree.wake_credit(), omnistage::sched::WAKE_CREDIT_MAX);
+    tree.set_wake_credit(5_000);
+    let after = tree
+        .add_interior(root, ClientParams::weight(1), PolicyKind::Wfq)
+        .unwrap();
+    tree.set_policy(before, PolicyKind::Fifo).unwrap();
+    tree.set_policy(before, PolicyKind::Sfq).unwrap();
+    // Under each interior node: B busy alone, then A wakes and takes its 5 dispatches of
+    // credit plus one before B is served again.
+    for node in [before, after] {
+        let a = tree.add_leaf(node, ClientParams::weight(1)).unwrap();
+        let b = tree.add_leaf(node, ClientParams::weight(1)).unwrap();
+        let mut now = 0;
+        fn step(tree: &mut Tree, now: &mut u64) -> NodeId {
+            let leaf = tree.pick(*now).unwrap();
+            *now += 1_000;
+            tree.charge(leaf, 1_000, true, *now);
+            leaf
+        }
+        tree.leaf_ready(b, now);
+        for _ in 0..20 {
+            assert_eq!(step(&mut tree, &mut now), b);
+        }
+        tree.leaf_ready(a, now);
+        let run = (0..10)
+            .map(|_| step(&mut tree, &mut now))
+            .take_while(|&l| l == a)
+            .count();
+        assert_eq!(run, 6, "node {node}");
+        // Leave the node idle for the next one.
+        tree.leaf_idle(a);
+        tree.leaf_idle(b);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Weight changes take effect at the next decision
 // ---------------------------------------------------------------------------------------------

@@ -190,7 +190,8 @@ impl Server {
         let mut b = Runtime::builder()
             .workers(workers)
             .pin(opts.pin)
-            .bypass(opts.bypass);
+            .bypass(opts.bypass)
+            .wake_credit_ns(config.server.wake_credit_us.saturating_mul(1_000));
         let stages_cell: Arc<std::sync::OnceLock<Stages>> = Arc::new(std::sync::OnceLock::new());
         let boot = {
             let shared = shared.clone();

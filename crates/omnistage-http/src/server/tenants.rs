@@ -297,6 +297,7 @@ pub(super) struct RestartOnly {
     listen: Vec<SocketAddr>,
     listen_tls: Vec<SocketAddr>,
     workers: Option<usize>,
+    wake_credit_us: u64,
 }
 
 impl RestartOnly {
@@ -305,6 +306,7 @@ impl RestartOnly {
             listen: s.listen.clone(),
             listen_tls: s.listen_tls.clone(),
             workers: s.workers,
+            wake_credit_us: s.wake_credit_us,
         }
     }
 
@@ -333,6 +335,12 @@ impl RestartOnly {
                 "[server] workers changes only on restart: still {} (the file says {})",
                 show(self.workers),
                 show(new.workers)
+            ));
+        }
+        if self.wake_credit_us != new.wake_credit_us {
+            out.push(format!(
+                "[server] wake_credit_us changes only on restart: still {} (the file says {})",
+                self.wake_credit_us, new.wake_credit_us
             ));
         }
         out

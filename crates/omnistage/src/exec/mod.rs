@@ -356,6 +356,8 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
     pub(crate) min_cost_ns: u64,
+    /// Every fair-queue node's wake credit, ns ([`Builder::wake_credit_ns`]).
+    pub(crate) wake_credit_ns: u64,
     /// The task stage and its settings, if the runtime runs tasks ([`Builder::tasks`]).
     pub(crate) tasks: Option<task::TaskShared>,
     /// The CPUs the workers are pinned to, in core order (empty when they are not pinned).
@@ -538,6 +540,7 @@ pub struct Builder {
     pin: bool,
     bypass: bool,
     min_cost_ns: u64,
+    wake_credit_ns: u64,
     affinity_ttl_ns: u64,
     stages: Vec<StageMeta>,
     factories: Vec<HandlerFactory>,
@@ -554,6 +557,7 @@ impl Default for Builder {
             pin: false,
             bypass: false,
             min_cost_ns: crate::sched::MIN_COST_DEFAULT,
+            wake_credit_ns: 0,
             affinity_ttl_ns: 10_000_000_000,
             stages: Vec::new(),
             factories: Vec::new(),
@@ -585,6 +589,15 @@ impl Builder {
     /// Minimum charge per dispatch, ns.
     pub fn min_cost_ns(mut self, ns: u64) -> Self {
         self.min_cost_ns = ns;
+        self
+    }
+    /// CPU time an activity that wakes may take ahead of the activities that stayed busy, ns
+    /// (every fair-queue node of every core's tree; [`crate::sched::Tree::set_wake_credit`]):
+    /// a light activity's burst is then served at once rather than at its share, while no
+    /// activity gets more than its share over time. 0 (the default) banks nothing; clamped to
+    /// [`crate::sched::WAKE_CREDIT_MAX`].
+    pub fn wake_credit_ns(mut self, ns: u64) -> Self {
+        self.wake_credit_ns = ns.min(crate::sched::WAKE_CREDIT_MAX);
         self
     }
     /// How long an affinity mapping lives after its last use.
@@ -702,6 +715,7 @@ impl Builder {
             stopping: AtomicBool::new(false),
             bypass: self.bypass,
             min_cost_ns: self.min_cost_ns,
+            wake_credit_ns: self.wake_credit_ns,
             tasks: self.tasks,
             worker_cpus,
         });

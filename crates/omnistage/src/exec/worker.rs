@@ -523,6 +523,7 @@ impl CoreState {
         let root_policy = table.get(ROOT).expect("root").spec.policy;
         let mut tree = Tree::new(root_policy);
         tree.set_min_cost(shared.min_cost_ns);
+        tree.set_wake_credit(shared.wake_credit_ns);
         let mut activities = IdMap::default();
         for a in table.iter() {
             activities.insert(

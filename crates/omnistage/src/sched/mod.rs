@@ -31,7 +31,7 @@ pub use policy::{
     VT_SCALE, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN,
 };
 pub use shaper::{Shaper, ShaperKind, ShaperLost, ShaperSpec, LEAKY_CATCH_UP_NS};
-pub use tree::{NodeId, NodeStats, Tree, TreeError, MIN_COST_DEFAULT};
+pub use tree::{NodeId, NodeStats, Tree, TreeError, MIN_COST_DEFAULT, WAKE_CREDIT_MAX};
 
 /// Hints the CPU to load the cache line at `ptr`. Only a hint: no effect on results, none at all
 /// off x86-64; the pointer may be dangling or past the end (it is never dereferenced).

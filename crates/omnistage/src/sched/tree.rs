@@ -25,6 +25,11 @@ pub const MIN_COST_DEFAULT: u64 = 200;
 /// Largest number of nodes in one tree (a limit on memory and on ids).
 pub const NODES_MAX: usize = 1 << 22;
 
+/// Largest wake credit, cost units (1 s of CPU in ns): the credit is a burst allowance, and a
+/// larger one would let a waking client hold a node for longer than any latency goal; the
+/// bound also keeps `credit * VT_SCALE` far from overflow.
+pub const WAKE_CREDIT_MAX: u64 = 1_000_000_000;
+
 /// Trees with at least this many nodes warm the next pick's path after each charge
 /// ([`Tree::warm_next_pick`]) and hint a parent's next child when one is made ready
 /// ([`hint_next_child`]). Smaller trees stay in the caches, where that work is only cost
@@ -133,6 +138,8 @@ pub struct Tree {
     /// Shaped nodes waiting for their bucket: (eligible time, node).
     throttled: BinaryHeap<Reverse<(u64, NodeId)>>,
     min_cost: u64,
+    /// Every fair-queue node's wake credit, cost units ([`Tree::set_wake_credit`]).
+    wake_credit: u64,
     /// The leaf taken by `pick` and not yet charged.
     in_service: Option<NodeId>,
 }
@@ -161,6 +168,7 @@ impl Tree {
             root: 0,
             throttled: BinaryHeap::new(),
             min_cost: MIN_COST_DEFAULT,
+            wake_credit: 0,
             in_service: None,
         }
     }
@@ -176,6 +184,31 @@ impl Tree {
 
     pub fn min_cost(&self) -> u64 {
         self.min_cost
+    }
+
+    /// Sets the wake credit of every fair-queue node, now and later (cost units): a client
+    /// that wakes may take that much service ahead of the clients that stayed busy
+    /// ([`super::FairQueue::set_wake_credit`]). 0, the default, banks nothing. Bounded by
+    /// [`WAKE_CREDIT_MAX`] (a larger value is clamped).
+    pub fn set_wake_credit(&mut self, credit: u64) {
+        let credit = credit.min(WAKE_CREDIT_MAX);
+        self.wake_credit = credit;
+        for n in self.nodes.iter_mut().flatten() {
+            if let Kind::Interior(i) = &mut n.kind {
+                i.policy.set_wake_credit(credit);
+            }
+        }
+    }
+
+    pub fn wake_credit(&self) -> u64 {
+        self.wake_credit
+    }
+
+    /// A new node's policy, with the tree's wake credit.
+    fn new_policy(&self, kind: PolicyKind) -> AnyPolicy {
+        let mut policy = AnyPolicy::new(kind);
+        policy.set_wake_credit(self.wake_credit);
+        policy
     }
 
     fn node(&self, id: NodeId) -> Result<&Node, TreeError> {
@@ -440,7 +473,7 @@ impl Tree {
             parent,
             params,
             Kind::Interior(Box::new(Interior {
-                policy: AnyPolicy::new(policy),
+                policy: self.new_policy(policy),
                 children: Vec::new(),
                 free_slots: Vec::new(),
                 child_count: 0,
@@ -506,7 +539,7 @@ impl Tree {
                 .collect(),
             Kind::Leaf { .. } => return Err(TreeError::NotInterior(id)),
         };
-        let mut policy = AnyPolicy::new(kind);
+        let mut policy = self.new_policy(kind);
         for &(slot, child) in &children {
             policy.add_client(slot, &self.params[child as usize]);
             let c = self.n(child);
