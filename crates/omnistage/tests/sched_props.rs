@@ -687,7 +687,7 @@ fn shaper_rate_change_applies_to_throttled_node() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. Idle clients bank no credit
+// 5. Idle clients bank no credit (with the default wake credit of 0)
 // ---------------------------------------------------------------------------------------------
 //
 // After A wakes, over the interval in which both are backlogged:
@@ -853,13 +853,83 @@ fn a_wake_credit_serves_a_burst_at_once() {
     }
 }
 
-/// The credit is a setting of the whole tree: nodes made before and after it, and a node whose
-/// policy is replaced, all use it; a value past the bound is clamped.
+/// The credit returns only what a client missed: A idle while B is served 3 times (equal
+/// weights and costs) takes 3 dispatches in a row with a credit of 10, 2 with a credit of 1,
+/// and 1 with none (the one any waking client gets at V).
+#[test]
+fn a_wake_credit_returns_no_more_than_was_missed() {
+    for (credit, run_want) in [(0u64, 1usize), (1_000, 2), (2_000, 3), (10_000, 3)] {
+        let mut f = Flat::new(PolicyKind::Sfq, &[1, 1]);
+        f.tree.set_wake_credit(credit);
+        for _ in 0..4 {
+            f.step(|_| 1_000);
+        }
+        f.tree.leaf_idle(f.leaves[0]);
+        for _ in 0..3 {
+            assert_eq!(f.step(|_| 1_000), 1);
+        }
+        f.tree.leaf_ready(f.leaves[0], f.now);
+        let order: Vec<usize> = (0..run_want + 4).map(|_| f.step(|_| 1_000)).collect();
+        let run = order.iter().take_while(|&&i| i == 0).count();
+        assert_eq!(run, run_want, "credit {credit}: {order:?}");
+        assert_eq!(
+            order[run..run + 4],
+            [1, 0, 1, 0],
+            "credit {credit}: {order:?}"
+        );
+    }
+}
+
+/// The credit with shared tags (the runtime's activities all have one): a client added with a
+/// fresh tag (a new or moved activity's starts at 0) has missed nothing and gets no credit; one
+/// that went idle gets what it missed, as with a local tag.
+#[test]
+fn a_wake_credit_with_shared_tags() {
+    let shared = |tag: &Arc<SharedTag>| ClientParams {
+        weight: 1,
+        priority: 0,
+        shared: Some(tag.clone()),
+    };
+    let mut p = FairQueue::new(FairQueueMode::Start);
+    p.set_wake_credit(10_000);
+    let b_tag = Arc::new(SharedTag::new(0));
+    p.add_client(1, &shared(&b_tag));
+    p.client_ready(1);
+    for _ in 0..20 {
+        assert_eq!(p.schedule(), Some(1));
+        p.resource_record(1, 1_000, true);
+    }
+    let a_tag = Arc::new(SharedTag::new(0));
+    p.add_client(0, &shared(&a_tag));
+    assert_eq!(a_tag.load(), p.virtual_time(), "a new client starts at V");
+    p.client_ready(0);
+    // Served once at V (its tag ties B's after that, and B queued first), then idle.
+    assert_eq!(p.schedule(), Some(0));
+    p.resource_record(0, 1_000, false);
+    for _ in 0..3 {
+        assert_eq!(p.schedule(), Some(1));
+        p.resource_record(1, 1_000, true);
+    }
+    p.client_ready(0);
+    let mut order = Vec::new();
+    for _ in 0..7 {
+        let id = p.schedule().unwrap();
+        p.resource_record(id, 1_000, true);
+        order.push(id);
+    }
+    assert_eq!(order, [0, 0, 0, 1, 0, 1, 0], "missed 3 dispatches, took 3");
+}
+
+/// The credit is a setting of the whole tree: a node made before it, a node whose policy is
+/// replaced after it, and a node made after it all use it; a value past the bound is clamped.
 #[test]
 fn the_wake_credit_reaches_every_fair_queue_node() {
     let mut tree = Tree::new(PolicyKind::Sfq);
     let root = tree.root();
     let before = tree
+        .add_interior(root, ClientParams::weight(1), PolicyKind::Sfq)
+        .unwrap();
+    let replaced = tree
         .add_interior(root, ClientParams::weight(1), PolicyKind::Sfq)
         .unwrap();
     tree.set_wake_credit(u64::MAX);
@@ -868,11 +938,11 @@ fn the_wake_credit_reaches_every_fair_queue_node() {
     let after = tree
         .add_interior(root, ClientParams::weight(1), PolicyKind::Wfq)
         .unwrap();
-    tree.set_policy(before, PolicyKind::Fifo).unwrap();
-    tree.set_policy(before, PolicyKind::Sfq).unwrap();
+    tree.set_policy(replaced, PolicyKind::Fifo).unwrap();
+    tree.set_policy(replaced, PolicyKind::Sfq).unwrap();
     // Under each interior node: B busy alone, then A wakes and takes its 5 dispatches of
     // credit plus one before B is served again.
-    for node in [before, after] {
+    for node in [before, replaced, after] {
         let a = tree.add_leaf(node, ClientParams::weight(1)).unwrap();
         let b = tree.add_leaf(node, ClientParams::weight(1)).unwrap();
         let mut now = 0;

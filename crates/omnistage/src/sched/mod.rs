@@ -17,8 +17,9 @@
 //!   the caller), with readiness propagated up and costs charged up the path.
 //!
 //! Rules every policy keeps: an idle client banks no credit (its tag is clamped to the node's
-//! virtual time when it wakes); every dispatch is charged at least the tree's minimum cost; state
-//! that is touched per decision exists only for ready clients.
+//! virtual time when it wakes, less the tree's wake credit if it was given one, which is 0 by
+//! default: [`Tree::set_wake_credit`]); every dispatch is charged at least the tree's minimum
+//! cost; state that is touched per decision exists only for ready clients.
 
 mod heap;
 mod policy;

@@ -440,7 +440,8 @@ impl FqClient {
 
 /// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
 ///
-/// Lag bound (no banking): when a client becomes ready its start tag is raised to the node's
+/// Lag bound (no banking, with the default wake credit of 0): when a client becomes ready its
+/// start tag is raised to the node's
 /// virtual time `V` (the start tag of the most recent client taken into service), so a client
 /// that was idle returns with at most the same claim as the client just served. Over any
 /// interval in which clients i and j are both continuously ready, SFQ keeps
@@ -454,7 +455,10 @@ impl FqClient {
 /// takes is service it missed while idle (its tag was further behind), never more: its
 /// normalized service still never runs more than `credit / w` ahead of `V`, so the bound above
 /// grows by `credit / w_i` for a client that wakes (EEVDF's bounded lag, CFS's wake-up
-/// placement), and a client that stays busy gets no credit at all.
+/// placement), and a client that stays busy at this node gets no credit at all. (With a
+/// [`SharedTag`], "missed" is against this node's `V`: an activity busy on another core that
+/// wakes here may take up to its credit here.) A client added to the node starts at `V`, its
+/// shared tag included, so a new client has missed nothing.
 ///
 /// Hot path: the client taken into service keeps its entry at the top of the heap; when it is
 /// charged and still ready (the common case) its key is updated in place and sifted down once,
@@ -597,6 +601,11 @@ impl Scheduler for FairQueue {
             credit_vt: Self::credit_vt(self.wake_credit, params.weight),
             ..Default::default()
         };
+        // A new client has missed nothing: a fresh shared tag (a new or moved activity's
+        // starts at 0) would otherwise bring the whole wake credit on its first wake.
+        if let Some(s) = &c.shared {
+            s.raise_to(self.vtime);
+        }
     }
     fn update_client(&mut self, id: ClientId, params: &ClientParams) {
         assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
@@ -610,7 +619,8 @@ impl Scheduler for FairQueue {
         let mut rekey = self.mode == FairQueueMode::Finish;
         match (&c.shared, &params.shared) {
             (None, Some(s)) => {
-                // Attaching a shared tag must not bring credit: clamp it like a wake.
+                // Attaching a shared tag must not bring credit: clamp it at V (no wake credit:
+                // this is no wake).
                 s.raise_to(c.tag.max(vtime));
                 c.shared = Some(s.clone());
                 rekey = true;
