@@ -62,6 +62,17 @@ pub fn start(
     files: &[(&str, usize)],
     bypass: bool,
 ) -> Result<Web, String> {
+    start_with(tag, tenants, files, bypass, "")
+}
+
+/// [`start`], with `server_extra` (TOML lines) added to the `[server]` table.
+pub fn start_with(
+    tag: &str,
+    tenants: &[(&str, u32)],
+    files: &[(&str, usize)],
+    bypass: bool,
+    server_extra: &str,
+) -> Result<Web, String> {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -76,8 +87,8 @@ pub fn start(
         let data: Vec<u8> = (0..bytes).map(|i| b'a' + (i % 26) as u8).collect();
         std::fs::write(root.join(name), data).map_err(|e| e.to_string())?;
     }
-    let mut toml = String::from(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\nconnections_max = 10000\n",
+    let mut toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\nconnections_max = 10000\n{server_extra}\n",
     );
     for (name, weight) in tenants {
         toml.push_str(&format!(

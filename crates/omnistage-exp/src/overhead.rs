@@ -26,6 +26,9 @@ pub struct OverheadArgs {
     /// Offered requests/s for the 1 MiB file.
     #[arg(long, default_value_t = 300.0)]
     rate_large: f64,
+    /// The server's `wake_credit_us` in scheduled mode (default: the server's default).
+    #[arg(long, default_value_t = omnistage_http::config::WAKE_CREDIT_US_DEFAULT)]
+    wake_credit_us: u64,
     #[command(flatten)]
     common: Common,
 }
@@ -69,6 +72,8 @@ struct Report {
     experiment: &'static str,
     machine: String,
     seconds_per_round: f64,
+    /// The server's wake credit, µs.
+    wake_credit_us: u64,
     rounds: Vec<Round>,
     files: Vec<FileResult>,
     goal_fraction: f64,
@@ -91,8 +96,20 @@ pub const BYPASS_STILL_DOES: &str = "The bypass (`Builder::bypass`, `omnistage s
 const GOAL: f64 = 0.03;
 const CONNS: usize = 16;
 
-fn round(bytes: usize, rate: f64, bypass: bool, seconds: f64) -> Result<Round, String> {
-    let web = harness::start("overhead", &[("a", 100)], &[("f.bin", bytes)], bypass)?;
+fn round(
+    bytes: usize,
+    rate: f64,
+    bypass: bool,
+    seconds: f64,
+    wake_credit_us: u64,
+) -> Result<Round, String> {
+    let web = harness::start_with(
+        "overhead",
+        &[("a", 100)],
+        &[("f.bin", bytes)],
+        bypass,
+        &format!("wake_credit_us = {wake_credit_us}"),
+    )?;
     let extra = vec![
         "--rate".into(),
         rate.to_string(),
@@ -126,8 +143,11 @@ pub fn overhead_fraction(scheduled: f64, bypass: f64) -> f64 {
 }
 
 pub fn run(a: OverheadArgs) -> Result<(), String> {
-    if !(0.2..=3600.0).contains(&a.common.seconds) || !(1..=50).contains(&a.common.repeats) {
-        return Err("--seconds 0.2..=3600, --repeats 1..=50".into());
+    if !(0.2..=3600.0).contains(&a.common.seconds)
+        || !(1..=50).contains(&a.common.repeats)
+        || a.wake_credit_us > omnistage_http::config::WAKE_CREDIT_US_MAX as u64
+    {
+        return Err("--seconds 0.2..=3600, --repeats 1..=50, --wake-credit-us 0..=1000000".into());
     }
     let files = [(1024usize, a.rate_small), (1 << 20, a.rate_large)];
     let mut rounds = Vec::new();
@@ -135,7 +155,13 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
         for &(bytes, rate) in &files {
             // Alternate which mode goes first.
             for bypass in [i % 2 == 1, i % 2 == 0] {
-                rounds.push(round(bytes, rate, bypass, a.common.seconds)?);
+                rounds.push(round(
+                    bytes,
+                    rate,
+                    bypass,
+                    a.common.seconds,
+                    a.wake_credit_us,
+                )?);
             }
         }
     }
@@ -202,6 +228,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
         experiment: "overhead",
         machine: machine(),
         seconds_per_round: a.common.seconds,
+        wake_credit_us: a.wake_credit_us,
         rounds,
         files: results,
         goal_fraction: GOAL,
@@ -257,7 +284,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
         ),
         machine: r.machine.clone(),
         intro: vec![format!(
-            "The HTTP server (1 worker on CPU 0, 1 tenant) with full scheduling and accounting, and with the bypass \
+            "The HTTP server (1 worker on CPU 0, 1 tenant, `wake_credit_us = {}`) with full scheduling and accounting, and with the bypass \
              (FIFO, no scheduler tree, no ledger, no clock read per dispatch), each offered the same open-loop rate by the load generator on CPU 1 \
              ({CONNS} connections). CPU per request = the worker thread's CPU time as the OS counts it / requests answered, \
              {} repeats of {} s per mode and file, each repeat one round of each mode back to back (the order alternating). \
@@ -266,7 +293,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
              own spread is shown beside it, and the overhead of the two modes' medians). Goal: overhead ≤ 3 %, judged against \
              half the pairs' range: a difference inside it is inconclusive whatever its sign; otherwise met when overhead + \
              half-range ≤ 3 %, missed when overhead − half-range > 3 %, inconclusive otherwise.",
-            a.common.repeats, a.common.seconds
+            r.wake_credit_us, a.common.repeats, a.common.seconds
         ), BYPASS_STILL_DOES.into()],
         tables: vec![
             (String::new(), t),
