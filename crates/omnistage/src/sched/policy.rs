@@ -441,9 +441,9 @@ impl FqClient {
 /// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
 ///
 /// Lag bound (no banking, with the default wake credit of 0): when a client becomes ready its
-/// start tag is raised to the node's
-/// virtual time `V` (the start tag of the most recent client taken into service), so a client
-/// that was idle returns with at most the same claim as the client just served. Over any
+/// start tag is raised to the node's virtual time `V` (the start tag of the most recent client
+/// taken into service), so a client that was idle returns with at most the same claim as the
+/// client just served. Over any
 /// interval in which clients i and j are both continuously ready, SFQ keeps
 /// `|W_i/w_i - W_j/w_j| <= l_i/w_i + l_j/w_j` (Goyal et al., Theorem 1; `l` the largest cost),
 /// in virtual units scaled by [`VT_SCALE`]; the property tests check it.
