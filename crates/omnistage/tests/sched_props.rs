@@ -707,6 +707,26 @@ fn wake_bound(kind: PolicyKind, la: f64, lb: f64) -> f64 {
     }
 }
 
+/// Both leaves busy for 50 dispatches, then A idle while B runs alone for 2,000 (A never
+/// picked), then A made ready again. Returns the charged totals when A went idle.
+fn idle_a_then_wake(
+    f: &mut Flat,
+    rng: &mut Rng,
+    caps: &[u64; 2],
+) -> Result<Vec<u64>, TestCaseError> {
+    for _ in 0..50 {
+        f.step(|i| rng.range(1, caps[i]));
+    }
+    f.tree.leaf_idle(f.leaves[0]);
+    let idle_from = f.charged();
+    for _ in 0..2000 {
+        let i = f.step(|i| rng.range(1, caps[i]));
+        prop_assert_eq!(i, 1, "idle leaf picked");
+    }
+    f.tree.leaf_ready(f.leaves[0], f.now);
+    Ok(idle_from)
+}
+
 proptest! {
     #![proptest_config(cfg(128))]
 
@@ -723,16 +743,7 @@ proptest! {
         let caps = [ca, cb];
         let mut f = Flat::new(kind, &weights);
         let mut rng = Rng(seed);
-        for _ in 0..50 {
-            f.step(|i| rng.range(1, caps[i]));
-        }
-        // A goes idle; B alone for a long time.
-        f.tree.leaf_idle(f.leaves[0]);
-        for _ in 0..2000 {
-            let i = f.step(|i| rng.range(1, caps[i]));
-            prop_assert_eq!(i, 1, "idle leaf picked");
-        }
-        f.tree.leaf_ready(f.leaves[0], f.now);
+        idle_a_then_wake(&mut f, &mut rng, &caps)?;
         let base = f.charged();
         let mut a_run = 0;
         let mut a_run_max = 0;
@@ -785,16 +796,7 @@ proptest! {
         f.tree.set_wake_credit(credit);
         prop_assert_eq!(f.tree.wake_credit(), credit);
         let mut rng = Rng(seed);
-        for _ in 0..50 {
-            f.step(|i| rng.range(1, caps[i]));
-        }
-        f.tree.leaf_idle(f.leaves[0]);
-        let idle_from = f.charged();
-        for _ in 0..2000 {
-            let i = f.step(|i| rng.range(1, caps[i]));
-            prop_assert_eq!(i, 1, "idle leaf picked");
-        }
-        f.tree.leaf_ready(f.leaves[0], f.now);
+        let idle_from = idle_a_then_wake(&mut f, &mut rng, &caps)?;
         let base = f.charged();
         let credit_a = credit as f64 / f64::from(wa);
         // What A missed while idle (B's normalized service then): a credit returns no more.

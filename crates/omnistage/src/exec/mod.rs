@@ -594,10 +594,10 @@ impl Builder {
     /// CPU time an activity that wakes may take ahead of the activities that stayed busy, ns
     /// (every fair-queue node of every core's tree; [`crate::sched::Tree::set_wake_credit`]):
     /// a light activity's burst is then served at once rather than at its share, while no
-    /// activity gets more than its share over time. 0 (the default) banks nothing; clamped to
-    /// [`crate::sched::WAKE_CREDIT_MAX`].
+    /// activity gets more than its share over time. 0 (the default) banks nothing; each tree
+    /// clamps it to [`crate::sched::WAKE_CREDIT_MAX`].
     pub fn wake_credit_ns(mut self, ns: u64) -> Self {
-        self.wake_credit_ns = ns.min(crate::sched::WAKE_CREDIT_MAX);
+        self.wake_credit_ns = ns;
         self
     }
     /// How long an affinity mapping lives after its last use.
