@@ -323,6 +323,17 @@ fn adversary_smoke() {
     assert!(p[1]["stretches"]["dispatch_p99_us"].is_number());
     assert!(p[1]["stretches"]["io_round_max_us"].is_number());
     assert!(p[1]["victim_windows"].is_array());
-    assert!(r["stretch_goal_met"].is_boolean());
+    // The verdict leaves out a round the hypervisor disturbed (steal over 1 % of the window:
+    // one 10 ms tick in these 0.3 s phases, which a shared CI machine can take). With the one
+    // round left out there is no verdict, and the report names the round instead.
+    if p[1]["ratio_disturbed"] == true {
+        assert!(r["stretch_goal_met"].is_null(), "{}", r["stretch_goal_met"]);
+        assert!(!r["omnistage_rounds_disturbed"]
+            .as_array()
+            .unwrap()
+            .is_empty());
+    } else {
+        assert!(r["stretch_goal_met"].is_boolean(), "{}", p[1]);
+    }
     assert!(r["nginx_note"].is_string());
 }
