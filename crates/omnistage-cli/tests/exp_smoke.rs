@@ -3,8 +3,16 @@
 
 use serde_json::Value;
 use std::process::Command;
+use std::sync::Mutex;
+
+/// Held by [`run`] for the whole of each experiment: every experiment pins its server to CPU 0
+/// and its load generator to CPU 1, so two run at once (libtest's default of two test threads
+/// on a 2-CPU machine) would take each other's CPUs.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn run(args: &[&str]) -> Value {
+    // A test that failed while holding the lock poisons it; the next experiment may still run.
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_omnistage"))
         .arg("exp")
         .args(args)
