@@ -277,6 +277,12 @@ fn adversary_smoke() {
     if !two_cpus() {
         return;
     }
+    // In the closed-loop phases each of the victim's 128 connections thinks 128 / rate s
+    // after every response. At 200 req/s that was 0.64 s: the connections, all opened at the
+    // start, sent in one wave every 0.64 s, the 0.3 s window (after 0.5 s of warmup) held one
+    // wave, and a 160 ms stall pushed it out (req/s 0). At 2560 req/s they think 50 ms and
+    // each completes several requests in the window; only a stall of nearly all of it could
+    // leave none.
     let r = run(&[
         "adversary",
         "--seconds",
@@ -284,7 +290,7 @@ fn adversary_smoke() {
         "--repeats",
         "1",
         "--victim-rate",
-        "200",
+        "2560",
         "--flood-conns",
         "20",
         "--slow-readers",
