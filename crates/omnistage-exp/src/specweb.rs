@@ -341,7 +341,14 @@ fn judge(levels: &[Level]) -> Goals {
 }
 
 /// All three goals met: `Some(true)`; any missed: `Some(false)`; otherwise (no nginx) `None`.
+/// Without nginx at the top level nothing is judged, the Jain index (ours alone) included: the
+/// goal is the comparison with nginx (the page says "not judged (no nginx)"); the index itself
+/// is still reported in `goals`.
 fn overall(g: &Goals) -> Option<bool> {
+    // Set exactly when both servers ran the top level.
+    if g.max_response_below_nginx.is_none() {
+        return None;
+    }
     let parts = [
         g.throughput_at_least_nginx,
         g.client_jain_at_least_0_98,
@@ -873,6 +880,12 @@ mod tests {
         assert_eq!(overall(&g), Some(true));
         let g = judge(&ls[..1]);
         assert_eq!(g.throughput_at_least_nginx, None);
+        assert_eq!(overall(&g), None);
+        // Without nginx an unfair run is reported but not judged either.
+        let mut alone = ls[..2].to_vec();
+        alone[1].client_jain = Some(0.5);
+        let g = judge(&alone);
+        assert_eq!(g.client_jain_at_least_0_98, Some(false));
         assert_eq!(overall(&g), None);
         let mut worse = ls.clone();
         worse[1].client_jain = Some(0.97);
