@@ -320,28 +320,57 @@ fn a_tenant_with_nothing_cached_does_not_evict_one_within_budget() {
 /// while the server itself held the bytes: a connection waiting its turn under a link cap
 /// (the fleet's 1 % floor, a flood's share) longer than `keepalive_timeout` was closed though
 /// its client read everything it was sent — `exp fleet` saw all 8 of a tenant's connections
-/// reset on one node. Here 24 eager readers share a 1 MB/s link (48 KiB each), so each waits
-/// about 12 × 16 KiB / 0.5 MB/s (each of the 2 workers' share) ≈ 0.4 s between its turns,
-/// eight times the 50 ms timeout.
+/// reset on one node. Here 24 eager readers share a 500 KB/s link on one worker, 24 KiB each,
+/// their requests sent together: the first response served takes the link's burst (16 KiB),
+/// then waits its turn while the 23 others get as much, 23 × 16 KiB / 500 KB/s ≈ 0.75 s,
+/// fifteen times the 50 ms timeout.
+///
+/// Only that timeout is short. A connection's deadline is first checked a header timeout after
+/// its accept, so the header timeout (500 ms) must end inside that wait for the test to see the
+/// bug; with the old 50 ms, a reader stalled for 50 ms between its connect and its request was
+/// closed as a slow client. And each request asks for `Connection: close`, so that a reader slow
+/// to close after its last byte is not an idle keep-alive connection timed out.
 #[test]
 fn a_connection_waiting_for_its_turn_under_a_link_cap_is_not_timed_out() {
     const CONNS: usize = 24;
-    const BODY: usize = 48 * 1024;
+    const BODY: usize = 24 * 1024;
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nnet_link_cap = \"1MB/s\"\nheader_timeout_ms = 50\nkeepalive_timeout_ms = 50\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nnet_link_cap = \"500KB/s\"\nheader_timeout_ms = 500\nkeepalive_timeout_ms = 50\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
         dir.path().display()
     );
-    let server = start(&toml);
+    let server = Server::start(
+        parse_config(&toml).unwrap(),
+        ServerOptions {
+            workers: Some(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let addr = server.local_addrs()[0];
-    let readers: Vec<_> = (0..CONNS)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let mut s = TcpStream::connect(addr).unwrap();
-                write!(s, "GET /_bytes?n={BODY} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-                // Far more than the whole transfer needs (24 × 48 KiB at 1 MB/s ≈ 1.2 s).
-                read_total(&mut s, BODY + 100, Duration::from_secs(10))
-            })
+    // All connected and accepted first, then every request sent: the burst's taker has
+    // company at once.
+    let conns: Vec<TcpStream> = (0..CONNS)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().open_connections.load(Ordering::Relaxed) < CONNS {
+        assert!(Instant::now() < deadline, "connections not accepted");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for mut s in &conns {
+        write!(
+            s,
+            "GET /_bytes?n={BODY} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+    }
+    let readers: Vec<_> = conns
+        .into_iter()
+        .map(|mut s| {
+            // Until the server closes: far less than the stall allowed (24 × 24 KiB at
+            // 500 KB/s ≈ 1.2 s in all).
+            std::thread::spawn(move || read_total(&mut s, usize::MAX, Duration::from_secs(10)))
         })
         .collect();
     let got: Vec<usize> = readers.into_iter().map(|r| r.join().unwrap()).collect();
