@@ -233,7 +233,7 @@ fn an_unthrottled_tenant_does_not_wait_for_a_throttled_one() {
     std::thread::sleep(Duration::from_millis(200)); // b has spent its burst and is throttled
     let mut a = TcpStream::connect(addr).unwrap();
     a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut worst = Duration::ZERO;
+    let mut took = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
         write!(a, "GET /hello.txt HTTP/1.1\r\nHost: a.test\r\n\r\n").unwrap();
@@ -244,13 +244,16 @@ fn an_unthrottled_tenant_does_not_wait_for_a_throttled_one() {
             assert!(n > 0);
             got.extend_from_slice(&buf[..n]);
         }
-        worst = worst.max(t.elapsed());
+        took.push(t.elapsed());
     }
     server.drain(Duration::from_millis(100));
     drop(b);
+    // The median: with the bug most answers wait for b's bucket (~1.6 s each); a stall of the
+    // machine can slow one or two of them on a correct server.
+    took.sort();
     assert!(
-        worst < Duration::from_millis(300),
-        "tenant a's 6-byte answer took {worst:?}"
+        took[2] < Duration::from_millis(300),
+        "tenant a's 6-byte answers took {took:?}"
     );
 }
 
