@@ -162,7 +162,16 @@ fn send_scheduler_finishes_a_response_of_a_tenant_removed_by_reload() {
     let n: usize = 64 << 20;
     let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
     write!(s, "GET /_bytes?n={n} HTTP/1.1\r\nHost: b.test\r\n\r\n").unwrap();
-    // Let the socket buffers fill (the pump meets WouldBlock and waits for writability).
+    // The request answered (counted where its response is queued): a sleep alone assumed it,
+    // and a reload before the request was parsed left it no tenant to serve its 64 MiB.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().requests.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "the request is not answered");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Let the socket buffers fill (the pump meets WouldBlock and waits for writability). Not
+    // needed for the case: the client reads nothing before the reload, so the output is
+    // pending at the reload however far the pump got.
     std::thread::sleep(Duration::from_millis(300));
     let toml = format!("{head}{}", t("a"));
     let _ = server.reload(parse_config(&toml).unwrap());
