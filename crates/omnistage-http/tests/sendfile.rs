@@ -347,9 +347,14 @@ fn a_client_that_stops_reading_a_sendfiled_body_is_timed_out() {
     let dir = tempfile::tempdir().unwrap();
     let len = 64 << 20;
     std::fs::write(dir.path().join("big.bin"), vec![7u8; len]).unwrap();
+    // The no-progress timeout under test is short; the header timeout is not (a test thread
+    // stalled 200 ms between its connect and its request was closed as a slow client and the
+    // request never answered). It is not long either: a connection's deadline is first checked
+    // a header timeout after its accept, so this is also when the close can come at the
+    // earliest, well inside IO_TIMEOUT.
     let server = start(
         dir.path(),
-        "disk_threads = 0\nheader_timeout_ms = 200\nkeepalive_timeout_ms = 200",
+        "disk_threads = 0\nheader_timeout_ms = 1000\nkeepalive_timeout_ms = 200",
         "",
     );
     let mut s = connect(server.local_addrs()[0]);
