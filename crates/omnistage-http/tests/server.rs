@@ -1105,7 +1105,14 @@ fn silent_connection_is_closed_after_the_header_timeout() {
 #[test]
 fn idle_keep_alive_connection_is_closed() {
     let site = Site::new();
-    let ts = TestServer::simple(&site, SHORT_TIMEOUTS, "");
+    // Not SHORT_TIMEOUTS: at 300 ms a test thread stalled between its connect and a request,
+    // or between the two requests, had the connection closed under it. 2 s still closes the
+    // idle connection well within the client's read timeout (IO_TIMEOUT, 5 s).
+    let ts = TestServer::simple(
+        &site,
+        "header_timeout_ms = 2000\nkeepalive_timeout_ms = 2000",
+        "",
+    );
     let mut c = ts.connect();
     let r = c.get("/hello.txt", "x");
     assert_eq!(r.status, 200);
