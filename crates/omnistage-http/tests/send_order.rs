@@ -19,11 +19,14 @@ use omnistage_http::server::{Server, ServerOptions};
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes of the three files: the first to arrive is the medium one, then the large, then the
 /// small, so FIFO, shortest-first and longest-first each finish them in a different order.
-const MEDIUM: usize = 200_000;
+/// Two completions are at least 150 ms of the cap apart in every order (the small file's time
+/// last under FIFO and longest-first, 2 × (MEDIUM − SMALL) under fair, the medium's under
+/// shortest-first), less the cap's 16 KiB burst after a stall: a client thread's scheduling
+/// delay, or a stalled machine, must not swap two (with SMALL = 30 KB the last two were 30 ms
+/// apart). MEDIUM stays under 256 KiB, so only the large body goes through the disk stage.
+const MEDIUM: usize = 250_000;
 const LARGE: usize = 600_000;
-/// Large enough that the gap between two completions (its time at the cap, 30 ms) dwarfs a
-/// client thread's scheduling delay.
-const SMALL: usize = 30_000;
+const SMALL: usize = 150_000;
 
 /// Deterministic bytes for a file (different per seed, so a mix-up shows).
 fn content(len: usize, seed: u64) -> Vec<u8> {
