@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use omnistage_http::config::parse_config;
 use omnistage_http::server::{Server, ServerOptions};
@@ -817,7 +817,14 @@ fn a_client_that_does_not_read_holds_the_backend_back() {
     let s = p.connect();
     (&s).write_all(b"GET /big HTTP/1.1\r\nHost: a.test\r\n\r\n")
         .unwrap();
-    // Wait until the backend's writes stop moving (its write timeout ends its thread).
+    // First the backend starts writing (two equal samples of 0 below would otherwise end the
+    // wait before the proxy even connected to it) ...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while written.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the backend wrote nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // ... then wait until its writes stop moving (its write timeout ends its thread).
     let mut last = usize::MAX;
     for _ in 0..100 {
         std::thread::sleep(Duration::from_millis(100));
