@@ -483,7 +483,10 @@ fn sleep_and_timeout_on_the_workers_timers() {
 /// not.
 #[test]
 fn long_polls_are_counted_per_activity() {
-    let limit_ns = 1_000_000;
+    // A quick poll preempted past the limit counts as long: at 1 ms a stalled machine made
+    // b's empty task one (two activities listed). 100 ms is a stall the test cannot be blamed
+    // for, and the spin (twice the limit) costs 0.2 s.
+    let limit_ns = 100_000_000;
     let (rt, a, b) = runtime(
         1,
         TaskConfig {
@@ -768,7 +771,9 @@ fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
 /// of the queue; without the bound they would have run as one dispatch of eight limits.
 #[test]
 fn a_task_batch_stops_at_the_poll_limit_and_the_rest_waits_its_turn() {
-    let limit_ns = 5_000_000;
+    // The parent's poll (it only spawns) must stay under the limit: at 5 ms a preempted one
+    // counted as long (5 long polls, not 4). The four spins of twice the limit cost 0.8 s.
+    let limit_ns = 100_000_000;
     let (rt, a, _) = runtime(
         1,
         TaskConfig {
