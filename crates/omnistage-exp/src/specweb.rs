@@ -345,10 +345,8 @@ fn judge(levels: &[Level]) -> Goals {
 /// goal is the comparison with nginx (the page says "not judged (no nginx)"); the index itself
 /// is still reported in `goals`.
 fn overall(g: &Goals) -> Option<bool> {
-    // Set exactly when both servers ran the top level.
-    if g.max_response_below_nginx.is_none() {
-        return None;
-    }
+    // Set exactly when both servers ran the top level: no verdict otherwise.
+    g.max_response_below_nginx?;
     let parts = [
         g.throughput_at_least_nginx,
         g.client_jain_at_least_0_98,
