@@ -1084,7 +1084,14 @@ fn slowloris_gets_408_and_the_server_still_serves() {
 #[test]
 fn partial_head_then_silence_gets_408() {
     let site = Site::new();
-    let ts = TestServer::simple(&site, SHORT_TIMEOUTS, "");
+    // Not SHORT_TIMEOUTS: at 300 ms a test thread stalled between its connect and its send
+    // (160 ms stalls were seen on a shared CI machine) could meet the timeout before the
+    // partial head is sent. 1 s still ends well within the client's read timeout (5 s).
+    let ts = TestServer::simple(
+        &site,
+        "header_timeout_ms = 1000\nkeepalive_timeout_ms = 1000",
+        "",
+    );
     let mut c = ts.connect();
     c.send(b"GET /hello.txt HTTP/1.1\r\nHo");
     let r = c.response(false);
