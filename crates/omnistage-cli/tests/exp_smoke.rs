@@ -326,6 +326,7 @@ fn adversary_smoke() {
     }
     for k in [
         "flood_req_per_s",
+        "flood_p99_ms",
         "large_bytes_per_s",
         "slow_reader_bytes_per_s",
         "slowloris_open_at_end",

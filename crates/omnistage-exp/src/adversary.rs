@@ -168,6 +168,11 @@ struct Victim {
 struct Adversary {
     flood_req_per_s: f64,
     flood_errors: u64,
+    /// The flood's latency quantiles, ms (closed loop: from each send, by the generator). With
+    /// few flood connections the flood is a busy tenant whose latency is its wait behind the
+    /// others: what a wake credit costs a tenant that never idles (`--wake-credit-us` A/B).
+    flood_p50_ms: f64,
+    flood_p99_ms: f64,
     large_bytes_per_s: f64,
     large_errors: u64,
     slow_reader_bytes_per_s: f64,
@@ -604,6 +609,8 @@ fn finish_attack(at: Attack) -> Result<Adversary, String> {
                 "flood" => {
                     adv.flood_req_per_s = t.req_per_s;
                     adv.flood_errors = harness::errors(t);
+                    adv.flood_p50_ms = t.p50_ms;
+                    adv.flood_p99_ms = t.p99_ms;
                 }
                 "large" => {
                     adv.large_bytes_per_s = t.bytes_per_s;
@@ -1422,6 +1429,7 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "server run-queue ms",
         "steal ms (server / clients' CPU)",
         "flood req/s",
+        "flood p50 / p99 ms",
         "large MB/s",
         "slow-read KB/s",
         "slowloris open / closed by server",
@@ -1463,6 +1471,11 @@ fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
             ),
             if has("many-conns") {
                 format!("{:.0}", adv.flood_req_per_s)
+            } else {
+                "—".into()
+            },
+            if has("many-conns") {
+                format!("{:.2} / {:.2}", adv.flood_p50_ms, adv.flood_p99_ms)
             } else {
                 "—".into()
             },
