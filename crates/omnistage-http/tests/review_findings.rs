@@ -207,16 +207,25 @@ fn send_scheduler_with_disk_stage_counts_every_byte_in_the_ledger() {
     .unwrap();
     let got = read_total(&mut s, usize::MAX, Duration::from_secs(3));
     assert!(got > len);
-    std::thread::sleep(Duration::from_millis(100));
     let rt = server.runtime();
     let id = rt.activity_id("/tenants/t").unwrap();
-    let sent: u64 = rt
-        .snapshot()
-        .rows
-        .iter()
-        .filter(|r| r.activity == id)
-        .map(|r| r.bytes_out)
-        .sum();
+    let ledger_bytes_out = || -> u64 {
+        rt.snapshot()
+            .rows
+            .iter()
+            .filter(|r| r.activity == id)
+            .map(|r| r.bytes_out)
+            .sum()
+    };
+    // The ledger's cells reach the snapshot at the worker's next flush (every 10 ms): poll
+    // for the wire's count, bounded, instead of sleeping and hoping the worker ran. Missing
+    // bytes never arrive, so the bug still fails the assertion below.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut sent = ledger_bytes_out();
+    while sent as usize != got && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        sent = ledger_bytes_out();
+    }
     server.drain(Duration::from_millis(100));
     assert_eq!(sent as usize, got, "ledger bytes_out vs bytes on the wire");
 }
