@@ -19,14 +19,22 @@ use omnistage_http::server::{Server, ServerOptions};
 const IO_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bytes of the three files: the first to arrive is the medium one, then the large, then the
 /// small, so FIFO, shortest-first and longest-first each finish them in a different order.
-/// Two completions are at least 150 ms of the cap apart in every order (the small file's time
-/// last under FIFO and longest-first, 2 × (MEDIUM − SMALL) under fair, the medium's under
-/// shortest-first), less the cap's 16 KiB burst after a stall: a client thread's scheduling
-/// delay, or a stalled machine, must not swap two (with SMALL = 30 KB the last two were 30 ms
-/// apart). MEDIUM stays under 256 KiB, so only the large body goes through the disk stage.
+/// The cap is [`CAP`] (500 KB/s), so that neither a client thread's scheduling delay nor a
+/// stalled machine can swap two:
+/// - each order depends on the medium response, which starts alone, having sent less than
+///   `MEDIUM − SMALL` (150 KB: 300 ms at the cap, less the cap's 16 KiB burst) before the small
+///   request arrives (shortest-first and fair rank by what is left to send), or less than SMALL
+///   before the large one arrives (longest-first); the requests go out a few ms apart;
+/// - two completions are at least 200 ms of the cap apart in every order (the small file's
+///   time).
+///
+/// With SMALL = 30 KB at 1 MB/s the last two completions were 30 ms apart, and with SMALL =
+/// 150 KB an 80 ms stall of the test thread could swap the small and the medium. MEDIUM stays
+/// under 256 KiB, so only the large body goes through the disk stage.
 const MEDIUM: usize = 250_000;
 const LARGE: usize = 600_000;
-const SMALL: usize = 150_000;
+const SMALL: usize = 100_000;
+const CAP: &str = "500KB/s";
 
 /// Deterministic bytes for a file (different per seed, so a mix-up shows).
 fn content(len: usize, seed: u64) -> Vec<u8> {
@@ -94,7 +102,7 @@ fn completion_order_after(
     }
     let toml = format!(
         "[server]\nlisten = [\"127.0.0.1:0\"]\ndisk_threads = {disk_threads}\n\n\
-         [[tenant]]\nname = \"t\"\ndocroot = '{}'\nnet_cap = \"1MB/s\"\nsend_order = \"{order}\"\n",
+         [[tenant]]\nname = \"t\"\ndocroot = '{}'\nnet_cap = \"{CAP}\"\nsend_order = \"{order}\"\n",
         dir.path().display()
     );
     let config = parse_config(&toml).expect("config");
