@@ -164,12 +164,13 @@ fn the_entry_is_published_with_a_ttl_of_at_most_two_intervals_and_withdrawn_on_s
     assert_eq!(e.link_capacity, 0);
     let members: Vec<String> = con.smembers("p1:nodes").unwrap();
     assert_eq!(members, ["t1"]);
+    // The status the wait saw: a later one could come from a sync after the entry's checks.
+    let mut status = None;
     wait_for("a status", || {
-        server
-            .fleet_status()
-            .is_some_and(|s| s.connected && s.syncs > 0)
+        status = server.fleet_status().filter(|s| s.connected && s.syncs > 0);
+        status.is_some()
     });
-    let s = server.fleet_status().unwrap();
+    let s = status.unwrap();
     assert_eq!((s.node.as_str(), s.nodes_seen, s.episodes), ("t1", 1, 0));
     stop(node, server);
     assert!(!con.exists::<_, bool>("p1:node:t1").unwrap(), "withdrawn");
@@ -284,7 +285,11 @@ fn other_nodes_entries_move_the_local_weights_and_a_dead_nodes_share_comes_back(
     wait_for("three nodes seen", || {
         publish(&mut con, "p4:", &n2);
         publish(&mut con, "p4:", &n3);
-        seen = server.fleet_status().filter(|s| s.nodes_seen == 3);
+        // Connected too: a fallback status still counts the nodes seen in the last ticks, but
+        // its targets are the configured ones.
+        seen = server
+            .fleet_status()
+            .filter(|s| s.connected && s.nodes_seen == 3);
         seen.is_some()
     });
     let s = seen.unwrap();
@@ -386,9 +391,16 @@ fn redis_killed_falls_back_and_restarted_resyncs() {
             omnistage::activity::ActivitySpec::weight(1234),
         )
         .unwrap();
-    // Episodes so far: with a 25 ms deadline per Redis call, a slow answer before the kill
-    // may already have started (and ended) one.
-    let before = node.counters().episodes.load(Ordering::Relaxed);
+    // Episodes so far, from a connected status: with a 25 ms deadline per Redis call, a slow
+    // answer before the kill may already have started (and ended) one, and one still open at
+    // the kill would count the kill's failures as its own (then no new episode would come).
+    let mut before = 0;
+    wait_for("connected before the kill", || {
+        server.fleet_status().is_some_and(|s| {
+            before = s.episodes;
+            s.connected
+        })
+    });
     r.kill();
     wait_for("fallback", || {
         server
