@@ -77,11 +77,13 @@ fn a_client_that_never_reads_is_timed_out() {
 }
 
 /// A client asks for a 500 MB body and never reads: the server closes it (once its socket is
-/// full and the no-progress timeout passes), counting one timeout.
+/// full and the no-progress timeout passes), counting one timeout. The header timeout (1 s) is
+/// longer than the no-progress one (200 ms): a test thread stalled before its request must not
+/// have the connection closed by the header timeout instead, which would pass untested.
 fn assert_a_client_that_never_reads_is_closed(server_extra: &str) {
     let dir = tempfile::tempdir().unwrap();
     let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 200\nkeepalive_timeout_ms = 200\n{server_extra}\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 1000\nkeepalive_timeout_ms = 200\n{server_extra}\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
         dir.path().display()
     );
     let server = start(&toml);
