@@ -340,7 +340,8 @@ fn judge(levels: &[Level]) -> Goals {
     }
 }
 
-/// All three goals met: `Some(true)`; any missed: `Some(false)`; otherwise (no nginx) `None`.
+/// All three goals met: `Some(true)`; any missed: `Some(false)`; otherwise `None` (no nginx,
+/// or a throughput inside nginx's own run-to-run range).
 /// Without nginx at the top level nothing is judged, the Jain index (ours alone) included: the
 /// goal is the comparison with nginx (the page says "not judged (no nginx)"); the index itself
 /// is still reported in `goals`.
@@ -640,10 +641,12 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
             .unwrap_or_else(|| "-".into()),
         yes_no(g.client_jain_at_least_0_98),
         yes_no(g.max_response_below_nginx),
-        match r.goal_met {
-            Some(true) => "all three met",
-            Some(false) => "not met",
-            None => "not judged (no nginx)",
+        match (r.goal_met, g.max_response_below_nginx) {
+            (Some(true), _) => "all three met",
+            (Some(false), _) => "not met",
+            (None, None) => "not judged (no nginx)",
+            // nginx ran, nothing missed, and the throughput was inside nginx's own range.
+            (None, Some(_)) => "not judged (throughput inside nginx's run-to-run range)",
         }
     )];
     if let Some(n) = &r.nginx_note {
