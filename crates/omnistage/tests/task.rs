@@ -728,14 +728,16 @@ fn spin_ns(ns: u64) {
 /// With a task batch, one dispatch polls several queued tasks of one activity: children a
 /// task spawns are queued together after its poll, and the next dispatch polls all of them
 /// (exactly 2 dispatches, 5 polls). Long polls are still judged per poll, not per batch: four
-/// polls of 0.2 of the limit in one dispatch count nothing, while one poll of twice the limit
+/// polls of 0.1 of the limit in one dispatch count nothing, while one poll of twice the limit
 /// beside a short one counts once.
 #[test]
 fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
-    // The polls spin on the OS's clock, so a preempted one lasts longer than it spun: the
-    // limit is large enough that the first batch (0.8 of it) stays under it unless held off
-    // the CPU for 60 ms (with a 20 ms limit a preempted 6 ms poll once counted as long).
-    let limit_ns = 300_000_000;
+    // The polls spin on the OS's clock, so a preempted one lasts longer than it spun, and a
+    // batch that runs past the limit is cut (more dispatches): the first batch (0.4 of the
+    // limit) stays under it unless held off the CPU for 300 ms. (With a 20 ms limit a
+    // preempted 6 ms poll once counted as long; with 0.8 of a 300 ms limit, a simulated
+    // 250 ms stall cut the batch.)
+    let limit_ns = 500_000_000;
     let (rt, a, b) = runtime(
         1,
         TaskConfig {
@@ -751,7 +753,7 @@ fn a_task_batch_polls_queued_tasks_together_and_times_each_poll() {
         })
         .unwrap()
     };
-    join(spawn_children(a, vec![limit_ns / 5; 4])).unwrap();
+    join(spawn_children(a, vec![limit_ns / 10; 4])).unwrap();
     wait_for("the children", || rt.task_stats().completed == 5);
     // A task completes inside its poll; the dispatch is charged after it returns.
     wait_for("the ledger", || polls(&rt, a).1 >= 5);
