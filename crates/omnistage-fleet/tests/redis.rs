@@ -383,14 +383,17 @@ fn redis_killed_falls_back_and_restarted_resyncs() {
     });
     let mut con = r.con();
     assert!(con.exists::<_, bool>("p6:cap:c:req").unwrap());
-    // Move a weight away from the configured one, as a fill would, to see it come back.
-    server
-        .runtime()
-        .set_activity(
-            "/tenants/a",
-            omnistage::activity::ActivitySpec::weight(1234),
-        )
-        .unwrap();
+    // Moves a's weight away from the configured one, as a fill would, to see it come back.
+    let move_a_away = || {
+        server
+            .runtime()
+            .set_activity(
+                "/tenants/a",
+                omnistage::activity::ActivitySpec::weight(1234),
+            )
+            .unwrap()
+    };
+    move_a_away();
     // Episodes so far, from a connected status: with a 25 ms deadline per Redis call, a slow
     // answer before the kill may already have started (and ended) one, and one still open at
     // the kill would count the kill's failures as its own (then no new episode would come).
@@ -412,13 +415,7 @@ fn redis_killed_falls_back_and_restarted_resyncs() {
     wait_for("configured weight", || weight(&server, "/tenants/a") == 4);
     assert!(c.requests.is_limited());
     // Moved away again and put back by a later sync of the same outage.
-    server
-        .runtime()
-        .set_activity(
-            "/tenants/a",
-            omnistage::activity::ActivitySpec::weight(1234),
-        )
-        .unwrap();
+    move_a_away();
     wait_for("configured weight again", || {
         weight(&server, "/tenants/a") == 4
     });

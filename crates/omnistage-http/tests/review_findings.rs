@@ -212,12 +212,11 @@ fn send_scheduler_with_disk_stage_counts_every_byte_in_the_ledger() {
     let rt = server.runtime();
     let id = rt.activity_id("/tenants/t").unwrap();
     let ledger_bytes_out = || -> u64 {
-        rt.snapshot()
-            .rows
+        let totals = rt.snapshot().by_activity();
+        totals
             .iter()
-            .filter(|r| r.activity == id)
-            .map(|r| r.bytes_out)
-            .sum()
+            .find(|(a, _)| *a == id)
+            .map_or(0, |(_, r)| r.bytes_out)
     };
     // The ledger's cells reach the snapshot at the worker's next flush (every 10 ms): poll
     // for the wire's count, bounded, instead of sleeping and hoping the worker ran. Missing
