@@ -9,7 +9,7 @@ use super::Common;
 use clap::Args;
 use omnistage::activity::ActivitySpec;
 use omnistage::exec::{thread_cpu_ns, Affinity, Runtime, StageConfig, StageRef};
-use omnistage::sched::{ClientParams, PolicyKind, Tree};
+use omnistage::sched::{ClientParams, PolicyKind, SfqFloor, Tree};
 use serde::Serialize;
 use std::hint::black_box;
 use std::sync::{Arc, OnceLock};
@@ -79,6 +79,11 @@ struct Report {
     sfq_ns_at_most_leaves: Option<f64>,
     /// The same by the wall clock (steal included).
     sfq_wall_ns_at_most_leaves: Option<f64>,
+    /// The floor's CPU ns per event at the same number of leaves ([`SfqFloor`]: the same
+    /// schedule with none of the tree around it; `null` when SFQ was not measured): what the
+    /// algorithm costs on this machine, so that SFQ's figure minus this is the tree's
+    /// generality.
+    sfq_floor_ns_at_most_leaves: Option<f64>,
     sfq_goal_ns: f64,
     /// SFQ within its goal at 10,000 leaves and the overhead goal met; `false` when either
     /// misses, `null` when either is inconclusive or was not measured.
@@ -153,16 +158,54 @@ fn at_most<'r>(rows: &'r [Row], policy: &str) -> Option<&'r Row> {
         .max_by_key(|r| r.leaves)
 }
 
-/// Median ns per event of one policy at `leaves` active leaves over [`BATCHES`] batches, by the
-/// wall clock and by the thread's CPU clock: (wall, CPU).
-fn tree_cost(policy: PolicyKind, leaves: usize, events: usize) -> (f64, f64) {
-    let mut tree = build_tree(policy, leaves);
+/// The name of the floor's rows.
+const FLOOR: &str = "sfq-floor";
+
+/// [`SfqFloor`] built as [`build_tree`] builds an SFQ tree: the same groups, leaves and
+/// weights, so it makes the same decisions (the floor's unit test checks that against the
+/// tree).
+fn build_floor(leaves: usize) -> SfqFloor {
+    let groups = (leaves as f64).sqrt().ceil() as usize;
+    let mut floor = SfqFloor::default();
+    for g in 0..groups {
+        floor.add_group(1 + (g as u32 * 37) % 100);
+    }
+    for l in 0..leaves {
+        floor.add_leaf(l % groups, 1 + (l as u32 * 13) % 100);
+    }
+    floor
+}
+
+/// The floor's timed loop: the same events and costs as [`run_events`] (callgrind:
+/// `--toggle-collect='*run_floor_events*'`).
+#[inline(never)]
+fn run_floor_events(floor: &mut SfqFloor, events: usize) {
+    for i in 0..events {
+        black_box(
+            floor
+                .event(500 + (i as u64 % 7) * 100)
+                .expect("the floor has leaves"),
+        );
+    }
+}
+
+/// Median ns per event of one policy (or of the floor, with `None`) at `leaves` active
+/// leaves over [`BATCHES`] batches, by the wall clock and by the thread's CPU clock: (wall,
+/// CPU).
+fn tree_cost(policy: Option<PolicyKind>, leaves: usize, events: usize) -> (f64, f64) {
+    let mut subject = match policy {
+        Some(p) => Ok(build_tree(p, leaves)),
+        None => Err(build_floor(leaves)),
+    };
     let mut now = 0;
     let mut wall = Vec::with_capacity(BATCHES);
     let mut cpu = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let (t, c) = (Instant::now(), thread_cpu_ns());
-        now = run_events(&mut tree, now, events);
+        match &mut subject {
+            Ok(tree) => now = run_events(tree, now, events),
+            Err(floor) => run_floor_events(floor, events),
+        }
         cpu.push(thread_cpu_ns().saturating_sub(c) as f64 / events as f64);
         wall.push(t.elapsed().as_nanos() as f64 / events as f64);
     }
@@ -243,11 +286,19 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         a.leaves.iter().map(|&l| l as usize).collect()
     };
     let mut rows = Vec::new();
+    // SFQ is followed by its floor, so the two figures are taken minutes apart at most.
+    let mut subjects: Vec<Option<PolicyKind>> = Vec::new();
     for &policy in &policies {
+        subjects.push(Some(policy));
+        if policy == PolicyKind::Sfq {
+            subjects.push(None);
+        }
+    }
+    for &subject in &subjects {
         for &leaves in &ladder {
-            let (ns_per_event, cpu_ns_per_event) = tree_cost(policy, leaves, a.events);
+            let (ns_per_event, cpu_ns_per_event) = tree_cost(subject, leaves, a.events);
             rows.push(Row {
-                policy: policy.name(),
+                policy: subject.map_or(FLOOR, |p| p.name()),
                 leaves,
                 ns_per_event,
                 cpu_ns_per_event,
@@ -293,6 +344,10 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         (Some(true), Some(true)) => Some(true),
         _ => None,
     };
+    // At the same number of leaves as SFQ's figure, or none.
+    let sfq_floor_ns = at_most(&rows, FLOOR)
+        .filter(|r| sfq_top.is_some_and(|(leaves, ..)| leaves == r.leaves))
+        .map(|r| r.cpu_ns_per_event);
     let report = Report {
         experiment: "sched-cost",
         machine: machine(),
@@ -300,6 +355,7 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         overhead,
         sfq_ns_at_most_leaves: sfq_top.map(|(_, ns, _)| ns),
         sfq_wall_ns_at_most_leaves: sfq_top.map(|(.., wall)| wall),
+        sfq_floor_ns_at_most_leaves: sfq_floor_ns,
         sfq_goal_ns: SFQ_GOAL_NS,
         goal_met,
     };
@@ -313,12 +369,12 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         header,
         rows: Vec::new(),
     };
-    for p in &policies {
-        let of_policy = || report.rows.iter().filter(|r| r.policy == p.name());
-        let mut row = vec![p.name().to_string()];
+    for name in subjects.iter().map(|s| s.map_or(FLOOR, |p| p.name())) {
+        let of_policy = || report.rows.iter().filter(|r| r.policy == name);
+        let mut row = vec![name.to_string()];
         row.extend(of_policy().map(|r| format!("{:.1}", r.cpu_ns_per_event)));
         costs.row(row);
-        let mut row = vec![p.name().to_string()];
+        let mut row = vec![name.to_string()];
         row.extend(of_policy().map(|r| format!("{:.1}", r.ns_per_event)));
         costs_wall.row(row);
     }
@@ -347,6 +403,16 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
                 None => "not measured at that many leaves",
             }
         ));
+        if let Some(floor) = report.sfq_floor_ns_at_most_leaves {
+            notes.push(format!(
+                "The same schedule with none of the tree around it ({FLOOR}: two heap tops, \
+                 two tags charged, two sifts per event, over the same heaps): {floor:.1} ns, \
+                 what the algorithm itself costs on this machine; the tree's generality \
+                 (readiness, statistics, shapers, any policy at any node, lazy deletion, the \
+                 look-ahead) is the other {:.1} ns.",
+                sfq - floor
+            ));
+        }
     }
     if let Some(o) = &report.overhead {
         notes.push(format!(

@@ -13,6 +13,8 @@
 //!   WFQ by estimated finish tag; both can key clients by a [`SharedTag`] that all cores' trees
 //!   read, which is how shares hold for the whole machine), and [`Drr`].
 //! - [`Shaper`]: token and leaky buckets that wrap any node of a tree (non-work-conserving).
+//! - [`SfqFloor`]: not a scheduler but a measuring reference: the least work one event of a
+//!   two-level H-SFQ needs over the same heap, which `exp sched-cost` runs beside the tree.
 //! - [`Tree`]: an arena of interior nodes (each with its own policy) and leaves (queues owned by
 //!   the caller), with readiness propagated up and costs charged up the path.
 //!
@@ -21,11 +23,13 @@
 //! default: [`Tree::set_wake_credit`]); every dispatch is charged at least the tree's minimum
 //! cost; state that is touched per decision exists only for ready clients.
 
+mod floor;
 mod heap;
 mod policy;
 mod shaper;
 mod tree;
 
+pub use floor::SfqFloor;
 pub use policy::{
     AnyPolicy, ClientId, ClientParams, ClientStats, Drr, FairQueue, FairQueueMode, Fifo,
     PolicyKind, RoundRobin, Scheduler, SharedTag, StrictPriority, DRR_QUANTUM_NS_PER_WEIGHT,
