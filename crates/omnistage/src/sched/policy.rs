@@ -478,7 +478,9 @@ pub struct FairQueue {
     vtime: u64,
     seq: u32,
     ready: usize,
-    in_service: Option<ClientId>,
+    /// A client is in service (taken by `schedule`, not yet recorded); which one, its own
+    /// `in_service` flag says.
+    serving: bool,
     /// Cost units of service a waking client may take ahead of `vtime` (0: no banking).
     wake_credit: u64,
 }
@@ -493,7 +495,7 @@ impl FairQueue {
             vtime: 0,
             seq: 0,
             ready: 0,
-            in_service: None,
+            serving: false,
             wake_credit: 0,
         }
     }
@@ -682,7 +684,7 @@ impl Scheduler for FairQueue {
     }
     #[inline(always)]
     fn schedule(&mut self) -> Option<ClientId> {
-        assert!(self.in_service.is_none(), "schedule before the last record");
+        assert!(!self.serving, "schedule before the last record");
         // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
         // only grow, so a stale key is a lower bound). The re-key bound guards against tags
         // that keep growing under us from other cores.
@@ -714,21 +716,20 @@ impl Scheduler for FairQueue {
             }
             c.in_service = true;
             self.vtime = self.vtime.max(start);
-            self.in_service = Some(id);
+            self.serving = true;
             return Some(id);
         }
     }
     #[inline(always)]
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
-        assert_eq!(
-            self.in_service,
-            Some(id),
-            "record for a client not in service"
-        );
-        self.in_service = None;
         let top = self.heap.peek().copied();
         let mode = self.mode;
         let c = &mut self.clients[id as usize];
+        assert!(
+            self.serving && c.in_service,
+            "record for a client not in service"
+        );
+        self.serving = false;
         c.in_service = false;
         c.stats.charged += cost;
         c.stats.dispatches += 1;
@@ -1032,6 +1033,29 @@ impl AnyPolicy {
     }
 }
 
+impl AnyPolicy {
+    // The per-decision calls of the policies other than the fair queue, out of line: the
+    // fair queue's are inlined into the tree's walks, where a `match` over every policy's
+    // body would not be (measured: 1,112 → 1,091 instructions per event for `client_ready`
+    // alone, `exp sched-cost --tree-only --policy sfq --leaves 10000` under callgrind).
+    #[inline(never)]
+    fn client_ready_cold(&mut self, id: ClientId) {
+        delegate!(self, p => p.client_ready(id))
+    }
+    #[inline(never)]
+    fn schedule_cold(&mut self) -> Option<ClientId> {
+        delegate!(self, p => p.schedule())
+    }
+    #[inline(never)]
+    fn resource_record_cold(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        delegate!(self, p => p.resource_record(id, cost, still_ready))
+    }
+    #[inline(never)]
+    fn ready_count_cold(&self) -> usize {
+        delegate!(self, p => p.ready_count())
+    }
+}
+
 impl Scheduler for AnyPolicy {
     fn add_client(&mut self, id: ClientId, params: &ClientParams) {
         delegate!(self, p => p.add_client(id, params))
@@ -1042,25 +1066,39 @@ impl Scheduler for AnyPolicy {
     fn remove_client(&mut self, id: ClientId) {
         delegate!(self, p => p.remove_client(id))
     }
+    #[inline(always)]
     fn client_ready(&mut self, id: ClientId) {
-        delegate!(self, p => p.client_ready(id))
+        match self {
+            AnyPolicy::Fq(f) => f.client_ready(id),
+            other => other.client_ready_cold(id),
+        }
     }
     fn client_suspended(&mut self, id: ClientId) {
         delegate!(self, p => p.client_suspended(id))
     }
-    #[inline]
+    #[inline(always)]
     fn schedule(&mut self) -> Option<ClientId> {
-        delegate!(self, p => p.schedule())
+        match self {
+            AnyPolicy::Fq(f) => f.schedule(),
+            other => other.schedule_cold(),
+        }
     }
-    #[inline]
+    #[inline(always)]
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
-        delegate!(self, p => p.resource_record(id, cost, still_ready))
+        match self {
+            AnyPolicy::Fq(f) => f.resource_record(id, cost, still_ready),
+            other => other.resource_record_cold(id, cost, still_ready),
+        }
     }
     fn client_statistics(&self, id: ClientId) -> ClientStats {
         delegate!(self, p => p.client_statistics(id))
     }
+    #[inline(always)]
     fn ready_count(&self) -> usize {
-        delegate!(self, p => p.ready_count())
+        match self {
+            AnyPolicy::Fq(f) => f.ready,
+            other => other.ready_count_cold(),
+        }
     }
 }
 
@@ -1083,6 +1121,38 @@ mod tests {
     #[test]
     fn a_fair_queue_client_is_one_cache_line() {
         assert_eq!(std::mem::size_of::<FqClient>(), 64);
+    }
+
+    /// The fair queue keeps the protocol: one record per decision, for the client decided.
+    #[test]
+    #[should_panic(expected = "schedule before the last record")]
+    fn a_fair_queue_refuses_a_second_decision_before_the_record() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        p.add_client(0, &ClientParams::default());
+        p.client_ready(0);
+        assert_eq!(p.schedule(), Some(0));
+        p.schedule();
+    }
+
+    #[test]
+    #[should_panic(expected = "record for a client not in service")]
+    fn a_fair_queue_refuses_a_record_for_another_client() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        for id in 0..2 {
+            p.add_client(id, &ClientParams::default());
+            p.client_ready(id);
+        }
+        let id = p.schedule().unwrap();
+        p.resource_record(1 - id, 10, true);
+    }
+
+    #[test]
+    #[should_panic(expected = "record for a client not in service")]
+    fn a_fair_queue_refuses_a_record_without_a_decision() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        p.add_client(0, &ClientParams::default());
+        p.client_ready(0);
+        p.resource_record(0, 10, true);
     }
 
     #[test]

@@ -420,6 +420,7 @@ impl Tree {
     }
 
     /// `id` has work: make it ready in its ancestors, unless a shaper holds it back.
+    #[inline(always)]
     fn propagate_ready(&mut self, mut id: NodeId, now_ns: u64) {
         let hint = self.nodes.len() >= WARM_NODES_MIN;
         let Tree {
