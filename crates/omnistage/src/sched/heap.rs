@@ -208,12 +208,18 @@ impl TagHeap {
     /// No prefetch: hinting the four lines of grandchildren at each level (the previous
     /// version) measured slower here than none, alternating binaries in one session.
     #[inline(always)]
-    fn sift_down(&mut self, mut i: usize, e: Entry) {
+    fn sift_down(&mut self, i: usize, e: Entry) {
         let p = i + OFFSET;
         let (mut hole_line, mut hole_slot) = (p / 4, p % 4);
+        // The line of the hole's children: logical node `i`'s are line `i + 1`. Only the line
+        // is carried from level to level (child `best` of line `l` is logical node
+        // `4 (l - 1) + 1 + best`, whose children are line `4 l - 2 + best`): one address
+        // computation per level instead of the logical index and its line both (measured:
+        // N → M instructions per event, `exp sched-cost --tree-only` at 10,000 leaves).
+        let mut line = i + 1;
         // Every slot at or past `len` holds a sentinel, so a line of children that exists but
         // is past the end stops the loop by comparison: one check per level, not two.
-        while let Some(Line(kids)) = self.lines.get(i + 1) {
+        while let Some(Line(kids)) = self.lines.get(line) {
             // A tournament of three comparisons, each a conditional move.
             let a = usize::from(kids[1].before(&kids[0]));
             let b = 2 + usize::from(kids[3].before(&kids[2]));
@@ -223,8 +229,10 @@ impl TagHeap {
                 break;
             }
             self.lines[hole_line].0[hole_slot] = child;
-            (hole_line, hole_slot) = (i + 1, best);
-            i = 4 * i + 1 + best;
+            (hole_line, hole_slot) = (line, best);
+            // `line >= 1`, and it stays below the vector's length (≤ isize::MAX / 64), so
+            // neither the subtraction nor the product can wrap.
+            line = 4 * line + best - 2;
         }
         self.lines[hole_line].0[hole_slot] = e;
     }
