@@ -584,6 +584,46 @@ impl FairQueue {
     }
 }
 
+impl FairQueue {
+    /// [`Scheduler::schedule`] in general: drops stale entries and re-keys live ones whose
+    /// key grew, until the top is a live entry with its current key (called with no client
+    /// in service and no dead top, which `schedule` has checked and dropped).
+    #[inline(never)]
+    fn schedule_general(&mut self) -> Option<ClientId> {
+        // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
+        // only grow, so a stale key is a lower bound). The re-key bound guards against tags
+        // that keep growing under us from other cores.
+        let mut rekeys_left = self.ready + 8;
+        loop {
+            let top = *self.heap.peek()?;
+            let id = top.id();
+            // One lookup of the client for the whole decision (at thousands of clients its
+            // line is the decision's likeliest miss).
+            let c = &mut self.clients[id as usize];
+            if !(c.ready && c.live_seq == top.seq()) {
+                self.heap.pop();
+                continue;
+            }
+            let start = c.start_tag();
+            let key = match self.mode {
+                // A local start tag never changes while its entry is queued: the entry's key
+                // is the tag (only a shared one can have grown since).
+                FairQueueMode::Start if c.shared.is_none() => top.key(),
+                mode => Self::key(mode, c),
+            };
+            if key > top.key() && rekeys_left > 0 && self.heap.len() > 1 {
+                rekeys_left -= 1;
+                self.heap.replace_top(top.with_key(key));
+                continue;
+            }
+            c.in_service = true;
+            self.vtime = self.vtime.max(start);
+            self.serving = true;
+            return Some(id);
+        }
+    }
+}
+
 impl Scheduler for FairQueue {
     fn add_client(&mut self, id: ClientId, params: &ClientParams) {
         let i = id as usize;
@@ -685,40 +725,26 @@ impl Scheduler for FairQueue {
     #[inline(always)]
     fn schedule(&mut self) -> Option<ClientId> {
         assert!(!self.serving, "schedule before the last record");
-        // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
-        // only grow, so a stale key is a lower bound). The re-key bound guards against tags
-        // that keep growing under us from other cores.
-        let mut rekeys_left = self.ready + 8;
         if std::mem::take(&mut self.top_dead) {
             self.heap.pop();
         }
-        loop {
-            let top = *self.heap.peek()?;
-            let id = top.id();
-            // One lookup of the client for the whole decision (at thousands of clients its
-            // line is the decision's likeliest miss).
-            let c = &mut self.clients[id as usize];
-            if !(c.ready && c.live_seq == top.seq()) {
-                self.heap.pop();
-                continue;
-            }
-            let start = c.start_tag();
-            let key = match self.mode {
-                // A local start tag never changes while its entry is queued: the entry's key
-                // is the tag (only a shared one can have grown since).
-                FairQueueMode::Start if c.shared.is_none() => top.key(),
-                mode => Self::key(mode, c),
-            };
-            if key > top.key() && rekeys_left > 0 && self.heap.len() > 1 {
-                rekeys_left -= 1;
-                self.heap.replace_top(top.with_key(key));
-                continue;
-            }
+        // The common decision, inline: a live top entry of an SFQ client whose tag is its
+        // own. Its key is its tag (a local start tag does not change while its entry is
+        // queued), so there is nothing to re-key. Anything else (a stale entry, a shared tag
+        // that may have grown, WFQ's key) goes the general way, out of line.
+        let top = *self.heap.peek()?;
+        let c = &mut self.clients[top.id() as usize];
+        if c.ready
+            && c.live_seq == top.seq()
+            && self.mode == FairQueueMode::Start
+            && c.shared.is_none()
+        {
             c.in_service = true;
-            self.vtime = self.vtime.max(start);
+            self.vtime = self.vtime.max(c.tag);
             self.serving = true;
-            return Some(id);
+            return Some(top.id());
         }
+        self.schedule_general()
     }
     #[inline(always)]
     fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
