@@ -175,7 +175,11 @@ impl Tree {
             parent: None,
             slot: 0,
             kind: Kind::Interior(Box::new(Interior {
-                policy: AnyPolicy::new(root_policy),
+                policy: {
+                    let mut policy = AnyPolicy::new(root_policy);
+                    policy.forget_client_stats();
+                    policy
+                },
                 children: Vec::new(),
                 free_slots: Vec::new(),
                 child_count: 0,
@@ -232,6 +236,8 @@ impl Tree {
     fn new_policy(&self, kind: PolicyKind) -> AnyPolicy {
         let mut policy = AnyPolicy::new(kind);
         policy.set_wake_credit(self.wake_credit);
+        // The nodes keep the statistics ([`NodeStats`]).
+        policy.forget_client_stats();
         policy
     }
 
@@ -387,6 +393,7 @@ impl Tree {
                 };
                 *child_count += 1;
                 policy.add_client(slot, &params);
+                policy.set_node(slot, id);
                 slot
             }
             Kind::Leaf { .. } | Kind::Free => unreachable!("checked by caller"),
@@ -567,6 +574,7 @@ impl Tree {
         let mut policy = self.new_policy(kind);
         for &(slot, child) in &children {
             policy.add_client(slot, &self.params[child as usize]);
+            policy.set_node(slot, child);
             let c = self.n(child);
             if c.ready_in_parent {
                 policy.client_ready(slot);
@@ -731,7 +739,19 @@ impl Tree {
             match &mut self.nodes[id as usize].kind {
                 Kind::Interior(i) => {
                     let slot = i.policy.schedule()?;
-                    id = i.children[slot as usize].expect("policy scheduled a free slot");
+                    id = match &i.policy {
+                        // The child's id is in the client's line, which the decision has
+                        // just read; the slot map is another line.
+                        AnyPolicy::Fq(f) => {
+                            let node = f.node_of(slot);
+                            debug_assert_eq!(
+                                Some(Some(node)),
+                                i.children.get(slot as usize).copied()
+                            );
+                            node
+                        }
+                        _ => i.children[slot as usize].expect("policy scheduled a free slot"),
+                    };
                 }
                 Kind::Leaf { .. } => {
                     self.in_service = Some(id);
@@ -820,10 +840,7 @@ impl Tree {
                 // root's heap, touched every event, stays in the cache anyway).
                 i.policy.hint_heap();
             }
-            let Some(slot) = i.policy.next_hint() else {
-                return;
-            };
-            let Some(&Some(child)) = i.children.get(slot as usize) else {
+            let Some(child) = i.policy.next_hint() else {
                 return;
             };
             id = child;
@@ -858,10 +875,7 @@ impl Tree {
 /// otherwise cold by then.
 #[inline]
 fn hint_next_child(i: &Interior, nodes: *const Node) {
-    let Some(slot) = i.policy.next_hint() else {
-        return;
-    };
-    if let Some(&Some(child)) = i.children.get(slot as usize) {
+    if let Some(child) = i.policy.next_hint() {
         super::prefetch(nodes.wrapping_add(child as usize));
     }
 }
