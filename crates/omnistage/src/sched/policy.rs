@@ -1115,10 +1115,13 @@ impl AnyPolicy {
 }
 
 impl AnyPolicy {
-    // The per-decision calls of the policies other than the fair queue, out of line: the
-    // fair queue's are inlined into the tree's walks, where a `match` over every policy's
-    // body would not be (measured: 1,112 → 1,091 instructions per event for `client_ready`
-    // alone, `exp sched-cost --tree-only --policy sfq --leaves 10000` under callgrind).
+    // The per-decision calls of the policies other than the fair queue (every activity's
+    // default), out of line: the fair queue's are inlined into the tree's walks, where a
+    // `match` over every policy's body would not be. Measured under callgrind (`exp
+    // sched-cost --tree-only --leaves 10000`, instructions per event): SFQ 1,112 → 1,091 for
+    // `client_ready` alone, 1,078 with the other three; the price is a call more per level
+    // for the others (FIFO 547 → 593, DRR 646 → 727). Inlining FIFO's as well gave FIFO 522
+    // but SFQ 1,036 against 1,007 and WFQ 1,210 against 1,181 (the walks' registers), so no.
     #[inline(never)]
     fn client_ready_cold(&mut self, id: ClientId) {
         delegate!(self, p => p.client_ready(id))
