@@ -766,19 +766,21 @@ impl Scheduler for FairQueue {
         if std::mem::take(&mut self.top_dead) {
             self.heap.pop();
         }
-        // The common decision, inline: a live top entry of an SFQ client whose tag is its
-        // own. Its key is its tag (a local start tag does not change while its entry is
-        // queued), so there is nothing to re-key. Anything else (a stale entry, a shared tag
-        // that may have grown, WFQ's key) goes the general way, out of line.
+        // The common decision, inline: a live top entry of an SFQ client whose start tag is
+        // still the entry's key (always so for a tag of its own, which does not change while
+        // its entry is queued; for a shared tag, unless another core charged it since), so
+        // there is nothing to re-key. Anything else (a stale entry, a shared tag that grew,
+        // WFQ's key) goes the general way, out of line.
         let top = *self.heap.peek()?;
         let c = &mut self.clients[top.id() as usize];
+        let start = c.start_tag();
         if c.ready
             && c.live_seq == top.seq()
             && self.mode == FairQueueMode::Start
-            && c.shared.is_none()
+            && start == top.key()
         {
             c.in_service = true;
-            self.vtime = self.vtime.max(c.tag);
+            self.vtime = self.vtime.max(start);
             self.serving = true;
             return Some(top.id());
         }
