@@ -431,6 +431,13 @@ struct FqClient {
     /// instead of in a separate slot → node map (one cache line less per level at 10,000
     /// leaves). Only ever a hint to the policy itself.
     node: u32,
+    /// Where the caller keeps the child's own state, as an address for cache hints only
+    /// (never dereferenced; 0 for none; [`FairQueue::set_node`]). The tree's look-ahead
+    /// starts loading a child's state (its policy, its heap's top) together with the child's
+    /// node, instead of after it (the node holds the pointer): one dependent load less on
+    /// its walk. Measured at 10,000 leaves: the fastest of 20 alternating runs 108.8 ns
+    /// against 116.4 without it, for 8 instructions more per event.
+    state_hint: usize,
 }
 
 impl FqClient {
@@ -528,11 +535,13 @@ impl FairQueue {
         self.stats = Vec::new();
     }
 
-    /// Records the caller's number for a registered client (see [`FqClient::node`]).
-    pub(crate) fn set_node(&mut self, id: ClientId, node: u32) {
+    /// Records the caller's number for a registered client and, as a cache hint only, the
+    /// address of its own state (see [`FqClient::node`] and [`FqClient::state_hint`]).
+    pub(crate) fn set_node(&mut self, id: ClientId, node: u32, state_hint: usize) {
         let c = &mut self.clients[id as usize];
         assert!(c.registered, "set_node for a client not added");
         c.node = node;
+        c.state_hint = state_hint;
     }
 
     /// The caller's number of a client ([`FairQueue::set_node`]; 0 if none was set).
@@ -603,9 +612,11 @@ impl FairQueue {
     /// number). Reading it brings that client's line into the cache, which the decision
     /// reads.
     #[inline]
-    pub(crate) fn next_hint(&self) -> Option<u32> {
+    pub(crate) fn next_hint(&self) -> Option<(u32, usize)> {
         let top = self.heap.peek()?;
-        self.clients.get(top.id() as usize).map(|c| c.node)
+        self.clients
+            .get(top.id() as usize)
+            .map(|c| (c.node, c.state_hint))
     }
 
     /// Hints the cache with the first lines the next sift of this node's heap reads (when
@@ -1088,7 +1099,7 @@ impl AnyPolicy {
     /// [`super::Tree`]'s look-ahead (fair queues only: the other policies answer `None`, so
     /// a walk stops at them).
     #[inline]
-    pub(crate) fn next_hint(&self) -> Option<u32> {
+    pub(crate) fn next_hint(&self) -> Option<(u32, usize)> {
         match self {
             AnyPolicy::Fq(f) => f.next_hint(),
             _ => None,
@@ -1102,9 +1113,9 @@ impl AnyPolicy {
         }
     }
     /// Records the caller's number for a client (fair queues only; [`FairQueue::set_node`]).
-    pub(crate) fn set_node(&mut self, id: ClientId, node: u32) {
+    pub(crate) fn set_node(&mut self, id: ClientId, node: u32, state_hint: usize) {
         if let AnyPolicy::Fq(f) = self {
-            f.set_node(id, node);
+            f.set_node(id, node, state_hint);
         }
     }
     /// Hints the cache with the first lines of the node's next heap sift (fair queues only).

@@ -373,6 +373,7 @@ impl Tree {
     /// Registers `id` as a client of `parent` (not ready yet).
     fn attach(&mut self, id: NodeId, parent: NodeId) {
         let params = self.params[id as usize].clone();
+        let hint = Self::state_hint(&self.nodes[id as usize]);
         let slot = match &mut self.n(parent).kind {
             Kind::Interior(i) => {
                 let Interior {
@@ -393,7 +394,7 @@ impl Tree {
                 };
                 *child_count += 1;
                 policy.add_client(slot, &params);
-                policy.set_node(slot, id);
+                policy.set_node(slot, id, hint);
                 slot
             }
             Kind::Leaf { .. } | Kind::Free => unreachable!("checked by caller"),
@@ -402,6 +403,16 @@ impl Tree {
         n.parent = Some(parent);
         n.slot = slot;
         n.ready_in_parent = false;
+    }
+
+    /// The address of an interior node's state, for its parent's fair queue to hand to the
+    /// look-ahead as a cache hint (0 for a leaf): the boxed state does not move while the
+    /// node lives (a new policy is put into the same box).
+    fn state_hint(n: &Node) -> usize {
+        match &n.kind {
+            Kind::Interior(i) => &**i as *const Interior as usize,
+            _ => 0,
+        }
     }
 
     /// Unregisters `id` from its parent; propagates the parent's loss of work upward.
@@ -574,7 +585,8 @@ impl Tree {
         let mut policy = self.new_policy(kind);
         for &(slot, child) in &children {
             policy.add_client(slot, &self.params[child as usize]);
-            policy.set_node(slot, child);
+            let hint = Self::state_hint(&self.nodes[child as usize]);
+            policy.set_node(slot, child, hint);
             let c = self.n(child);
             if c.ready_in_parent {
                 policy.client_ready(slot);
@@ -840,11 +852,18 @@ impl Tree {
                 // root's heap, touched every event, stays in the cache anyway).
                 i.policy.hint_heap();
             }
-            let Some(child) = i.policy.next_hint() else {
+            let Some((child, state)) = i.policy.next_hint() else {
                 return;
             };
             id = child;
             super::prefetch(self.nodes.as_ptr().wrapping_add(id as usize));
+            // The child's own state (an interior node's policy and heap top, two lines) at
+            // the same time as its node, not after it.
+            if state != 0 {
+                let state = state as *const u8;
+                super::prefetch(state);
+                super::prefetch(state.wrapping_add(64));
+            }
         }
     }
 
@@ -875,7 +894,7 @@ impl Tree {
 /// otherwise cold by then.
 #[inline]
 fn hint_next_child(i: &Interior, nodes: *const Node) {
-    if let Some(child) = i.policy.next_hint() {
+    if let Some((child, _)) = i.policy.next_hint() {
         super::prefetch(nodes.wrapping_add(child as usize));
     }
 }
