@@ -409,7 +409,8 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
                  two tags charged, two sifts per event, over the same heaps): {floor:.1} ns, \
                  what the algorithm itself costs on this machine; the tree's generality \
                  (readiness, statistics, shapers, any policy at any node, lazy deletion, the \
-                 look-ahead) is the other {:.1} ns.",
+                 look-ahead) and its call shape (a pick, a charge and a refill per event \
+                 against one call) are the other {:.1} ns.",
                 sfq - floor
             ));
         }

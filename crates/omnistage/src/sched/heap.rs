@@ -201,9 +201,9 @@ impl TagHeap {
 
     /// Places `e` at `i` or below it (the slot at `i` is a hole).
     ///
-    /// The hole is tracked as (line, slot) beside the logical index: when child `best` of line
-    /// `i + 1` moves up, the hole becomes that very slot, so no level re-derives a position
-    /// (a division and a bounds check per level before).
+    /// The hole is tracked as (line, slot), and the walk as the line of the hole's children:
+    /// when child `best` of that line moves up, the hole becomes that very slot, so no level
+    /// re-derives a position (a division and a bounds check per level before).
     ///
     /// No prefetch: hinting the four lines of grandchildren at each level (the previous
     /// version) measured slower here than none, alternating binaries in one session.

@@ -403,8 +403,8 @@ pub enum FairQueueMode {
 }
 
 /// One client's state, one cache line: everything a decision and its charge touch for the
-/// client (its statistics included) is in this line, so a decision under a cold cache costs one
-/// miss per client it looks at.
+/// client is in this line (the statistics, when kept, are apart: a tree keeps them in its
+/// nodes), so a decision under a cold cache costs one miss per client it looks at.
 #[derive(Clone, Debug, Default)]
 #[repr(align(64))]
 struct FqClient {
@@ -530,13 +530,16 @@ impl FairQueue {
 
     /// Stops keeping per-client statistics ([`Scheduler::client_statistics`] then answers
     /// zeros): for a caller that keeps the same sums itself, as [`super::Tree`] does.
-    pub fn forget_client_stats(&mut self) {
+    pub(crate) fn forget_client_stats(&mut self) {
         self.keep_stats = false;
         self.stats = Vec::new();
     }
 
     /// Records the caller's number for a registered client and, as a cache hint only, the
-    /// address of its own state (see [`FqClient::node`] and [`FqClient::state_hint`]).
+    /// address of its own state (see [`FqClient::node`] and [`FqClient::state_hint`]). A
+    /// caller that reads the number back ([`super::Tree::pick`] does, in place of its slot
+    /// map) must call this after every `add_client`: `add_client` and `remove_client` reset
+    /// it to 0.
     pub(crate) fn set_node(&mut self, id: ClientId, node: u32, state_hint: usize) {
         let c = &mut self.clients[id as usize];
         assert!(c.registered, "set_node for a client not added");
@@ -741,6 +744,9 @@ impl Scheduler for FairQueue {
             live_seq,
             ..Default::default()
         };
+        if let Some(s) = self.stats.get_mut(id as usize) {
+            *s = ClientStats::default();
+        }
     }
     #[inline(always)]
     fn client_ready(&mut self, id: ClientId) {
@@ -779,8 +785,8 @@ impl Scheduler for FairQueue {
         }
         // The common decision, inline: a live top entry of an SFQ client whose start tag is
         // still the entry's key (always so for a tag of its own, which does not change while
-        // its entry is queued; for a shared tag, unless another core charged it since), so
-        // there is nothing to re-key. Anything else (a stale entry, a shared tag that grew,
+        // its entry is queued; for a shared tag, unless it moved since: another core charged
+        // or raised it), so there is nothing to re-key. Anything else (a stale entry, a shared tag that grew,
         // WFQ's key) goes the general way, out of line.
         let top = *self.heap.peek()?;
         let c = &mut self.clients[top.id() as usize];
@@ -1107,7 +1113,7 @@ impl AnyPolicy {
     }
     /// Stops a fair queue's per-client statistics ([`FairQueue::forget_client_stats`]);
     /// the other policies keep theirs.
-    pub fn forget_client_stats(&mut self) {
+    pub(crate) fn forget_client_stats(&mut self) {
         if let AnyPolicy::Fq(f) = self {
             f.forget_client_stats();
         }
@@ -1250,6 +1256,36 @@ mod tests {
         p.add_client(0, &ClientParams::default());
         p.client_ready(0);
         p.resource_record(0, 10, true);
+    }
+
+    /// A client suspended and made ready again has two entries, the old one (same key, an
+    /// earlier sequence number) stale: the decision drops it and serves the client queued in
+    /// between first, as the order of readiness says.
+    #[test]
+    fn a_stale_entry_of_a_returned_client_is_not_served() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        for id in 0..2 {
+            p.add_client(id, &ClientParams::default());
+        }
+        p.client_ready(0);
+        p.client_ready(1);
+        p.client_suspended(0);
+        p.client_ready(0);
+        assert_eq!(p.schedule(), Some(1));
+    }
+
+    #[test]
+    fn removing_a_fair_queue_client_resets_its_statistics() {
+        let mut p = FairQueue::new(FairQueueMode::Start);
+        p.add_client(0, &ClientParams::default());
+        p.client_ready(0);
+        assert_eq!(p.schedule(), Some(0));
+        p.resource_record(0, 10, false);
+        assert_eq!(p.client_statistics(0).charged, 10);
+        p.remove_client(0);
+        assert_eq!(p.client_statistics(0), ClientStats::default());
+        p.add_client(0, &ClientParams::default());
+        assert_eq!(p.client_statistics(0), ClientStats::default());
     }
 
     #[test]

@@ -257,7 +257,7 @@ impl Tree {
     fn policy(&mut self, id: NodeId) -> &mut AnyPolicy {
         match &mut self.n(id).kind {
             Kind::Interior(i) => &mut i.policy,
-            Kind::Leaf { .. } | Kind::Free => unreachable!("leaf has no policy"),
+            Kind::Leaf { .. } | Kind::Free => unreachable!("node {id} has no policy"),
         }
     }
 
@@ -697,7 +697,8 @@ impl Tree {
     /// A leaf's queue was emptied other than by a dispatch (messages withdrawn or moved).
     pub fn leaf_idle(&mut self, leaf: NodeId) {
         let in_service = self.in_service == Some(leaf);
-        let n = self.n(leaf);
+        // The match below also says the node is live.
+        let n = &mut self.nodes[leaf as usize];
         match &mut n.kind {
             Kind::Leaf { backlogged } => *backlogged = false,
             Kind::Interior(_) => panic!("leaf_idle on interior node {leaf}"),
