@@ -24,6 +24,7 @@
 //! cost; state that is touched per decision exists only for ready clients.
 
 mod floor;
+mod fq;
 mod heap;
 mod policy;
 mod shaper;
