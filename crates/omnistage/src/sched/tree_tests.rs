@@ -123,6 +123,85 @@ mod warm {
             }
         }
     }
+
+    /// The same while the tree changes under the look-ahead: leaves moved between groups,
+    /// groups re-policied, idle leaves removed and their places reused. The look-ahead and
+    /// `pick` follow the child's node id kept in each fair queue's client line (and hint its
+    /// state's address), which every one of those changes must keep right: in a debug build
+    /// `pick` checks each id against the slot map (with `set_policy` not recording the ids,
+    /// this test fails there).
+    #[test]
+    fn warming_changes_no_decision_while_the_tree_changes() {
+        let (mut small, mut leaves) = build(0);
+        let (mut big, _) = build(2_000);
+        let groups: Vec<NodeId> = small.children(small.root()).unwrap();
+        let policies = [PolicyKind::Sfq, PolicyKind::Wfq, PolicyKind::Fifo];
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut now = 0;
+        let (mut moved, mut repolicied, mut replaced) = (0, 0, 0);
+        for step in 0..30_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (a, b) = (small.pick(now), big.pick(now));
+            assert_eq!(a, b, "step {step}");
+            let leaf = a.expect("some leaf is always backlogged");
+            now += 1_000;
+            let still = !x.is_multiple_of(4);
+            small.charge(leaf, 200 + x % 900, still, now);
+            big.charge(leaf, 200 + x % 900, still, now);
+            let pick_of = |y: u64, v: &[NodeId]| v[(y >> 11) as usize % v.len()];
+            // Bits apart from the ones `still` reads, so every change meets every case.
+            match (x >> 33) % 16 {
+                0 => {
+                    let (l, g) = (pick_of(x, &leaves), pick_of(x >> 7, &groups));
+                    for t in [&mut small, &mut big] {
+                        t.move_node(l, g, now).unwrap();
+                    }
+                    moved += 1;
+                }
+                1 => {
+                    let g = pick_of(x, &groups);
+                    let p = policies[(x >> 20) as usize % 3];
+                    for t in [&mut small, &mut big] {
+                        t.set_policy(g, p).unwrap();
+                    }
+                    repolicied += 1;
+                }
+                2 if !still => {
+                    // The leaf just emptied: remove it and put a new one in its place.
+                    let g = small.parent(leaf).unwrap();
+                    let w = ClientParams::weight(1 + (x >> 30) as u32 % 100);
+                    let (s_new, b_new) = {
+                        small.remove(leaf).unwrap();
+                        big.remove(leaf).unwrap();
+                        (
+                            small.add_leaf(g, w.clone()).unwrap(),
+                            big.add_leaf(g, w).unwrap(),
+                        )
+                    };
+                    assert_eq!(s_new, b_new, "both trees reuse the same place");
+                    small.leaf_ready(s_new, now);
+                    big.leaf_ready(b_new, now);
+                    let at = leaves.iter().position(|&l| l == leaf).unwrap();
+                    leaves[at] = s_new;
+                    replaced += 1;
+                }
+                _ if !still && !x.is_multiple_of(3) => {
+                    let other = pick_of(x, &leaves);
+                    for t in [&mut small, &mut big] {
+                        t.leaf_ready(leaf, now);
+                        t.leaf_ready(other, now);
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert!(
+            moved > 100 && repolicied > 100 && replaced > 100,
+            "moved {moved}, re-policied {repolicied}, replaced {replaced}"
+        );
+    }
 }
 
 mod shaped_room {
