@@ -92,6 +92,29 @@ mod warm {
         (t, leaves)
     }
 
+    /// One step of both trees: the next xorshift value in `x`, the same pick from both
+    /// (asserted), `now` advanced and the same charge. Returns the leaf served and whether it
+    /// is still backlogged.
+    fn serve_both(
+        small: &mut Tree,
+        big: &mut Tree,
+        x: &mut u64,
+        now: &mut u64,
+        step: u64,
+    ) -> (NodeId, bool) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        let (a, b) = (small.pick(*now), big.pick(*now));
+        assert_eq!(a, b, "step {step}");
+        let leaf = a.expect("some leaf is always backlogged");
+        *now += 1_000;
+        let still = !x.is_multiple_of(4);
+        small.charge(leaf, 200 + *x % 900, still, *now);
+        big.charge(leaf, 200 + *x % 900, still, *now);
+        (leaf, still)
+    }
+
     /// The look-ahead only reads (it takes `&self`) and only hints the cache: a tree big
     /// enough to warm its next pick picks exactly what the same tree below the threshold
     /// picks, while leaves empty, refill and are charged varied costs.
@@ -103,16 +126,7 @@ mod warm {
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         let mut now = 0;
         for step in 0..30_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let (a, b) = (small.pick(now), big.pick(now));
-            assert_eq!(a, b, "step {step}");
-            let leaf = a.expect("some leaf is always backlogged");
-            now += 1_000;
-            let still = !x.is_multiple_of(4);
-            small.charge(leaf, 200 + x % 900, still, now);
-            big.charge(leaf, 200 + x % 900, still, now);
+            let (leaf, still) = serve_both(&mut small, &mut big, &mut x, &mut now, step);
             if !still && !x.is_multiple_of(3) {
                 // Refill now, or refill another leaf that had emptied.
                 let other = leaves[(x >> 8) as usize % leaves.len()];
@@ -140,16 +154,7 @@ mod warm {
         let mut now = 0;
         let (mut moved, mut repolicied, mut replaced) = (0, 0, 0);
         for step in 0..30_000u64 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let (a, b) = (small.pick(now), big.pick(now));
-            assert_eq!(a, b, "step {step}");
-            let leaf = a.expect("some leaf is always backlogged");
-            now += 1_000;
-            let still = !x.is_multiple_of(4);
-            small.charge(leaf, 200 + x % 900, still, now);
-            big.charge(leaf, 200 + x % 900, still, now);
+            let (leaf, still) = serve_both(&mut small, &mut big, &mut x, &mut now, step);
             let pick_of = |y: u64, v: &[NodeId]| v[(y >> 11) as usize % v.len()];
             // Bits apart from the ones `still` reads, so every change meets every case.
             match (x >> 33) % 16 {
