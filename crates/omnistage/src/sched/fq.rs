@@ -26,39 +26,38 @@ pub enum FairQueueMode {
 /// One client's state, one cache line: everything a decision and its charge touch for the
 /// client is in this line (the statistics, when kept, are apart: a tree keeps them in its
 /// nodes), so a decision under a cold cache costs one miss per client it looks at.
+///
+/// Where the lines live is the owner's choice ([`FqCore`]'s calls take them as a slice): a
+/// [`FairQueue`] keeps its own, indexed by client id; a [`super::Tree`] keeps one per node,
+/// indexed by node id, so that a fair queue's client id *is* the child node's id and a
+/// decision reaches the child's node and its client line from the heap entry at once,
+/// instead of one after the other.
 #[derive(Clone, Debug, Default)]
 #[repr(align(64))]
-struct FqClient {
+pub(crate) struct FqClient {
     registered: bool,
     ready: bool,
     in_service: bool,
     weight: u32,
+    /// The [`FqCore::owner`] of the queue the client is registered with. Entries of a client
+    /// that moved to another queue stay behind in the old heap, and a sequence number there
+    /// could equal the one the new queue gave it: the owner tells them apart.
+    owner: u32,
+    /// Sequence number of this client's live heap entry; any other entry of it is stale
+    /// (lazy deletion). Kept when the client is removed, so that its old entries stay stale
+    /// if it comes back.
+    live_seq: u32,
+    /// Remainder of `cost * VT_SCALE / weight` carried to the next charge, so the tag is
+    /// exactly floor(W * VT_SCALE / w) and rounding never drifts (< weight <= 10,000).
+    remainder: u32,
     /// Local start tag (normalized service) when `shared` is `None`.
     tag: u64,
     shared: Option<Arc<SharedTag>>,
     /// EWMA of recent costs (WFQ's estimate), cost units.
     cost_estimate: u64,
-    /// Remainder of `cost * VT_SCALE / weight` carried to the next charge, so the tag is
-    /// exactly floor(W * VT_SCALE / w) and rounding never drifts (< weight <= 10,000).
-    remainder: u32,
-    /// Sequence number of this client's live heap entry; any other entry of it is stale
-    /// (lazy deletion).
-    live_seq: u32,
     /// The node's wake credit in this client's virtual units (`wake_credit * VT_SCALE /
     /// weight`), kept beside the tag so a wake-up divides nothing.
     credit_vt: u64,
-    /// The caller's number for this client ([`FairQueue::set_node`]): in a tree, the child
-    /// node's id, so that a decision finds the next node in the line it has just read
-    /// instead of in a separate slot → node map (one cache line less per level at 10,000
-    /// leaves). Only ever a hint to the policy itself.
-    node: u32,
-    /// Where the caller keeps the child's own state, as an address for cache hints only
-    /// (never dereferenced; 0 for none; [`FairQueue::set_node`]). The tree's look-ahead
-    /// starts loading a child's state (its policy, its heap's top) together with the child's
-    /// node, instead of after it (the node holds the pointer): one dependent load less on
-    /// its walk. Measured at 10,000 leaves: the fastest of 20 alternating runs 108.8 ns
-    /// against 116.4 without it, for 8 instructions more per event.
-    state_hint: usize,
 }
 
 impl FqClient {
@@ -68,39 +67,40 @@ impl FqClient {
             None => self.tag,
         }
     }
+
+    /// Whether a queue holds this client (its slot is in use).
+    pub(crate) fn is_registered(&self) -> bool {
+        self.registered
+    }
+
+    /// Applies a new wake credit (cost units) to a registered client (from its next wake-up).
+    pub(crate) fn set_wake_credit(&mut self, credit: u64) {
+        self.credit_vt = credit_vt(credit, self.weight);
+    }
+
+    /// Back to unregistered, keeping what tells its old heap entries stale.
+    fn reset(&mut self) {
+        *self = FqClient {
+            live_seq: self.live_seq,
+            ..Default::default()
+        };
+    }
 }
 
-/// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
-///
-/// Lag bound (no banking, with the default wake credit of 0): when a client becomes ready its
-/// start tag is raised to the node's virtual time `V` (the start tag of the most recent client
-/// taken into service), so a client that was idle returns with at most the same claim as the
-/// client just served. Over any
-/// interval in which clients i and j are both continuously ready, SFQ keeps
-/// `|W_i/w_i - W_j/w_j| <= l_i/w_i + l_j/w_j` (Goyal et al., Theorem 1; `l` the largest cost),
-/// in virtual units scaled by [`VT_SCALE`]; the property tests check it.
-///
-/// Wake credit (off by default, [`FairQueue::set_wake_credit`]): a waking client's tag is
-/// raised only to `V - credit * VT_SCALE / w`, so a client that was idle may take up to
-/// `credit` cost units of service ahead of the clients that stayed busy before it alternates
-/// with them: a burst of a light client is served at once instead of at its share. What it
-/// takes is service it missed while idle (its tag was further behind), never more: its
-/// normalized service still never runs more than `credit / w` ahead of `V`, so the bound above
-/// grows by `credit / w_i` for a client that wakes (EEVDF's bounded lag, CFS's wake-up
-/// placement), and a client that stays busy at this node gets no credit at all. (With a
-/// [`SharedTag`], "missed" is against this node's `V`: an activity busy on another core that
-/// wakes here may take up to its credit here.) A client added to the node starts at `V`, its
-/// shared tag included, so a new client has missed nothing.
-///
-/// Hot path: the client taken into service keeps its entry at the top of the heap; when it is
-/// charged and still ready (the common case) its key is updated in place and sifted down once,
-/// instead of a pop and a push.
+/// `credit` cost units in the virtual units of a client of `weight`.
+fn credit_vt(credit: u64, weight: u32) -> u64 {
+    credit.saturating_mul(VT_SCALE) / u64::from(weight.max(1))
+}
+
+/// The queue itself, without its clients' lines: every call that touches a client takes the
+/// lines as a slice indexed by client id (see [`FqClient`]). [`FairQueue`] pairs it with its
+/// own lines; [`super::Tree`] with the lines of its nodes.
 #[derive(Debug)]
-pub struct FairQueue {
+pub(crate) struct FqCore {
     mode: FairQueueMode,
-    /// Per-client state, a cache line each (at 10,000 clients a decision's cost is its cache
-    /// misses).
-    clients: Vec<FqClient>,
+    /// Which queue this is, among the queues that share one slice of client lines (a tree's
+    /// node id; 0 for a queue with lines of its own). See [`FqClient::owner`].
+    owner: u32,
     heap: TagHeap,
     /// The top entry of the heap belongs to a client that went idle when it was charged; it
     /// was left in place so that the next push can take its slot (one sift-down instead of a
@@ -115,18 +115,13 @@ pub struct FairQueue {
     serving: bool,
     /// Cost units of service a waking client may take ahead of `vtime` (0: no banking).
     wake_credit: u64,
-    /// Per-client statistics, kept apart from the clients' lines and only while
-    /// `keep_stats` ([`FairQueue::forget_client_stats`]: a tree keeps the same sums in its
-    /// nodes, so its fair queues keep none, and a charge writes one line less).
-    stats: Vec<ClientStats>,
-    keep_stats: bool,
 }
 
-impl FairQueue {
-    pub fn new(mode: FairQueueMode) -> Self {
-        FairQueue {
+impl FqCore {
+    pub(crate) fn new(mode: FairQueueMode, owner: u32) -> Self {
+        FqCore {
             mode,
-            clients: Vec::new(),
+            owner,
             heap: TagHeap::default(),
             top_dead: false,
             vtime: 0,
@@ -134,65 +129,23 @@ impl FairQueue {
             ready: 0,
             serving: false,
             wake_credit: 0,
-            stats: Vec::new(),
-            keep_stats: true,
         }
     }
 
-    /// Lets a client that wakes take up to `credit` cost units of service ahead of the
-    /// clients that stayed busy (see the type's docs); 0, the default, banks nothing. Applies
-    /// from each client's next wake-up.
-    pub fn set_wake_credit(&mut self, credit: u64) {
+    /// Sets the credit given to clients added from now on ([`FqClient::set_wake_credit`]
+    /// applies it to a registered one).
+    pub(crate) fn set_wake_credit(&mut self, credit: u64) {
         self.wake_credit = credit;
-        for c in self.clients.iter_mut().filter(|c| c.registered) {
-            c.credit_vt = Self::credit_vt(credit, c.weight);
-        }
     }
 
-    /// Stops keeping per-client statistics ([`Scheduler::client_statistics`] then answers
-    /// zeros): for a caller that keeps the same sums itself, as [`super::Tree`] does.
-    pub(crate) fn forget_client_stats(&mut self) {
-        self.keep_stats = false;
-        self.stats = Vec::new();
-    }
-
-    /// Records the caller's number for a registered client and, as a cache hint only, the
-    /// address of its own state (see [`FqClient::node`] and [`FqClient::state_hint`]). A
-    /// caller that reads the number back ([`super::Tree::pick`] does, in place of its slot
-    /// map) must call this after every `add_client`: `add_client` and `remove_client` reset
-    /// it to 0.
-    pub(crate) fn set_node(&mut self, id: ClientId, node: u32, state_hint: usize) {
-        let c = &mut self.clients[id as usize];
-        assert!(c.registered, "set_node for a client not added");
-        c.node = node;
-        c.state_hint = state_hint;
-    }
-
-    /// The caller's number of a client ([`FairQueue::set_node`]; 0 if none was set).
-    #[inline(always)]
-    pub(crate) fn node_of(&self, id: ClientId) -> u32 {
-        self.clients[id as usize].node
-    }
-
-    /// `credit` cost units in the virtual units of a client of `weight`.
-    fn credit_vt(credit: u64, weight: u32) -> u64 {
-        credit.saturating_mul(VT_SCALE) / u64::from(weight.max(1))
-    }
-
-    /// Which tag it orders by.
-    #[inline]
-    pub fn mode(&self) -> FairQueueMode {
-        self.mode
-    }
-
-    /// The node's virtual time (scaled normalized service).
-    pub fn virtual_time(&self) -> u64 {
-        self.vtime
-    }
-
-    /// A client's current start tag.
-    pub fn start_tag(&self, id: ClientId) -> u64 {
-        self.clients[id as usize].start_tag()
+    /// Makes this the queue of `owner` (see [`FqCore::owner`]); only while it has no
+    /// clients.
+    pub(crate) fn set_owner(&mut self, owner: u32) {
+        assert!(
+            self.heap.len() == 0 && self.ready == 0,
+            "a queue changes its owner only while empty"
+        );
+        self.owner = owner;
     }
 
     /// The heap key of client `c` in `mode` (a free function over the fields it needs, so the
@@ -215,11 +168,17 @@ impl FairQueue {
         self.seq
     }
 
+    /// Whether heap entry `e` is its client's live entry in this queue.
+    #[inline(always)]
+    fn is_live(&self, c: &FqClient, e: &Entry) -> bool {
+        c.ready && c.live_seq == e.seq() && c.owner == self.owner
+    }
+
     /// Pushes a fresh entry for `id`; any older entry of it becomes stale.
     #[inline(always)]
-    fn push(&mut self, id: ClientId) {
+    fn push(&mut self, cl: &mut [FqClient], id: ClientId) {
         let seq = self.next_seq();
-        let c = &mut self.clients[id as usize];
+        let c = &mut cl[id as usize];
         c.live_seq = seq;
         let key = Self::key(self.mode, c);
         if std::mem::take(&mut self.top_dead) {
@@ -230,23 +189,19 @@ impl FairQueue {
         // Lazy deletion leaves dead entries behind; rebuild when they dominate so the heap
         // stays O(ready clients).
         if self.heap.len() > 2 * self.ready + 64 {
-            let clients = &self.clients;
+            let owner = self.owner;
             self.heap.retain(|e| {
-                clients[e.id() as usize].ready && clients[e.id() as usize].live_seq == e.seq()
+                let c = &cl[e.id() as usize];
+                c.ready && c.live_seq == e.seq() && c.owner == owner
             });
         }
     }
 
-    /// The caller's number ([`FairQueue::set_node`]) of the client the next decision will
-    /// take if nothing changes before it: a hint (the top may be stale, and then so is the
-    /// number). Reading it brings that client's line into the cache, which the decision
-    /// reads.
+    /// The client the next decision will take if nothing changes before it: a hint (the top
+    /// may be stale). Reads only the heap's copy of its top, no client line.
     #[inline]
-    pub(crate) fn next_hint(&self) -> Option<(u32, usize)> {
-        let top = self.heap.peek()?;
-        self.clients
-            .get(top.id() as usize)
-            .map(|c| (c.node, c.state_hint))
+    pub(crate) fn next_hint(&self) -> Option<ClientId> {
+        self.heap.peek().map(|e| e.id())
     }
 
     /// Hints the cache with the first lines the next sift of this node's heap reads (when
@@ -255,14 +210,12 @@ impl FairQueue {
     pub(crate) fn hint_heap(&self) {
         self.heap.prefetch_below_top();
     }
-}
 
-impl FairQueue {
-    /// [`Scheduler::schedule`] in general: drops stale entries and re-keys live ones whose
+    /// [`FqCore::schedule`] in general: drops stale entries and re-keys live ones whose
     /// key grew, until the top is a live entry with its current key (called with no client
     /// in service and no dead top, which `schedule` has checked and dropped).
     #[inline(never)]
-    fn schedule_general(&mut self) -> Option<ClientId> {
+    fn schedule_general(&mut self, cl: &mut [FqClient]) -> Option<ClientId> {
         // Each iteration drops a stale entry or re-keys a live one whose shared tag grew (tags
         // only grow, so a stale key is a lower bound). The re-key bound guards against tags
         // that keep growing under us from other cores.
@@ -272,8 +225,8 @@ impl FairQueue {
             let id = top.id();
             // One lookup of the client for the whole decision (at thousands of clients its
             // line is the decision's likeliest miss).
-            let c = &mut self.clients[id as usize];
-            if !(c.ready && c.live_seq == top.seq()) {
+            let c = &mut cl[id as usize];
+            if !self.is_live(c, &top) {
                 self.heap.pop();
                 continue;
             }
@@ -295,47 +248,47 @@ impl FairQueue {
             return Some(id);
         }
     }
-}
 
-impl Scheduler for FairQueue {
-    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
-        let i = id as usize;
-        if self.clients.len() <= i {
-            self.clients.resize(i + 1, FqClient::default());
-        }
-        let c = &mut self.clients[i];
+    /// [`Scheduler::add_client`] over the lines `cl` (which must have room for `id`).
+    pub(crate) fn add_client(&mut self, cl: &mut [FqClient], id: ClientId, params: &ClientParams) {
+        let c = &mut cl[id as usize];
         assert!(!c.registered, "client {id} added twice");
         assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
-        let live_seq = c.live_seq;
         *c = FqClient {
             registered: true,
             weight: params.weight,
+            owner: self.owner,
+            live_seq: c.live_seq,
             tag: self.vtime,
             shared: params.shared.clone(),
-            live_seq,
-            credit_vt: Self::credit_vt(self.wake_credit, params.weight),
+            credit_vt: credit_vt(self.wake_credit, params.weight),
             ..Default::default()
         };
-        if self.keep_stats {
-            if self.stats.len() <= i {
-                self.stats.resize(i + 1, ClientStats::default());
-            }
-            self.stats[i] = ClientStats::default();
-        }
         // A new client has missed nothing: a fresh shared tag (a new or moved activity's
         // starts at 0) would otherwise bring the whole wake credit on its first wake.
         if let Some(s) = &c.shared {
             s.raise_to(self.vtime);
         }
     }
-    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+
+    /// [`Scheduler::update_client`] over the lines `cl`.
+    pub(crate) fn update_client(
+        &mut self,
+        cl: &mut [FqClient],
+        id: ClientId,
+        params: &ClientParams,
+    ) {
         assert!((WEIGHT_MIN..=WEIGHT_MAX).contains(&params.weight));
         let vtime = self.vtime;
-        let c = &mut self.clients[id as usize];
+        let c = &mut cl[id as usize];
+        assert!(
+            c.registered && c.owner == self.owner,
+            "update of client {id}, not one of this queue's"
+        );
         if c.weight != params.weight {
             c.weight = params.weight;
             c.remainder = 0;
-            c.credit_vt = Self::credit_vt(self.wake_credit, params.weight);
+            c.credit_vt = credit_vt(self.wake_credit, params.weight);
         }
         let mut rekey = self.mode == FairQueueMode::Finish;
         match (&c.shared, &params.shared) {
@@ -361,25 +314,22 @@ impl Scheduler for FairQueue {
         // The start tag keeps the service already received; the new weight applies to what
         // is charged from now on.
         if rekey && c.ready && !c.in_service {
-            self.push(id);
+            self.push(cl, id);
         }
     }
-    fn remove_client(&mut self, id: ClientId) {
-        self.client_suspended(id);
-        let live_seq = self.clients[id as usize].live_seq;
-        self.clients[id as usize] = FqClient {
-            live_seq,
-            ..Default::default()
-        };
-        if let Some(s) = self.stats.get_mut(id as usize) {
-            *s = ClientStats::default();
-        }
+
+    /// [`Scheduler::remove_client`] over the lines `cl`.
+    pub(crate) fn remove_client(&mut self, cl: &mut [FqClient], id: ClientId) {
+        self.client_suspended(cl, id);
+        cl[id as usize].reset();
     }
+
+    /// [`Scheduler::client_ready`] over the lines `cl`.
     #[inline(always)]
-    fn client_ready(&mut self, id: ClientId) {
+    pub(crate) fn client_ready(&mut self, cl: &mut [FqClient], id: ClientId) {
         let vtime = self.vtime;
-        let c = &mut self.clients[id as usize];
-        debug_assert!(c.registered);
+        let c = &mut cl[id as usize];
+        debug_assert!(c.registered && c.owner == self.owner);
         if c.ready {
             return;
         }
@@ -394,18 +344,26 @@ impl Scheduler for FairQueue {
             None => c.tag = c.tag.max(floor),
         }
         self.ready += 1;
-        self.push(id);
+        self.push(cl, id);
     }
-    fn client_suspended(&mut self, id: ClientId) {
-        let c = &mut self.clients[id as usize];
+
+    /// [`Scheduler::client_suspended`] over the lines `cl`.
+    pub(crate) fn client_suspended(&mut self, cl: &mut [FqClient], id: ClientId) {
+        let c = &mut cl[id as usize];
+        assert!(
+            c.registered && c.owner == self.owner,
+            "suspend of client {id}, not one of this queue's"
+        );
         assert!(!c.in_service, "cannot suspend a client in service");
         if c.ready {
             c.ready = false;
             self.ready -= 1;
         }
     }
+
+    /// [`Scheduler::schedule`] over the lines `cl`.
     #[inline(always)]
-    fn schedule(&mut self) -> Option<ClientId> {
+    pub(crate) fn schedule(&mut self, cl: &mut [FqClient]) -> Option<ClientId> {
         assert!(!self.serving, "schedule before the last record");
         if std::mem::take(&mut self.top_dead) {
             self.heap.pop();
@@ -413,30 +371,34 @@ impl Scheduler for FairQueue {
         // The common decision, inline: a live top entry of an SFQ client whose start tag is
         // still the entry's key (always so for a tag of its own, which does not change while
         // its entry is queued; for a shared tag, unless it moved since: another core charged
-        // or raised it), so there is nothing to re-key. Anything else (a stale entry, a shared tag that grew,
-        // WFQ's key) goes the general way, out of line.
+        // or raised it), so there is nothing to re-key. Anything else (a stale entry, a
+        // shared tag that grew, WFQ's key) goes the general way, out of line.
         let top = *self.heap.peek()?;
-        let c = &mut self.clients[top.id() as usize];
+        let c = &mut cl[top.id() as usize];
         let start = c.start_tag();
-        if c.ready
-            && c.live_seq == top.seq()
-            && self.mode == FairQueueMode::Start
-            && start == top.key()
-        {
+        if self.is_live(c, &top) && self.mode == FairQueueMode::Start && start == top.key() {
             c.in_service = true;
             self.vtime = self.vtime.max(start);
             self.serving = true;
             return Some(top.id());
         }
-        self.schedule_general()
+        self.schedule_general(cl)
     }
+
+    /// [`Scheduler::resource_record`] over the lines `cl`.
     #[inline(always)]
-    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+    pub(crate) fn resource_record(
+        &mut self,
+        cl: &mut [FqClient],
+        id: ClientId,
+        cost: u64,
+        still_ready: bool,
+    ) {
         let top = self.heap.peek().copied();
         let mode = self.mode;
-        let c = &mut self.clients[id as usize];
+        let c = &mut cl[id as usize];
         assert!(
-            self.serving && c.in_service,
+            self.serving && c.in_service && c.owner == self.owner,
             "record for a client not in service"
         );
         self.serving = false;
@@ -479,6 +441,142 @@ impl Scheduler for FairQueue {
             // decision pops it).
             self.top_dead = top_is_ours;
         }
+    }
+}
+
+/// SFQ and WFQ: virtual-time fair queuing over a binary heap of ready clients.
+///
+/// Lag bound (no banking, with the default wake credit of 0): when a client becomes ready its
+/// start tag is raised to the node's virtual time `V` (the start tag of the most recent client
+/// taken into service), so a client that was idle returns with at most the same claim as the
+/// client just served. Over any
+/// interval in which clients i and j are both continuously ready, SFQ keeps
+/// `|W_i/w_i - W_j/w_j| <= l_i/w_i + l_j/w_j` (Goyal et al., Theorem 1; `l` the largest cost),
+/// in virtual units scaled by [`VT_SCALE`]; the property tests check it.
+///
+/// Wake credit (off by default, [`FairQueue::set_wake_credit`]): a waking client's tag is
+/// raised only to `V - credit * VT_SCALE / w`, so a client that was idle may take up to
+/// `credit` cost units of service ahead of the clients that stayed busy before it alternates
+/// with them: a burst of a light client is served at once instead of at its share. What it
+/// takes is service it missed while idle (its tag was further behind), never more: its
+/// normalized service still never runs more than `credit / w` ahead of `V`, so the bound above
+/// grows by `credit / w_i` for a client that wakes (EEVDF's bounded lag, CFS's wake-up
+/// placement), and a client that stays busy at this node gets no credit at all. (With a
+/// [`SharedTag`], "missed" is against this node's `V`: an activity busy on another core that
+/// wakes here may take up to its credit here.) A client added to the node starts at `V`, its
+/// shared tag included, so a new client has missed nothing.
+///
+/// Hot path: the client taken into service keeps its entry at the top of the heap; when it is
+/// charged and still ready (the common case) its key is updated in place and sifted down once,
+/// instead of a pop and a push.
+#[derive(Debug)]
+pub struct FairQueue {
+    core: FqCore,
+    /// Per-client state, a cache line each (at 10,000 clients a decision's cost is its cache
+    /// misses). Empty in a tree's fair queues, whose client lines the tree keeps.
+    clients: Vec<FqClient>,
+    /// Per-client statistics, kept apart from the clients' lines and only while
+    /// `keep_stats` ([`FairQueue::forget_client_stats`]: a tree keeps the same sums in its
+    /// nodes, so its fair queues keep none, and a charge writes one line less).
+    stats: Vec<ClientStats>,
+    keep_stats: bool,
+}
+
+impl FairQueue {
+    pub fn new(mode: FairQueueMode) -> Self {
+        FairQueue {
+            core: FqCore::new(mode, 0),
+            clients: Vec::new(),
+            stats: Vec::new(),
+            keep_stats: true,
+        }
+    }
+
+    /// Lets a client that wakes take up to `credit` cost units of service ahead of the
+    /// clients that stayed busy (see the type's docs); 0, the default, banks nothing. Applies
+    /// from each client's next wake-up.
+    pub fn set_wake_credit(&mut self, credit: u64) {
+        self.core.set_wake_credit(credit);
+        for c in self.clients.iter_mut().filter(|c| c.registered) {
+            c.set_wake_credit(credit);
+        }
+    }
+
+    /// Stops keeping per-client statistics ([`Scheduler::client_statistics`] then answers
+    /// zeros): for a caller that keeps the same sums itself, as [`super::Tree`] does.
+    pub(crate) fn forget_client_stats(&mut self) {
+        self.keep_stats = false;
+        self.stats = Vec::new();
+    }
+
+    /// The queue without its client lines, for a caller that keeps the lines itself
+    /// ([`super::Tree`]; it must then make every call through the core, with its lines).
+    #[inline(always)]
+    pub(crate) fn core(&mut self) -> &mut FqCore {
+        &mut self.core
+    }
+
+    /// The queue without its client lines (shared).
+    #[inline(always)]
+    pub(crate) fn core_ref(&self) -> &FqCore {
+        &self.core
+    }
+
+    /// Which tag it orders by.
+    #[inline]
+    pub fn mode(&self) -> FairQueueMode {
+        self.core.mode
+    }
+
+    /// The node's virtual time (scaled normalized service).
+    pub fn virtual_time(&self) -> u64 {
+        self.core.vtime
+    }
+
+    /// A client's current start tag.
+    pub fn start_tag(&self, id: ClientId) -> u64 {
+        self.clients[id as usize].start_tag()
+    }
+}
+
+impl Scheduler for FairQueue {
+    fn add_client(&mut self, id: ClientId, params: &ClientParams) {
+        let i = id as usize;
+        if self.clients.len() <= i {
+            self.clients.resize(i + 1, FqClient::default());
+        }
+        self.core.add_client(&mut self.clients, id, params);
+        if self.keep_stats {
+            if self.stats.len() <= i {
+                self.stats.resize(i + 1, ClientStats::default());
+            }
+            self.stats[i] = ClientStats::default();
+        }
+    }
+    fn update_client(&mut self, id: ClientId, params: &ClientParams) {
+        self.core.update_client(&mut self.clients, id, params);
+    }
+    fn remove_client(&mut self, id: ClientId) {
+        self.core.remove_client(&mut self.clients, id);
+        if let Some(s) = self.stats.get_mut(id as usize) {
+            *s = ClientStats::default();
+        }
+    }
+    #[inline(always)]
+    fn client_ready(&mut self, id: ClientId) {
+        self.core.client_ready(&mut self.clients, id);
+    }
+    fn client_suspended(&mut self, id: ClientId) {
+        self.core.client_suspended(&mut self.clients, id);
+    }
+    #[inline(always)]
+    fn schedule(&mut self) -> Option<ClientId> {
+        self.core.schedule(&mut self.clients)
+    }
+    #[inline(always)]
+    fn resource_record(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+        self.core
+            .resource_record(&mut self.clients, id, cost, still_ready);
         if self.keep_stats {
             let s = &mut self.stats[id as usize];
             s.charged += cost;
@@ -490,7 +588,7 @@ impl Scheduler for FairQueue {
     }
     #[inline]
     fn ready_count(&self) -> usize {
-        self.ready
+        self.core.ready
     }
 }
 

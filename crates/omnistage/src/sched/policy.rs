@@ -625,16 +625,6 @@ macro_rules! delegate {
 }
 
 impl AnyPolicy {
-    /// The caller's number for the client the next `schedule` will probably take, for
-    /// [`super::Tree`]'s look-ahead (fair queues only: the other policies answer `None`, so
-    /// a walk stops at them).
-    #[inline]
-    pub(crate) fn next_hint(&self) -> Option<(u32, usize)> {
-        match self {
-            AnyPolicy::Fq(f) => f.next_hint(),
-            _ => None,
-        }
-    }
     /// Stops a fair queue's per-client statistics ([`FairQueue::forget_client_stats`]);
     /// the other policies keep theirs.
     pub(crate) fn forget_client_stats(&mut self) {
@@ -642,17 +632,11 @@ impl AnyPolicy {
             f.forget_client_stats();
         }
     }
-    /// Records the caller's number for a client (fair queues only; [`FairQueue::set_node`]).
-    pub(crate) fn set_node(&mut self, id: ClientId, node: u32, state_hint: usize) {
-        if let AnyPolicy::Fq(f) = self {
-            f.set_node(id, node, state_hint);
-        }
-    }
     /// Hints the cache with the first lines of the node's next heap sift (fair queues only).
     #[inline]
     pub(crate) fn hint_heap(&self) {
         if let AnyPolicy::Fq(f) = self {
-            f.hint_heap()
+            f.core_ref().hint_heap()
         }
     }
 }
@@ -666,15 +650,15 @@ impl AnyPolicy {
     // for the others (FIFO 547 → 593, DRR 646 → 727). Inlining FIFO's as well gave FIFO 522
     // but SFQ 1,036 against 1,007 and WFQ 1,210 against 1,181 (the walks' registers), so no.
     #[inline(never)]
-    fn client_ready_cold(&mut self, id: ClientId) {
+    pub(crate) fn client_ready_cold(&mut self, id: ClientId) {
         delegate!(self, p => p.client_ready(id))
     }
     #[inline(never)]
-    fn schedule_cold(&mut self) -> Option<ClientId> {
+    pub(crate) fn schedule_cold(&mut self) -> Option<ClientId> {
         delegate!(self, p => p.schedule())
     }
     #[inline(never)]
-    fn resource_record_cold(&mut self, id: ClientId, cost: u64, still_ready: bool) {
+    pub(crate) fn resource_record_cold(&mut self, id: ClientId, cost: u64, still_ready: bool) {
         delegate!(self, p => p.resource_record(id, cost, still_ready))
     }
     #[inline(never)]

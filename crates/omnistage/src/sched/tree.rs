@@ -10,6 +10,7 @@
 //! The tree changes while work flows: nodes are added, re-weighted, re-policied, shaped,
 //! moved and removed between decisions (QLinux's hsfq_mknod, hsfq_admin, hsfq_move).
 
+use super::fq::FqClient;
 use super::policy::{AnyPolicy, ClientId, ClientParams, PolicyKind, Scheduler};
 use super::shaper::{Shaper, ShaperLost, ShaperSpec};
 use std::cmp::Reverse;
@@ -92,6 +93,143 @@ struct Interior {
     children: Vec<Option<NodeId>>,
     free_slots: Vec<ClientId>,
     child_count: usize,
+    /// How many of the children are interior nodes: with none, the look-ahead stops at this
+    /// node's next child without reading its node ([`Tree::warm_next_pick`]), which would
+    /// be a demand miss where a prefetch is enough.
+    interior_children: usize,
+}
+
+/// The tree's calls into a node's policy. A fair queue's clients are the child nodes
+/// themselves: its calls take the child's node id and the tree's client lines
+/// ([`Tree::fq`], by node id), so that a decision reaches the child's node and its client
+/// line from the heap entry at once. The other policies' clients are the children's slots.
+impl Interior {
+    /// Registers `child` (not ready) in a free slot; returns the slot.
+    fn add_child(
+        &mut self,
+        fq: &mut [FqClient],
+        child: NodeId,
+        child_is_interior: bool,
+        params: &ClientParams,
+    ) -> ClientId {
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.children[s as usize] = Some(child);
+                s
+            }
+            None => {
+                self.children.push(Some(child));
+                (self.children.len() - 1) as ClientId
+            }
+        };
+        self.child_count += 1;
+        self.interior_children += usize::from(child_is_interior);
+        self.register(fq, child, slot, params);
+        slot
+    }
+
+    /// Registers `child` with the policy in `slot` (which the children map already gives it).
+    fn register(
+        &mut self,
+        fq: &mut [FqClient],
+        child: NodeId,
+        slot: ClientId,
+        params: &ClientParams,
+    ) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().add_client(fq, child, params),
+            p => p.add_client(slot, params),
+        }
+    }
+
+    /// Unregisters `child` from the policy (the children map still gives it `slot`).
+    fn unregister(&mut self, fq: &mut [FqClient], child: NodeId, slot: ClientId) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().remove_client(fq, child),
+            p => p.remove_client(slot),
+        }
+    }
+
+    fn remove_child(
+        &mut self,
+        fq: &mut [FqClient],
+        child: NodeId,
+        child_is_interior: bool,
+        slot: ClientId,
+    ) {
+        self.unregister(fq, child, slot);
+        debug_assert_eq!(self.children[slot as usize], Some(child));
+        self.children[slot as usize] = None;
+        self.free_slots.push(slot);
+        self.child_count -= 1;
+        self.interior_children -= usize::from(child_is_interior);
+    }
+
+    fn update_child(
+        &mut self,
+        fq: &mut [FqClient],
+        child: NodeId,
+        slot: ClientId,
+        params: &ClientParams,
+    ) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().update_client(fq, child, params),
+            p => p.update_client(slot, params),
+        }
+    }
+
+    #[inline(always)]
+    fn child_ready(&mut self, fq: &mut [FqClient], child: NodeId, slot: ClientId) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().client_ready(fq, child),
+            p => p.client_ready_cold(slot),
+        }
+    }
+
+    fn child_suspended(&mut self, fq: &mut [FqClient], child: NodeId, slot: ClientId) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().client_suspended(fq, child),
+            p => p.client_suspended(slot),
+        }
+    }
+
+    /// The child the policy takes into service.
+    #[inline(always)]
+    fn schedule(&mut self, fq: &mut [FqClient]) -> Option<NodeId> {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().schedule(fq),
+            p => {
+                let slot = p.schedule_cold()?;
+                Some(self.children[slot as usize].expect("policy scheduled a free slot"))
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn record(
+        &mut self,
+        fq: &mut [FqClient],
+        child: NodeId,
+        slot: ClientId,
+        cost: u64,
+        still_ready: bool,
+    ) {
+        match &mut self.policy {
+            AnyPolicy::Fq(f) => f.core().resource_record(fq, child, cost, still_ready),
+            p => p.resource_record_cold(slot, cost, still_ready),
+        }
+    }
+
+    /// The child a fair queue will probably take next (the top of its heap, which may be
+    /// stale): a cache hint, read without touching any client line. `None` for the other
+    /// policies.
+    #[inline]
+    fn next_child_hint(&self) -> Option<NodeId> {
+        match &self.policy {
+            AnyPolicy::Fq(f) => f.core_ref().next_hint(),
+            _ => None,
+        }
+    }
 }
 
 /// Interior state is boxed so that leaves (most nodes) stay small: a node is ~80 bytes
@@ -157,6 +295,10 @@ pub struct Tree {
     /// Each node's parameters (weight, priority, shared tag), kept apart from the nodes: they
     /// are read on changes, never per decision, and the hot node stays within a cache line.
     params: Vec<ClientParams>,
+    /// Each node's state as a client of its parent's fair queue (unused under the other
+    /// policies), by node id: a line of its own beside the node's, both found from the
+    /// parent's heap entry at once (see [`Interior`]'s calls).
+    fq: Vec<FqClient>,
     free: Vec<NodeId>,
     root: NodeId,
     /// Shaped nodes waiting for their bucket: (eligible time, node).
@@ -183,6 +325,7 @@ impl Tree {
                 children: Vec::new(),
                 free_slots: Vec::new(),
                 child_count: 0,
+                interior_children: 0,
             })),
             shaper: None,
             ready_in_parent: false,
@@ -192,6 +335,7 @@ impl Tree {
         Tree {
             nodes: vec![root],
             params: vec![ClientParams::default()],
+            fq: vec![FqClient::default()],
             free: Vec::new(),
             root: 0,
             throttled: BinaryHeap::new(),
@@ -226,18 +370,25 @@ impl Tree {
                 i.policy.set_wake_credit(credit);
             }
         }
+        // The fair queues' client lines are the tree's.
+        for c in self.fq.iter_mut().filter(|c| c.is_registered()) {
+            c.set_wake_credit(credit);
+        }
     }
 
     pub fn wake_credit(&self) -> u64 {
         self.wake_credit
     }
 
-    /// A new node's policy, with the tree's wake credit.
-    fn new_policy(&self, kind: PolicyKind) -> AnyPolicy {
+    /// A new policy for node `id`, with the tree's wake credit.
+    fn new_policy(&self, kind: PolicyKind, id: NodeId) -> AnyPolicy {
         let mut policy = AnyPolicy::new(kind);
         policy.set_wake_credit(self.wake_credit);
         // The nodes keep the statistics ([`NodeStats`]).
         policy.forget_client_stats();
+        if let AnyPolicy::Fq(f) = &mut policy {
+            f.core().set_owner(id);
+        }
         policy
     }
 
@@ -254,10 +405,12 @@ impl Tree {
         n
     }
 
-    fn policy(&mut self, id: NodeId) -> &mut AnyPolicy {
-        match &mut self.n(id).kind {
-            Kind::Interior(i) => &mut i.policy,
-            Kind::Leaf { .. } | Kind::Free => unreachable!("node {id} has no policy"),
+    /// An interior node's state, and the client lines its fair queue (if any) works on.
+    fn interior(&mut self, id: NodeId) -> (&mut Interior, &mut [FqClient]) {
+        let n = &mut self.nodes[id as usize];
+        match &mut n.kind {
+            Kind::Interior(i) => (i, &mut self.fq),
+            Kind::Leaf { .. } | Kind::Free => unreachable!("node {id} is not interior"),
         }
     }
 
@@ -358,14 +511,23 @@ impl Tree {
             Some(id) => {
                 self.nodes[id as usize] = node;
                 self.params[id as usize] = params;
+                // Its client line was reset when it was detached (keeping what tells its
+                // old heap entries stale).
+                debug_assert!(!self.fq[id as usize].is_registered());
                 id
             }
             None => {
                 self.nodes.push(node);
                 self.params.push(params);
+                self.fq.push(FqClient::default());
                 (self.nodes.len() - 1) as NodeId
             }
         };
+        if let Kind::Interior(i) = &mut self.nodes[id as usize].kind {
+            if let AnyPolicy::Fq(f) = &mut i.policy {
+                f.core().set_owner(id);
+            }
+        }
         self.attach(id, parent);
         Ok(id)
     }
@@ -373,46 +535,13 @@ impl Tree {
     /// Registers `id` as a client of `parent` (not ready yet).
     fn attach(&mut self, id: NodeId, parent: NodeId) {
         let params = self.params[id as usize].clone();
-        let hint = Self::state_hint(&self.nodes[id as usize]);
-        let slot = match &mut self.n(parent).kind {
-            Kind::Interior(i) => {
-                let Interior {
-                    policy,
-                    children,
-                    free_slots,
-                    child_count,
-                } = &mut **i;
-                let slot = match free_slots.pop() {
-                    Some(s) => {
-                        children[s as usize] = Some(id);
-                        s
-                    }
-                    None => {
-                        children.push(Some(id));
-                        (children.len() - 1) as ClientId
-                    }
-                };
-                *child_count += 1;
-                policy.add_client(slot, &params);
-                policy.set_node(slot, id, hint);
-                slot
-            }
-            Kind::Leaf { .. } | Kind::Free => unreachable!("checked by caller"),
-        };
+        let is_interior = matches!(self.nodes[id as usize].kind, Kind::Interior(_));
+        let (i, fq) = self.interior(parent);
+        let slot = i.add_child(fq, id, is_interior, &params);
         let n = self.n(id);
         n.parent = Some(parent);
         n.slot = slot;
         n.ready_in_parent = false;
-    }
-
-    /// The address of an interior node's state, for its parent's fair queue to hand to the
-    /// look-ahead as a cache hint (0 for a leaf): the boxed state does not move while the
-    /// node lives (a new policy is put into the same box).
-    fn state_hint(n: &Node) -> usize {
-        match &n.kind {
-            Kind::Interior(i) => &**i as *const Interior as usize,
-            _ => 0,
-        }
     }
 
     /// Unregisters `id` from its parent; propagates the parent's loss of work upward.
@@ -423,21 +552,9 @@ impl Tree {
             n.ready_in_parent = false;
             r
         };
-        match &mut self.n(parent).kind {
-            Kind::Interior(i) => {
-                let Interior {
-                    policy,
-                    children,
-                    free_slots,
-                    child_count,
-                } = &mut **i;
-                policy.remove_client(slot);
-                children[slot as usize] = None;
-                free_slots.push(slot);
-                *child_count -= 1;
-            }
-            Kind::Leaf { .. } | Kind::Free => unreachable!(),
-        }
+        let is_interior = matches!(self.nodes[id as usize].kind, Kind::Interior(_));
+        let (i, fq) = self.interior(parent);
+        i.remove_child(fq, id, is_interior, slot);
         if was_ready {
             self.propagate_idle(parent);
         }
@@ -455,7 +572,8 @@ impl Tree {
                 shaper.idle();
             }
             let (parent, slot) = (n.parent.expect("ready_in_parent implies parent"), n.slot);
-            self.policy(parent).client_suspended(slot);
+            let (i, fq) = self.interior(parent);
+            i.child_suspended(fq, id, slot);
             id = parent;
         }
     }
@@ -465,11 +583,14 @@ impl Tree {
     fn propagate_ready(&mut self, mut id: NodeId, now_ns: u64) {
         let hint = self.nodes.len() >= WARM_NODES_MIN;
         let Tree {
-            nodes, throttled, ..
+            nodes,
+            fq,
+            throttled,
+            ..
         } = self;
-        // Only an address for cache hints, never dereferenced (the vector does not change
+        // Only addresses for cache hints, never dereferenced (the vectors do not change
         // size in this loop, and a stale hint would be harmless anyway).
-        let base = nodes.as_ptr();
+        let base = (nodes.as_ptr(), fq.as_ptr());
         // One lookup per level: the parent looked up to make the child ready is the next
         // level's node.
         let mut n = &mut nodes[id as usize];
@@ -492,7 +613,7 @@ impl Tree {
             let p = &mut nodes[parent as usize];
             match &mut p.kind {
                 Kind::Interior(i) => {
-                    i.policy.client_ready(slot);
+                    i.child_ready(fq, id, slot);
                     if hint {
                         hint_next_child(i, base);
                     }
@@ -515,10 +636,12 @@ impl Tree {
             parent,
             params,
             Kind::Interior(Box::new(Interior {
-                policy: self.new_policy(policy),
+                // `insert` makes the node the owner of its fair queue, once it has an id.
+                policy: self.new_policy(policy, 0),
                 children: Vec::new(),
                 free_slots: Vec::new(),
                 child_count: 0,
+                interior_children: 0,
             })),
         )
     }
@@ -563,7 +686,8 @@ impl Tree {
         };
         let slot = n.slot;
         self.params[id as usize] = params.clone();
-        self.policy(parent).update_client(slot, &params);
+        let (i, fq) = self.interior(parent);
+        i.update_child(fq, id, slot, &params);
         Ok(())
     }
 
@@ -582,19 +706,28 @@ impl Tree {
                 .collect(),
             Kind::Leaf { .. } | Kind::Free => return Err(TreeError::NotInterior(id)),
         };
-        let mut policy = self.new_policy(kind);
+        let ready: Vec<bool> = children
+            .iter()
+            .map(|&(_, child)| self.nodes[child as usize].ready_in_parent)
+            .collect();
+        let policy = self.new_policy(kind, id);
+        let Tree {
+            nodes, params, fq, ..
+        } = self;
+        let Kind::Interior(i) = &mut nodes[id as usize].kind else {
+            unreachable!("checked above")
+        };
+        // Out of the old policy (a fair queue's client lines are the tree's, and would
+        // otherwise stay registered with it), into the new one in the same slots.
         for &(slot, child) in &children {
-            policy.add_client(slot, &self.params[child as usize]);
-            let hint = Self::state_hint(&self.nodes[child as usize]);
-            policy.set_node(slot, child, hint);
-            let c = self.n(child);
-            if c.ready_in_parent {
-                policy.client_ready(slot);
-            }
+            i.unregister(fq, child, slot);
         }
-        match &mut self.n(id).kind {
-            Kind::Interior(i) => i.policy = policy,
-            Kind::Leaf { .. } | Kind::Free => unreachable!(),
+        i.policy = policy;
+        for (&(slot, child), &ready) in children.iter().zip(&ready) {
+            i.register(fq, child, slot, &params[child as usize]);
+            if ready {
+                i.child_ready(fq, child, slot);
+            }
         }
         Ok(())
     }
@@ -713,7 +846,8 @@ impl Tree {
         if n.ready_in_parent {
             n.ready_in_parent = false;
             let (parent, slot) = (n.parent.expect("leaf has parent"), n.slot);
-            self.policy(parent).client_suspended(slot);
+            let (i, fq) = self.interior(parent);
+            i.child_suspended(fq, leaf, slot);
             self.propagate_idle(parent);
         }
     }
@@ -744,28 +878,13 @@ impl Tree {
             "pick before the last pick was charged"
         );
         self.release_throttled(now_ns);
+        let Tree { nodes, fq, .. } = self;
         let mut id = self.root;
         // Depth is bounded by the node count; each step goes one level down.
         loop {
-            // One lookup of the node per level: its policy picks the slot, its children map
-            // the slot to the next node.
-            match &mut self.nodes[id as usize].kind {
-                Kind::Interior(i) => {
-                    let slot = i.policy.schedule()?;
-                    id = match &i.policy {
-                        // The child's id is in the client's line, which the decision has
-                        // just read; the slot map is another line.
-                        AnyPolicy::Fq(f) => {
-                            let node = f.node_of(slot);
-                            debug_assert_eq!(
-                                Some(Some(node)),
-                                i.children.get(slot as usize).copied()
-                            );
-                            node
-                        }
-                        _ => i.children[slot as usize].expect("policy scheduled a free slot"),
-                    };
-                }
+            // One lookup of the node per level: its policy names the next node.
+            match &mut nodes[id as usize].kind {
+                Kind::Interior(i) => id = i.schedule(fq)?,
                 Kind::Leaf { .. } => {
                     self.in_service = Some(id);
                     return Some(id);
@@ -786,7 +905,10 @@ impl Tree {
         self.in_service = None;
         let cost = cost.max(self.min_cost);
         let Tree {
-            nodes, throttled, ..
+            nodes,
+            fq,
+            throttled,
+            ..
         } = self;
         // One lookup per level: the parent looked up to record the charge is the next
         // level's node.
@@ -819,7 +941,7 @@ impl Tree {
             let slot = n.slot;
             let p = &mut nodes[parent as usize];
             match &mut p.kind {
-                Kind::Interior(i) => i.policy.resource_record(slot, cost, still),
+                Kind::Interior(i) => i.record(fq, id, slot, cost, still),
                 Kind::Leaf { .. } | Kind::Free => unreachable!("a parent is an interior node"),
             }
             id = parent;
@@ -831,8 +953,8 @@ impl Tree {
     }
 
     /// Walks the path the next `pick` will take if nothing changes before it, loading each
-    /// interior node on it and hinting the cache with the chosen client's state, the first
-    /// levels of each non-root node's heap, and the leaf.
+    /// interior node on it and hinting the cache with the chosen child's node and client
+    /// line, the first levels of each non-root node's heap, and the leaf.
     ///
     /// Why: at 10,000 leaves a decision is a chain of dependent loads (root's heap → group
     /// node → its policy → its heap's top → the leaf), each a miss, and nothing can overlap
@@ -853,17 +975,16 @@ impl Tree {
                 // root's heap, touched every event, stays in the cache anyway).
                 i.policy.hint_heap();
             }
-            let Some((child, state)) = i.policy.next_hint() else {
+            let Some(child) = i.next_child_hint() else {
                 return;
             };
             id = child;
+            // The heap entry names the child: its node and its client line load together.
             super::prefetch(self.nodes.as_ptr().wrapping_add(id as usize));
-            // The child's own state (an interior node's policy and heap top, two lines) at
-            // the same time as its node, not after it.
-            if state != 0 {
-                let state = state as *const u8;
-                super::prefetch(state);
-                super::prefetch(state.wrapping_add(64));
+            super::prefetch(self.fq.as_ptr().wrapping_add(id as usize));
+            if i.interior_children == 0 {
+                // A leaf: nothing below it to warm.
+                return;
             }
         }
     }
@@ -889,14 +1010,15 @@ impl Tree {
     }
 }
 
-/// Hints the cache with the child that `i`'s policy will take next (its client state and its
-/// node, in the node vector at `nodes`), long before that decision: in trees of thousands of
+/// Hints the cache with the child that `i`'s policy will take next (its node and its client
+/// line, in the vectors at `base`), long before that decision: in trees of thousands of
 /// leaves a group is served again only after its siblings, and its next leaf's lines are
 /// otherwise cold by then.
 #[inline]
-fn hint_next_child(i: &Interior, nodes: *const Node) {
-    if let Some((child, _)) = i.policy.next_hint() {
-        super::prefetch(nodes.wrapping_add(child as usize));
+fn hint_next_child(i: &Interior, base: (*const Node, *const FqClient)) {
+    if let Some(child) = i.next_child_hint() {
+        super::prefetch(base.0.wrapping_add(child as usize));
+        super::prefetch(base.1.wrapping_add(child as usize));
     }
 }
 

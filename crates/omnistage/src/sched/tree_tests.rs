@@ -47,6 +47,40 @@ mod removed {
         assert_eq!(t.pick(3), Some(again));
     }
 
+    /// A fair queue's client lines are the tree's, one per node, so a node that moves leaves
+    /// its old entry behind in the old group's heap with a sequence number the new group may
+    /// give it too (each queue counts its own). Here it does: X's stale entry in A has
+    /// sequence 1, the first B gives out. A must still skip it (the line names B as its
+    /// owner) and serve Z; served as A's child, X would be charged to B, which is not
+    /// serving it.
+    #[test]
+    fn a_moved_nodes_old_entry_is_stale_even_when_its_sequence_matches() {
+        let mut t = Tree::new(PolicyKind::Sfq);
+        let root = t.root();
+        let a = t
+            .add_interior(root, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let b = t
+            .add_interior(root, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let x = t.add_leaf(a, ClientParams::default()).unwrap();
+        let z = t.add_leaf(a, ClientParams::default()).unwrap();
+        t.leaf_ready(x, 0);
+        t.leaf_ready(z, 0);
+        t.move_node(x, b, 0).unwrap();
+        let mut served = Vec::new();
+        for now in 1..=6 {
+            let leaf = t.pick(now).expect("both groups have work");
+            served.push(leaf);
+            t.charge(leaf, 1_000, true, now);
+        }
+        // Equal weights alternate the groups: A's only child is Z, B's is X.
+        assert_eq!(served.iter().filter(|&&l| l == z).count(), 3, "{served:?}");
+        assert_eq!(served.iter().filter(|&&l| l == x).count(), 3, "{served:?}");
+        assert_eq!(t.stats(a).unwrap().dispatches, 3);
+        assert_eq!(t.stats(b).unwrap().dispatches, 3);
+    }
+
     #[test]
     #[should_panic(expected = "leaf_ready on removed node")]
     fn readying_a_removed_leaf_is_a_bug() {
