@@ -220,6 +220,11 @@ impl Interior {
         }
     }
 
+    #[inline(always)]
+    fn ready_count(&self) -> usize {
+        self.policy.ready_count()
+    }
+
     /// The child a fair queue will probably take next (the top of its heap, which may be
     /// stale): a cache hint, read without touching any client line. `None` for the other
     /// policies.
@@ -918,11 +923,15 @@ impl Tree {
             Kind::Leaf { backlogged } => *backlogged = still_backlogged,
             Kind::Interior(_) | Kind::Free => unreachable!("the leaf in service is a live leaf"),
         }
+        // Whether `n` has work: the leaf's caller says; an interior node's policy, read right
+        // after its child's record below (where its kind is already matched).
+        let mut has_work = still_backlogged;
         loop {
             n.stats.charged += cost;
             n.stats.dispatches += 1;
             let Some(parent) = n.parent else { break };
-            let mut still = n.has_work();
+            debug_assert_eq!(has_work, n.has_work());
+            let mut still = has_work;
             if let Some(shaper) = &mut n.shaper {
                 shaper.charge(cost, now_ns);
                 if !still {
@@ -941,7 +950,10 @@ impl Tree {
             let slot = n.slot;
             let p = &mut nodes[parent as usize];
             match &mut p.kind {
-                Kind::Interior(i) => i.record(fq, id, slot, cost, still),
+                Kind::Interior(i) => {
+                    i.record(fq, id, slot, cost, still);
+                    has_work = i.ready_count() > 0;
+                }
                 Kind::Leaf { .. } | Kind::Free => unreachable!("a parent is an interior node"),
             }
             id = parent;
