@@ -93,9 +93,7 @@ struct Interior {
     children: Vec<Option<NodeId>>,
     free_slots: Vec<ClientId>,
     child_count: usize,
-    /// How many of the children are interior nodes: with none, the look-ahead stops at this
-    /// node's next child without reading its node ([`Tree::warm_next_pick`]), which would
-    /// be a demand miss where a prefetch is enough.
+    /// How many of the children are interior nodes (mirrored in [`Node::leaves_only`]).
     interior_children: usize,
 }
 
@@ -264,6 +262,12 @@ struct Node {
     ready_in_parent: bool,
     /// Held back by its shaper; in the tree's throttled heap.
     throttled: bool,
+    /// An interior node none of whose children is interior: the look-ahead stops at its next
+    /// child without reading that child's node ([`Tree::warm_next_pick`]), which would be a
+    /// demand miss where a prefetch is enough. Kept here, not only in [`Interior`], because
+    /// the walk has this line already (the count's line in the boxed state was a miss: 0.55
+    /// L1 misses per event at 10,000 leaves in callgrind's cache simulation).
+    leaves_only: bool,
     stats: NodeStats,
 }
 
@@ -277,6 +281,7 @@ impl Node {
             shaper: None,
             ready_in_parent: false,
             throttled: false,
+            leaves_only: true,
             stats: NodeStats::default(),
         }
     }
@@ -335,6 +340,7 @@ impl Tree {
             shaper: None,
             ready_in_parent: false,
             throttled: false,
+            leaves_only: true,
             stats: NodeStats::default(),
         };
         Tree {
@@ -510,6 +516,7 @@ impl Tree {
             shaper: None,
             ready_in_parent: false,
             throttled: false,
+            leaves_only: true,
             stats: NodeStats::default(),
         };
         let id = match self.free.pop() {
@@ -543,6 +550,8 @@ impl Tree {
         let is_interior = matches!(self.nodes[id as usize].kind, Kind::Interior(_));
         let (i, fq) = self.interior(parent);
         let slot = i.add_child(fq, id, is_interior, &params);
+        let leaves_only = i.interior_children == 0;
+        self.nodes[parent as usize].leaves_only = leaves_only;
         let n = self.n(id);
         n.parent = Some(parent);
         n.slot = slot;
@@ -560,6 +569,8 @@ impl Tree {
         let is_interior = matches!(self.nodes[id as usize].kind, Kind::Interior(_));
         let (i, fq) = self.interior(parent);
         i.remove_child(fq, id, is_interior, slot);
+        let leaves_only = i.interior_children == 0;
+        self.nodes[parent as usize].leaves_only = leaves_only;
         if was_ready {
             self.propagate_idle(parent);
         }
@@ -994,7 +1005,7 @@ impl Tree {
             // The heap entry names the child: its node and its client line load together.
             super::prefetch(self.nodes.as_ptr().wrapping_add(id as usize));
             super::prefetch(self.fq.as_ptr().wrapping_add(id as usize));
-            if i.interior_children == 0 {
+            if n.leaves_only {
                 // A leaf: nothing below it to warm.
                 return;
             }
