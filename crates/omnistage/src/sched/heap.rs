@@ -19,7 +19,7 @@ pub(crate) struct Entry(u128);
 impl Entry {
     /// Fills the unused slots of the last line, so that a sift compares all four children
     /// without a branch on how many there are. It orders after every real entry (ids are
-    /// client slots, far below `u32::MAX`).
+    /// client slots or, in a tree, node ids: below `NODES_MAX`, far below `u32::MAX`).
     const SENTINEL: Entry = Entry(u128::MAX);
 
     #[inline(always)]

@@ -789,6 +789,26 @@ mod tests {
         assert_eq!(p.client_statistics(0), ClientStats::default());
     }
 
+    /// Every policy takes a second removal (or suspension) of a client as a no-op: a caller
+    /// that tidies up twice breaks nothing.
+    #[test]
+    fn removing_a_client_twice_is_a_no_op_for_every_policy() {
+        for kind in PolicyKind::ALL {
+            let mut p = AnyPolicy::new(kind);
+            for id in 0..2 {
+                p.add_client(id, &ClientParams::default());
+                p.client_ready(id);
+            }
+            p.remove_client(0);
+            p.remove_client(0);
+            p.client_suspended(0);
+            let served = p.schedule();
+            assert_eq!(served, Some(1), "{kind:?}");
+            p.resource_record(1, 1_000, false);
+            assert_eq!(p.schedule(), None, "{kind:?}");
+        }
+    }
+
     #[test]
     fn fifo_serves_head_until_idle() {
         let mut p = Fifo::default();

@@ -523,8 +523,8 @@ impl Tree {
             Some(id) => {
                 self.nodes[id as usize] = node;
                 self.params[id as usize] = params;
-                // Its client line was reset when it was detached (keeping what tells its
-                // old heap entries stale).
+                // Its client line is not registered: reset when it was detached from a fair
+                // queue (keeping what tells its old heap entries stale), or never registered.
                 debug_assert!(!self.fq[id as usize].is_registered());
                 id
             }
@@ -900,7 +900,15 @@ impl Tree {
         loop {
             // One lookup of the node per level: its policy names the next node.
             match &mut nodes[id as usize].kind {
-                Kind::Interior(i) => id = i.schedule(fq)?,
+                Kind::Interior(i) => {
+                    let child = i.schedule(fq)?;
+                    debug_assert_eq!(
+                        nodes[child as usize].parent,
+                        Some(id),
+                        "node {id}'s policy named another's child"
+                    );
+                    id = child;
+                }
                 Kind::Leaf { .. } => {
                     self.in_service = Some(id);
                     return Some(id);

@@ -173,11 +173,10 @@ mod warm {
     }
 
     /// The same while the tree changes under the look-ahead: leaves moved between groups,
-    /// groups re-policied, idle leaves removed and their places reused. The look-ahead and
-    /// `pick` follow the child's node id kept in each fair queue's client line (and hint its
-    /// state's address), which every one of those changes must keep right: in a debug build
-    /// `pick` checks each id against the slot map (with `set_policy` not recording the ids,
-    /// this test fails there).
+    /// groups re-policied, idle leaves removed and their places reused. A fair queue's heap
+    /// names child nodes, whose client lines the tree keeps, and every one of those changes
+    /// must leave them registered with the right queue: in a debug build `pick` checks that
+    /// the child a policy names is its own (`Node::parent`).
     #[test]
     fn warming_changes_no_decision_while_the_tree_changes() {
         let (mut small, mut leaves) = build(0);
