@@ -26,6 +26,7 @@
 mod floor;
 mod fq;
 mod heap;
+mod interior;
 mod policy;
 mod shaper;
 mod tree;
