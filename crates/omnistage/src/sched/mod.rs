@@ -16,7 +16,10 @@
 //! - [`SfqFloor`]: not a scheduler but a measuring reference: the least work one event of a
 //!   two-level H-SFQ needs over the same heap, which `exp sched-cost` runs beside the tree.
 //! - [`Tree`]: an arena of interior nodes (each with its own policy) and leaves (queues owned by
-//!   the caller), with readiness propagated up and costs charged up the path.
+//!   the caller), with readiness propagated up and costs charged up the path. Its fair queues
+//!   keep no client state of their own: the tree keeps each node's line as a client of its
+//!   parent's fair queue (`fq.rs`'s `FqClient`, by node id), so a heap entry names the child
+//!   node and a decision loads its node and its line at once (`interior.rs` routes the calls).
 //!
 //! Rules every policy keeps: an idle client banks no credit (its tag is clamped to the node's
 //! virtual time when it wakes, less the tree's wake credit if it was given one, which is 0 by
