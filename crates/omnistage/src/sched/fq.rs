@@ -69,6 +69,13 @@ impl FqClient {
         }
     }
 
+    /// Whether heap entry `e` (one of this client's) is its live entry in the queue of
+    /// `owner`: the client is ready there and `e` is its latest entry (lazy deletion).
+    #[inline(always)]
+    fn is_live_in(&self, owner: u32, e: &Entry) -> bool {
+        self.ready && self.live_seq == e.seq() && self.owner == owner
+    }
+
     /// Whether a queue holds this client (its slot is in use).
     pub(crate) fn is_registered(&self) -> bool {
         self.registered
@@ -172,7 +179,7 @@ impl FqCore {
     /// Whether heap entry `e` is its client's live entry in this queue.
     #[inline(always)]
     fn is_live(&self, c: &FqClient, e: &Entry) -> bool {
-        c.ready && c.live_seq == e.seq() && c.owner == self.owner
+        c.is_live_in(self.owner, e)
     }
 
     /// Pushes a fresh entry for `id`; any older entry of it becomes stale.
@@ -191,10 +198,8 @@ impl FqCore {
         // stays O(ready clients).
         if self.heap.len() > 2 * self.ready + 64 {
             let owner = self.owner;
-            self.heap.retain(|e| {
-                let c = &cl[e.id() as usize];
-                c.ready && c.live_seq == e.seq() && c.owner == owner
-            });
+            self.heap
+                .retain(|e| cl[e.id() as usize].is_live_in(owner, e));
         }
     }
 
