@@ -56,6 +56,12 @@ const SLOPE_LO: f64 = 0.97;
 const SLOPE_HI: f64 = 1.03;
 const OVERHEAD_GOAL: f64 = 0.05;
 const SHARE_GOAL_PTS: f64 = 3.0;
+/// Table 2's cached rounds at the least (each variant once per round). A cached `dd bs=4k` of
+/// 256 MiB takes ~50 ms here, and a run's wall time moves by ±5 % with the host's load: with 3
+/// rounds, session 13's and 17's full runs put the library's overhead at +7.0 % and +25.5 %,
+/// where 10–15 alternating rounds of the same commands by hand gave +1 to +6 %, and callgrind
+/// counts ~33 instructions per hooked call (~2 % of the run at 4 KiB per call).
+const CACHED_ROUNDS_MIN: usize = 21;
 
 #[derive(Serialize, Clone)]
 struct Point {
@@ -92,6 +98,10 @@ struct Overhead {
     cached_shaped_s: f64,
     unlimited_overhead: f64,
     shaped_overhead: f64,
+    /// The cached runs' CPU time (user + system, medians), shown beside the wall time.
+    cached_plain_cpu_s: f64,
+    cached_unlimited_cpu_s: f64,
+    unlimited_cpu_overhead: f64,
     goal_met: bool,
 }
 
@@ -269,7 +279,32 @@ fn fit(points: &[Point], tool: &'static str, kind: &'static str) -> Option<Fit> 
 }
 
 /// Seconds `cmd` takes.
-fn timed(cmd: &mut Command) -> Result<f64, String> {
+/// One run of a program: its wall time and its CPU time (user + system, from the OS's
+/// accounting of the reaped child).
+#[derive(Clone, Copy)]
+struct Run {
+    wall_s: f64,
+    cpu_s: f64,
+}
+
+/// CPU seconds (user + system) of this process's reaped children so far.
+fn children_cpu_s() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct, and getrusage(2)
+    // only writes into it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is valid for writes; RUSAGE_CHILDREN is a valid `who`.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(ru.ru_utime) + s(ru.ru_stime)
+}
+
+/// Runs `cmd` to its end. The CPU time is the growth of the reaped children's total across
+/// the run, so it is this child's as long as no other child is reaped meanwhile (Table 2 runs
+/// its programs one at a time).
+fn timed(cmd: &mut Command) -> Result<Run, String> {
+    let cpu0 = children_cpu_s();
     let t = Instant::now();
     let st = cmd
         .stdout(Stdio::null())
@@ -279,7 +314,11 @@ fn timed(cmd: &mut Command) -> Result<f64, String> {
     if !st.success() {
         return Err(format!("{cmd:?}: {st}"));
     }
-    Ok(t.elapsed().as_secs_f64())
+    let wall_s = t.elapsed().as_secs_f64();
+    Ok(Run {
+        wall_s,
+        cpu_s: children_cpu_s() - cpu0,
+    })
 }
 
 fn drop_cache(file: &Path) -> Result<(), String> {
@@ -341,16 +380,16 @@ fn table2(file: &Path, repeats: usize) -> Result<Vec<Overhead>, String> {
             c
         };
         let mut uncached = [0.0; 3];
-        let mut cached: [Vec<f64>; 3] = Default::default();
+        let mut cached: [Vec<Run>; 3] = Default::default();
         for (i, m) in [None, Some(&unlimited), Some(&shaped)]
             .into_iter()
             .enumerate()
         {
             drop_cache(file)?;
-            uncached[i] = timed(&mut make(m))?;
+            uncached[i] = timed(&mut make(m))?.wall_s;
         }
         // Cached runs alternate between the three so that drift on a busy machine hits all.
-        for _ in 0..repeats.max(3) {
+        for _ in 0..repeats.max(CACHED_ROUNDS_MIN) {
             for (i, m) in [None, Some(&unlimited), Some(&shaped)]
                 .into_iter()
                 .enumerate()
@@ -358,7 +397,10 @@ fn table2(file: &Path, repeats: usize) -> Result<Vec<Overhead>, String> {
                 cached[i].push(timed(&mut make(m))?);
             }
         }
-        let [p, u, s] = cached.map(median);
+        let [p, u, s] = cached
+            .clone()
+            .map(|runs| median(runs.iter().map(|r| r.wall_s).collect()));
+        let [p_cpu, u_cpu, _] = cached.map(|runs| median(runs.iter().map(|r| r.cpu_s).collect()));
         rows.push(Overhead {
             tool: name.into(),
             uncached_plain_s: uncached[0],
@@ -369,6 +411,9 @@ fn table2(file: &Path, repeats: usize) -> Result<Vec<Overhead>, String> {
             cached_shaped_s: s,
             unlimited_overhead: u / p - 1.0,
             shaped_overhead: s / p - 1.0,
+            cached_plain_cpu_s: p_cpu,
+            cached_unlimited_cpu_s: u_cpu,
+            unlimited_cpu_overhead: u_cpu / p_cpu.max(1e-6) - 1.0,
             // The seed's measure: the library loaded, not limiting. The shaped column (every call
             // through the buckets) is shown beside it, not judged.
             goal_met: u / p - 1.0 <= OVERHEAD_GOAL,
@@ -511,7 +556,16 @@ pub fn run(a: ShapeExpArgs) -> Result<(), String> {
                 std::io::Write::write_all(&mut f, &chunk).map_err(|e| e.to_string())?;
             }
             drop(f);
-            table2(&file, a.common.repeats)
+            // From a thread pinned to the load generator's CPU, so the programs it starts
+            // (which inherit its affinity) do not move between CPUs from run to run.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    super::harness::pin_to_load_cpu();
+                    table2(&file, a.common.repeats)
+                })
+                .join()
+                .unwrap_or_else(|_| Err("table 2's thread panicked".into()))
+            })
         })();
         std::fs::remove_file(&file).ok();
         r?
@@ -596,6 +650,7 @@ fn page(a: &ShapeExpArgs, r: &Report) -> Result<(), String> {
         "cached +lib shaped s",
         "overhead unlimited (goal ≤ 5 %)",
         "overhead shaped (shown)",
+        "CPU s plain / +lib unlimited (shown)",
         "goal",
     ]);
     for o in &r.overheads {
@@ -608,6 +663,12 @@ fn page(a: &ShapeExpArgs, r: &Report) -> Result<(), String> {
             format!("{:.3}", o.cached_shaped_s),
             format!("{:+.1} %", o.unlimited_overhead * 100.0),
             format!("{:+.1} %", o.shaped_overhead * 100.0),
+            format!(
+                "{:.3} / {:.3} ({:+.1} %)",
+                o.cached_plain_cpu_s,
+                o.cached_unlimited_cpu_s,
+                o.unlimited_cpu_overhead * 100.0
+            ),
             if o.goal_met { "met" } else { "not met" }.into(),
         ]);
     }
@@ -648,13 +709,17 @@ fn page(a: &ShapeExpArgs, r: &Report) -> Result<(), String> {
              achieved = bytes from the first to the last byte over that time. Goals: slope {SLOPE_LO}–{SLOPE_HI}, \
              R² ≥ {GOAL_R2}, no 100 ms window above rate·0.1 s + depth. Table 2: a {} MiB file read to /dev/null \
              (the seed read 1 GiB; this size keeps the run short on a shared 2-core machine): the first run after \
-             dropping the file's pages (`dd iflag=nocache`), then cached runs (median, the three variants alternating); \
-             goal: cached overhead ≤ 5 % with the library loaded but unlimited (the seed's measure); \
+             dropping the file's pages (`dd iflag=nocache`), then cached runs (medians of {} rounds, the three variants \
+             alternating, every program pinned to CPU 1; their CPU time, user + system as the OS accounts the \
+             reaped program, shown beside); goal: cached overhead ≤ 5 % of the wall time with the library loaded but \
+             unlimited (the seed's measure); \
              `shaped` runs it with a read rate far above the disk (1000 GiB/s), so every call goes through the \
              buckets: shown, not judged. \
              Groups: two downloads in one group at weights 2:1; goal: share within {SHARE_GOAL_PTS} points of 2/3, and \
              the first takes the whole rate (≥ 90 % over 200 ms) within 1 s of the second ending.",
-            a.common.seconds, r.file_mib
+            a.common.seconds,
+            r.file_mib,
+            a.common.repeats.max(CACHED_ROUNDS_MIN)
         )],
         tables: vec![
             ("Fig. 3: achieved rate".into(), t),
