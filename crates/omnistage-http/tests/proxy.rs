@@ -919,6 +919,37 @@ fn the_p90_controller_counts_the_backends_time() {
     );
 }
 
+/// A proxied request's deadline leaves with its connection: 200 connections that each had one
+/// request proxied and closed leave a handful of timers, not a 10-second header timer and a
+/// 30-second proxy timer each (as before: at 20,000 connections a second, 800,000 on a worker).
+#[test]
+fn closed_proxied_connections_leave_no_timers_behind() {
+    const CONNECTIONS: usize = 200;
+    let b = Backend::echo();
+    let p = Proxy::start(&[b.addr], "", "", "");
+    for _ in 0..CONNECTIONS {
+        let s = p.connect();
+        let mut r = BufReader::new(&s);
+        (&s).write_all(b"GET /x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+            .unwrap();
+        assert_eq!(read_response(&mut r, false).unwrap().status, 200);
+    }
+    let stats = p.server().stats();
+    let runtime = p.server().runtime();
+    // Closed on the server's side, and each core's count written at its next loop.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (stats.open_connections.load(Ordering::Acquire) > 0 || runtime.timers_pending() > 8)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pending = runtime.timers_pending();
+    assert!(
+        pending <= 8,
+        "{pending} timers pending after {CONNECTIONS} closed proxied connections"
+    );
+}
+
 /// A proxied request's deadlines share one timer per connection: 300 requests on one
 /// keep-alive connection leave a handful of timers waiting, not two 30-second timers per
 /// request (as before: at 50,000 requests/s they would have filled a worker's timer heap in

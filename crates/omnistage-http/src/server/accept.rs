@@ -5,8 +5,9 @@
 
 use super::conn::Conn;
 use super::core_server::{key_of, with_core};
+use super::deadlines::Kind;
 use super::output::Output;
-use super::timer::Tick;
+use super::timer::set_deadline;
 use super::tls::TlsConn;
 use omnistage::activity::INFRA;
 use omnistage::exec::{Ctx, IoEvent};
@@ -105,13 +106,14 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 request_start_ns: now,
                 last_progress_ns: now,
                 last_active_ns: now,
+                deadline_ns: 0,
                 proxy_timer_ns: 0,
                 requests: 0,
                 tls: tls.then(|| Box::new(TlsConn::accepting())),
                 proxy: None,
             });
             let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
-            let _ = ctx.send_after(&cs.stages.timer, timeout_ns, Tick::Deadline { key });
+            set_deadline(ctx, cs, key, Kind::Conn, now.saturating_add(timeout_ns));
         }
     });
 }

@@ -72,6 +72,7 @@ pub(super) fn on_boot(
                     cache_used: 0,
                     cache_by_activity: HashMap::new(),
                     workers: shared.workers,
+                    deadlines: Default::default(),
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                 })
             });

@@ -6,6 +6,7 @@
 
 use super::cont::yield_conn;
 use super::core_server::{with_core, CoreServer, LOG_BUFFER_BYTES};
+use super::deadlines::Kind;
 use super::disk::{submit_read, ChunkRead};
 use super::file_cache::CACHE_FILE_BYTES_MAX;
 use super::output::Output;
@@ -100,7 +101,10 @@ pub(super) struct Conn {
     /// waits in the send scheduler does not count (`timer.rs`).
     pub(super) last_progress_ns: u64,
     pub(super) last_active_ns: u64,
-    /// When the connection's one outstanding proxy deadline timer fires (0: none).
+    /// Its entry in the core's [`super::deadlines::Deadlines`] for header timeout, idleness
+    /// and a stalled reader: when it falls due (0: none).
+    pub(super) deadline_ns: u64,
+    /// Its proxied request's entry in the core's deadlines: when it falls due (0: none).
     pub(super) proxy_timer_ns: u64,
     pub(super) requests: u64,
     /// The TLS side, on a TLS listener's connection (boxed: most connections have none).
@@ -146,6 +150,9 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let Some(mut c) = cs.conns[slot as usize].take() else {
         return;
     };
+    // Its deadlines go with it: nothing is left to fire for a slot that may be reused.
+    cs.deadlines.remove(key, Kind::Conn, c.deadline_ns);
+    cs.deadlines.remove(key, Kind::Proxy, c.proxy_timer_ns);
     // The socket is ours alone (accepted with CLOEXEC, never dup'd): closing it leaves epoll.
     let _ = ctx.io_close(c.handle, c.stream);
     if let Some(ss) = &mut cs.send {

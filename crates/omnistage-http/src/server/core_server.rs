@@ -5,6 +5,7 @@
 //! never held across another.
 
 use super::conn::Conn;
+use super::deadlines::Deadlines;
 use super::file_cache::CachedFile;
 use super::send_sched::SendSched;
 use super::shared::ServerShared;
@@ -88,6 +89,8 @@ pub(super) struct CoreServer {
     pub(super) cache_used: usize,
     pub(super) cache_by_activity: HashMap<ActivityId, usize>,
     pub(super) workers: usize,
+    /// Every connection's pending deadlines, served by one runtime timer.
+    pub(super) deadlines: Deadlines,
     /// Reused read buffer: sockets are read here and only the bytes received are appended to
     /// the connection's buffer (no zeroing of a fresh buffer per read).
     pub(super) scratch: Box<[u8]>,

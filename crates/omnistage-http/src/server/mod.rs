@@ -53,6 +53,7 @@ mod boot;
 mod conn;
 mod cont;
 mod core_server;
+mod deadlines;
 mod disk;
 mod file_cache;
 mod fleet;

@@ -22,8 +22,9 @@ use super::conn::{
     answer_error, answer_status, drive, finish_logged, flush, read_more, Conn, Step,
 };
 use super::core_server::{with_core, CoreServer};
+use super::deadlines::Kind;
 use super::output::Output;
-use super::timer::Tick;
+use super::timer::set_deadline;
 use super::upstream_pool::{UpConn, UpState, UpstreamCounters};
 use crate::proxy::{
     parse_response_head, write_client_head, write_upstream_head, ChunkedDecoder, HeadOutcome,
@@ -82,7 +83,7 @@ pub(super) struct Proxied {
     /// Index into the core's upstreams.
     upstream: usize,
     server: usize,
-    activity: ActivityId,
+    pub(super) activity: ActivityId,
     counters: Arc<UpstreamCounters>,
     pub(super) phase: Phase,
     /// The request head for the backend (kept until a response head arrives, for a retry).
@@ -437,32 +438,20 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
 
 /// Sets the request's deadline `ns` from now (it replaces the one before).
 fn arm(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, ns: u64) {
-    let timer = cs.stages.timer;
     let Some(c) = cs.conn(key) else { return };
     let Some(p) = c.proxy.as_mut() else { return };
     let due_ns = ctx.now_ns().saturating_add(ns);
     p.deadline_ns = due_ns;
-    // One timer per connection at a time, not one per arming: a later deadline is found by
-    // the outstanding timer when it fires (it re-arms for the rest). Before, each request
-    // armed two 30 s timers that nothing cancelled, so a sustained 50,000 requests/s would
-    // have filled the worker's timer heap (`TIMERS_MAX`) in about ten seconds, after which no
-    // timer of any kind could be armed on that worker.
-    let needed = c.proxy_timer_ns == 0 || c.proxy_timer_ns > due_ns;
-    if needed
-        && ctx
-            .send_after(&timer, ns, Tick::Proxy { key, due_ns })
-            .is_ok()
-    {
-        // An outstanding later one, if any, is now stale (`on_deadline` ignores it).
-        c.proxy_timer_ns = due_ns;
-    }
+    // One entry per connection in the core's deadlines, replaced here and removed when the
+    // connection closes. Before, each request armed a 30 s runtime timer that nothing
+    // cancelled; at 20,000 connections/s a worker held 600,000 of them.
+    set_deadline(ctx, cs, key, Kind::Proxy, due_ns);
 }
 
 /// A proxied request's deadline fired: a connect that did not finish, or a head that did not
 /// come.
 pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_ns: u64) {
     let now = ctx.now_ns();
-    let timer = cs.stages.timer;
     let Some(c) = cs.conn(key) else { return };
     if c.proxy_timer_ns != due_ns {
         // Replaced by a sooner one.
@@ -476,12 +465,7 @@ pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_
     if now < p.deadline_ns {
         // The deadline moved on (progress, or a later request on this connection).
         let due_ns = p.deadline_ns;
-        if ctx
-            .send_after(&timer, due_ns - now, Tick::Proxy { key, due_ns })
-            .is_ok()
-        {
-            c.proxy_timer_ns = due_ns;
-        }
+        set_deadline(ctx, cs, key, Kind::Proxy, due_ns);
         return;
     }
     let Phase::Active { up } = p.phase else {

@@ -1,14 +1,22 @@
 //! `http.timer`: a connection's deadlines (header timeout from a request's first byte, keep-alive
-//! idleness, a client that stops reading) and the periodic access-log flush.
+//! idleness, a client that stops reading), the sweep that hands them out when due (see
+//! [`super::deadlines`]) and the periodic access-log flush.
 
 use super::conn::{close, flush};
-use super::core_server::{with_core, LOG_FLUSH_INTERVAL_NS};
+use super::core_server::{with_core, CoreServer, LOG_FLUSH_INTERVAL_NS};
+use super::deadlines::{Kind, SWEEP_ENTRIES_MAX};
 use super::pool;
 use crate::response;
-use omnistage::exec::Ctx;
+use omnistage::activity::INFRA;
+use omnistage::exec::{Ctx, SendOpts};
 use std::sync::atomic::Ordering;
 
 pub(super) enum Tick {
+    /// This core's earliest deadline, as armed when it was due at `due_ns`, has come: hand out
+    /// the entries due (a stale sweep, replaced by a sooner one, does nothing).
+    Sweep {
+        due_ns: u64,
+    },
     Deadline {
         key: u64,
     },
@@ -20,73 +28,175 @@ pub(super) enum Tick {
     LogFlush,
 }
 
+/// Sets connection `key`'s deadline of `kind` at `due_ns` (absolute, on the runtime's clock),
+/// replacing the one it had; arms a sweep if this is now the core's earliest.
+pub(super) fn set_deadline(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    kind: Kind,
+    due_ns: u64,
+) {
+    let Some(c) = cs.conn(key) else { return };
+    let stored = match kind {
+        Kind::Conn => &mut c.deadline_ns,
+        Kind::Proxy => &mut c.proxy_timer_ns,
+    };
+    // 0 means none: a deadline is never at the clock's origin.
+    let due_ns = due_ns.max(1);
+    let previous_ns = std::mem::replace(stored, due_ns);
+    debug_assert!(
+        cs.deadlines.len() < 2 * cs.conns.len() + 2,
+        "at most one entry of each kind per connection"
+    );
+    if let Some(at) = cs.deadlines.insert(key, kind, previous_ns, due_ns) {
+        arm_sweep(ctx, cs, at);
+    }
+}
+
+/// Arms the runtime timer that sweeps at `due_ns`, in `/infra` (the sweep's own work is the
+/// server's; each deadline it hands out runs in its connection's activity).
+fn arm_sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
+    let opts = SendOpts {
+        activity: Some(INFRA),
+        // At least 1 ns: a timer is bounded by the core's timer table, not refused at the
+        // timer stage's queue as an immediate message could be.
+        delay_ns: due_ns.saturating_sub(ctx.now_ns()).max(1),
+        ..Default::default()
+    };
+    if ctx
+        .send_with(&cs.stages.timer, opts, Tick::Sweep { due_ns })
+        .is_ok()
+    {
+        cs.deadlines.armed(due_ns);
+    }
+    // Refused (the timer table full): the outstanding sweep, if any, still comes, and the
+    // next arming or log flush (every second) tries again.
+}
+
+/// Hands out the deadlines due now, at most [`SWEEP_ENTRIES_MAX`], then arms the next sweep.
+fn sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
+    if !cs.deadlines.sweep_fired(due_ns) {
+        return;
+    }
+    let now = ctx.now_ns();
+    let timer = cs.stages.timer;
+    for _ in 0..SWEEP_ENTRIES_MAX {
+        let Some((key, kind)) = cs.deadlines.pop_due(now) else {
+            break;
+        };
+        // A closed connection's entries left the set with it.
+        let Some(c) = cs.conn(key) else {
+            debug_assert!(false, "a deadline outlived its connection");
+            continue;
+        };
+        let (activity, proxy_due_ns) = match kind {
+            Kind::Conn => {
+                c.deadline_ns = 0;
+                (INFRA, 0)
+            }
+            Kind::Proxy => {
+                let activity = c.proxy.as_ref().map_or(c.activity, |p| p.activity);
+                (activity, c.proxy_timer_ns)
+            }
+        };
+        let tick = |kind| match kind {
+            Kind::Conn => Tick::Deadline { key },
+            Kind::Proxy => Tick::Proxy {
+                key,
+                due_ns: proxy_due_ns,
+            },
+        };
+        // Each deadline in a dispatch of its own, charged as before (a proxied request's to
+        // its tenant); inline if the timer stage's queue refuses it.
+        let opts = SendOpts {
+            activity: Some(activity),
+            ..Default::default()
+        };
+        if ctx.send_with(&timer, opts, tick(kind)).is_err() {
+            handle(ctx, cs, tick(kind));
+        }
+    }
+    if let Some(at) = cs.deadlines.next_to_arm() {
+        arm_sweep(ctx, cs, at);
+    }
+}
+
 pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
     with_core(|cs| {
         cs.refresh();
-        match t {
-            Tick::LogFlush => {
-                cs.flush_log();
-                let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
-            }
-            Tick::Proxy { key, due_ns } => super::proxy::on_deadline(ctx, cs, key, due_ns),
-            Tick::Deadline { key } => {
-                let now = ctx.now_ns();
-                let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
-                let idle_ns = cs.live.config.server.keepalive_timeout.as_nanos() as u64;
-                let timer = cs.stages.timer;
-                let shared = cs.shared.clone();
-                let held = cs.send.as_ref().is_some_and(|ss| ss.holds(key));
-                let Some(c) = cs.conn(key) else { return };
-                let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
-                let deadline = if sending && held {
-                    // Its output waits for its turn under the link's scheduler (a link cap, a
-                    // tenant's small share): the server holds the bytes, the client is not to
-                    // blame. Its clock restarts when the send stage offers them.
-                    now + idle_ns
-                } else if sending {
-                    // Bytes wait for the client: it must keep reading.
-                    c.last_progress_ns + idle_ns
-                } else if c.proxy.as_ref().is_some_and(|p| !p.body_done) {
-                    // Sending a proxied request's body: it must keep sending.
-                    c.last_active_ns + idle_ns
-                } else if c.busy || c.body.is_some() {
-                    // The server is working on it (a queued request, a disk read): look again.
-                    now + idle_ns
-                } else if !c.inbuf.is_empty() || c.requests == 0 {
-                    // Receiving a request head: bounded from its first byte (slowloris).
-                    c.request_start_ns + header_ns
-                } else {
-                    c.last_active_ns + idle_ns
-                };
-                if now < deadline {
-                    let _ = ctx.send_after(&timer, deadline - now, Tick::Deadline { key });
-                    return;
-                }
-                shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
-                if c.tls.as_ref().is_some_and(|t| t.handshaking()) {
-                    // A slow (or stalled) handshake: closed under the header timeout.
-                    shared
-                        .stats
-                        .tls_handshake_timeouts
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                if !c.inbuf.is_empty() && !sending {
-                    let date = cs.date();
-                    let c = cs.conn(key).expect("live");
-                    pool::give_buf(std::mem::take(&mut c.inbuf));
-                    c.out
-                        .with_head(|b| response::error_response(b, 408, false, &date, &[]));
-                    c.closing = true;
-                    c.last_progress_ns = now;
-                    if flush(ctx, cs, key) {
-                        // Not all of it went out: if the client never reads, the no-progress
-                        // deadline closes the connection.
-                        let _ = ctx.send_after(&timer, idle_ns, Tick::Deadline { key });
-                    }
-                } else {
-                    close(ctx, cs, key);
-                }
+        handle(ctx, cs, t);
+    });
+}
+
+fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
+    match t {
+        Tick::Sweep { due_ns } => sweep(ctx, cs, due_ns),
+        Tick::LogFlush => {
+            cs.flush_log();
+            let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+            // A sweep whose arming was refused is tried again here.
+            if let Some(at) = cs.deadlines.next_to_arm() {
+                arm_sweep(ctx, cs, at);
             }
         }
-    });
+        Tick::Proxy { key, due_ns } => super::proxy::on_deadline(ctx, cs, key, due_ns),
+        Tick::Deadline { key } => {
+            let now = ctx.now_ns();
+            let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
+            let idle_ns = cs.live.config.server.keepalive_timeout.as_nanos() as u64;
+            let shared = cs.shared.clone();
+            let held = cs.send.as_ref().is_some_and(|ss| ss.holds(key));
+            let Some(c) = cs.conn(key) else { return };
+            let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
+            let deadline = if sending && held {
+                // Its output waits for its turn under the link's scheduler (a link cap, a
+                // tenant's small share): the server holds the bytes, the client is not to
+                // blame. Its clock restarts when the send stage offers them.
+                now + idle_ns
+            } else if sending {
+                // Bytes wait for the client: it must keep reading.
+                c.last_progress_ns + idle_ns
+            } else if c.proxy.as_ref().is_some_and(|p| !p.body_done) {
+                // Sending a proxied request's body: it must keep sending.
+                c.last_active_ns + idle_ns
+            } else if c.busy || c.body.is_some() {
+                // The server is working on it (a queued request, a disk read): look again.
+                now + idle_ns
+            } else if !c.inbuf.is_empty() || c.requests == 0 {
+                // Receiving a request head: bounded from its first byte (slowloris).
+                c.request_start_ns + header_ns
+            } else {
+                c.last_active_ns + idle_ns
+            };
+            if now < deadline {
+                set_deadline(ctx, cs, key, Kind::Conn, deadline);
+                return;
+            }
+            shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+            if c.tls.as_ref().is_some_and(|t| t.handshaking()) {
+                // A slow (or stalled) handshake: closed under the header timeout.
+                shared
+                    .stats
+                    .tls_handshake_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            if !c.inbuf.is_empty() && !sending {
+                let date = cs.date();
+                let c = cs.conn(key).expect("live");
+                pool::give_buf(std::mem::take(&mut c.inbuf));
+                c.out
+                    .with_head(|b| response::error_response(b, 408, false, &date, &[]));
+                c.closing = true;
+                c.last_progress_ns = now;
+                if flush(ctx, cs, key) {
+                    // Not all of it went out: if the client never reads, the no-progress
+                    // deadline closes the connection.
+                    set_deadline(ctx, cs, key, Kind::Conn, now + idle_ns);
+                }
+            } else {
+                close(ctx, cs, key);
+            }
+        }
+    }
 }
