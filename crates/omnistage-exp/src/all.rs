@@ -713,13 +713,19 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                 };
                 (
                     format!(
-                        "req/s at {} conns = {:.2}× at the smallest (server CPU per request {:.2}×); {:.2} KiB per idle conn",
+                        "req/s at {} conns = {:.2}× at the smallest (goal ≥ 0.90), server CPU per request {:.2}× (goal ≤ 1.10); {:.2} KiB per idle conn",
                         ours.map(|l| f(l, "/connections")).unwrap_or(f64::NAN),
                         f(j, "/throughput_ratio"),
                         f(j, "/cpu_per_req_ratio"),
                         kib(ours)
                     ),
-                    ng.map(|n| format!("nginx {:.2} KiB per idle conn", kib(Some(n)))),
+                    ng.map(|n| {
+                        format!(
+                            "nginx {:.2} KiB per idle conn, CPU per request {:.2}×",
+                            kib(Some(n)),
+                            f(j, "/nginx_cpu_per_req_ratio")
+                        )
+                    }),
                     j["goal_met"].as_bool(),
                 )
             },
