@@ -765,13 +765,16 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                         |x| format!("{x:.2}×"),
                     )
                 };
-                // The median over rounds, as the ratio is (each round has its own phases).
+                // The median over rounds, as the ratio is (each round has its own phases);
+                // a phase in which the victim got no answer has no p99 (its 0 would read as
+                // the fastest), so it is left out here as it is from the ratio.
                 let p99 = |server: &str, phase: &str| {
                     let v: Vec<f64> = j["phases"]
                         .as_array()
                         .map(|a| {
                             a.iter()
                                 .filter(|p| p["server"] == server && p["phase"] == phase)
+                                .filter(|p| f(p, "/victim/req_per_s") > 0.0)
                                 .map(|p| f(p, "/victim/p99_ms"))
                                 .collect()
                         })
