@@ -89,13 +89,12 @@ impl Deadlines {
         Some((key, kind))
     }
 
-    /// The earliest deadline, if no sweep is outstanding for it: what the next sweep is armed
-    /// for.
+    /// The earliest deadline, if no sweep is outstanding for it or before it: what the next
+    /// sweep is armed for. (A sweep armed meanwhile for a later time, say by a deadline
+    /// handled inside a sweep, does not hide entries due sooner: a sooner sweep replaces it.)
     pub(super) fn next_to_arm(&self) -> Option<u64> {
-        if self.armed_ns != 0 {
-            return None;
-        }
-        self.set.first().map(|&(due, _, _)| due)
+        let &(due, _, _) = self.set.first()?;
+        (self.armed_ns == 0 || due < self.armed_ns).then_some(due)
     }
 
     /// Entries waiting (two at most per live connection).
@@ -130,11 +129,37 @@ mod tests {
         assert_eq!(d.pop_due(60), None);
         assert_eq!(d.next_to_arm(), Some(200));
         d.armed(200);
-        assert_eq!(d.next_to_arm(), None);
+        assert_eq!(d.next_to_arm(), None, "armed for the earliest already");
         assert!(d.sweep_fired(200));
         assert_eq!(d.pop_due(200), Some((1, Kind::Conn)));
         assert_eq!(d.len(), 0);
         assert_eq!(d.next_to_arm(), None);
+    }
+
+    /// A deadline entered during a sweep, later than entries still waiting (handled inline,
+    /// it re-armed at `now + timeout`), arms a sweep for itself; the entries due sooner still
+    /// get theirs.
+    #[test]
+    fn a_later_sweep_armed_during_a_sweep_does_not_hide_sooner_entries() {
+        let mut d = Deadlines::default();
+        for key in 0..3 {
+            d.insert(key, Kind::Conn, 0, 10 + key);
+        }
+        assert_eq!(d.next_to_arm(), Some(10));
+        d.armed(10);
+        assert!(d.sweep_fired(10));
+        assert_eq!(d.pop_due(10), Some((0, Kind::Conn)));
+        // Handled inline: re-armed for much later, which arms a sweep there.
+        assert_eq!(d.insert(0, Kind::Conn, 0, 1_000), Some(1_000));
+        d.armed(1_000);
+        // Keys 1 and 2 (due at 11 and 12) need a sweep before it.
+        assert_eq!(d.next_to_arm(), Some(11));
+        d.armed(11);
+        assert!(!d.sweep_fired(1_000), "replaced by the sooner one");
+        assert!(d.sweep_fired(11));
+        assert_eq!(d.pop_due(12), Some((1, Kind::Conn)));
+        assert_eq!(d.pop_due(12), Some((2, Kind::Conn)));
+        assert_eq!(d.next_to_arm(), Some(1_000));
     }
 
     #[test]

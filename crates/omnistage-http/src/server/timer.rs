@@ -20,7 +20,8 @@ pub(super) enum Tick {
     Deadline {
         key: u64,
     },
-    /// A proxied request's connect or response deadline (`seq` names the latest one armed).
+    /// A proxied request's connect or response deadline (`due_ns` names the one armed: an
+    /// older one, since replaced, is ignored).
     Proxy {
         key: u64,
         due_ns: u64,
@@ -108,7 +109,10 @@ fn sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
             },
         };
         // Each deadline in a dispatch of its own, charged as before (a proxied request's to
-        // its tenant); inline if the timer stage's queue refuses it.
+        // its tenant); inline if the send is refused (the timer stage's queue full, or the
+        // tenant removed by a reload), then in `/infra` like this sweep. A deadline it sets
+        // (a re-arm, a retry's connect timeout) may arm a sweep later than the entries still
+        // waiting here: `next_to_arm` below arms a sooner one for them.
         let opts = SendOpts {
             activity: Some(activity),
             ..Default::default()
