@@ -69,6 +69,10 @@ struct Level {
     /// The server's CPU time (user + system) during the active run's measured window over
     /// its requests, µs; `None` when /proc cannot say.
     server_cpu_us_per_req: Option<f64>,
+    /// Its user and system parts (the system part includes the network's softirq work the
+    /// kernel did in the thread's time: on loopback, the receipt of what it sent).
+    server_user_us_per_req: Option<f64>,
+    server_system_us_per_req: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -218,7 +222,7 @@ fn err_sum(t: &serde_json::Value) -> u64 {
 struct Probe<'a> {
     rss: &'a dyn Fn() -> u64,
     open: &'a dyn Fn() -> usize,
-    cpu_ticks: &'a dyn Fn() -> Option<u64>,
+    cpu_ticks: &'a dyn Fn() -> Option<(u64, u64)>,
 }
 
 /// Longest wait for the server to close the idle run's connections.
@@ -297,8 +301,8 @@ fn measure(
     let mut child = spawn_load(addr, n, a.common.seconds, warmup_s, a.think_ms)?;
     let t_active = Instant::now();
     let mut act_max = 0;
-    let mut cpu_from: Option<(Instant, u64)> = None;
-    let mut cpu_to: Option<(Instant, u64)> = None;
+    let mut cpu_from: Option<(Instant, (u64, u64))> = None;
+    let mut cpu_to: Option<(Instant, (u64, u64))> = None;
     while child.try_wait().map_err(|e| e.to_string())?.is_none() {
         act_max = act_max.max((p.rss)());
         let el = t_active.elapsed().as_secs_f64();
@@ -319,14 +323,16 @@ fn measure(
     let t = &j["total"];
     let req_per_s = t["req_per_s"].as_f64().unwrap_or(0.0);
     let per_conn = |rss: u64| rss.saturating_sub(before) as f64 / open_n.max(1) as f64;
-    let server_cpu_us_per_req = match (cpu_from, cpu_to) {
-        (Some((t0, c0)), Some((t1, c1))) if t1 > t0 && req_per_s > 0.0 => {
-            let cpu_s = c1.saturating_sub(c0) as f64 / CLK_TCK;
+    // µs per request of each: user, system.
+    let per_req = match (cpu_from, cpu_to) {
+        (Some((t0, (u0, s0))), Some((t1, (u1, s1)))) if t1 > t0 && req_per_s > 0.0 => {
             let reqs = req_per_s * (t1 - t0).as_secs_f64();
-            Some(cpu_s / reqs * 1e6)
+            let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / CLK_TCK / reqs * 1e6;
+            Some((us(u0, u1), us(s0, s1)))
         }
         _ => None,
     };
+    let server_cpu_us_per_req = per_req.map(|(u, s)| u + s);
     Ok(Level {
         server,
         connections: n,
@@ -345,16 +351,18 @@ fn measure(
         open_all_s,
         warmup_s,
         server_cpu_us_per_req,
+        server_user_us_per_req: per_req.map(|(u, _)| u),
+        server_system_us_per_req: per_req.map(|(_, s)| s),
     })
 }
 
-/// User + system CPU ticks from a `/proc/.../stat` file (fields 14 and 15).
-fn stat_ticks(path: &str) -> Option<u64> {
+/// User and system CPU ticks from a `/proc/.../stat` file (fields 14 and 15).
+fn stat_ticks(path: &str) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
     let rest = &s[s.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
 }
 
 /// A child server process, killed and reaped when dropped (also on an early return).
@@ -663,6 +671,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "all open s / warmup s",
         "errors",
         "server CPU µs / req",
+        "(user + sys)",
         "RSS before MiB",
         "RSS idle MiB",
         "KiB / idle conn",
@@ -683,6 +692,10 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             l.server_cpu_us_per_req
                 .map(|c| format!("{c:.1}"))
                 .unwrap_or_else(|| "–".into()),
+            match (l.server_user_us_per_req, l.server_system_us_per_req) {
+                (Some(u), Some(s)) => format!("{u:.1} + {s:.1}"),
+                _ => "–".into(),
+            },
             format!("{:.1}", l.rss_before_kib as f64 / 1024.0),
             format!("{:.1}", l.rss_idle_kib as f64 / 1024.0),
             format!("{:.2}", l.kib_per_idle_connection),
