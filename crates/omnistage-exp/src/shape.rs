@@ -278,7 +278,6 @@ fn fit(points: &[Point], tool: &'static str, kind: &'static str) -> Option<Fit> 
     })
 }
 
-/// Seconds `cmd` takes.
 /// One run of a program: its wall time and its CPU time (user + system, from the OS's
 /// accounting of the reaped child).
 #[derive(Clone, Copy)]
@@ -398,7 +397,7 @@ fn table2(file: &Path, repeats: usize) -> Result<Vec<Overhead>, String> {
             }
         }
         let [p, u, s] = cached
-            .clone()
+            .each_ref()
             .map(|runs| median(runs.iter().map(|r| r.wall_s).collect()));
         let [p_cpu, u_cpu, _] = cached.map(|runs| median(runs.iter().map(|r| r.cpu_s).collect()));
         rows.push(Overhead {

@@ -101,7 +101,7 @@ fn sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
                 (activity, c.proxy_timer_ns)
             }
         };
-        let tick = |kind| match kind {
+        let tick = || match kind {
             Kind::Conn => Tick::Deadline { key },
             Kind::Proxy => Tick::Proxy {
                 key,
@@ -117,8 +117,8 @@ fn sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
             activity: Some(activity),
             ..Default::default()
         };
-        if ctx.send_with(&timer, opts, tick(kind)).is_err() {
-            handle(ctx, cs, tick(kind));
+        if ctx.send_with(&timer, opts, tick()).is_err() {
+            handle(ctx, cs, tick());
         }
     }
     if let Some(at) = cs.deadlines.next_to_arm() {
