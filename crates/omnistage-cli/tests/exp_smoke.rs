@@ -228,6 +228,10 @@ fn connections_smoke() {
     }
     assert!(l[1]["req_per_s"].as_f64().unwrap() > 0.0);
     assert!(r["nginx_note"].is_string() && r["throughput_ratio"].is_number());
+    // One round: the goal's ratio is that round's (both levels measured in it).
+    let per_round = r["throughput_ratios"].as_array().unwrap();
+    assert_eq!(per_round.len(), 1);
+    assert_eq!(per_round[0].as_f64(), r["throughput_ratio"].as_f64());
     // CPU per request needs /proc; present as a key either way.
     assert!(l[0].get("server_cpu_us_per_req").is_some());
     assert!(r.get("cpu_per_req_ratio").is_some() && r.get("nginx_kib_per_slot_at_start").is_some());

@@ -14,6 +14,7 @@
 //! reading (the page reports it per connection slot).
 
 use super::cfgweb;
+use super::harness;
 use super::nginx::{self, TuningChoice};
 use super::report::{self, Doc, Table};
 use super::rounds::{self, Spread};
@@ -88,21 +89,27 @@ struct Report {
     repeats: usize,
     /// Per server and level, the run with the median req/s.
     levels: Vec<Level>,
-    /// Every run, in the order run (servers alternate within a level, round by round).
+    /// Every run, by level and then round (within a round, in the order run).
     runs: Vec<Level>,
     /// The CPUs nginx's worker was allowed, read from /proc after each nginx run.
     peer_cpus: Vec<String>,
     nginx_tuning: Option<TuningChoice>,
     nginx_note: Option<String>,
-    /// req/s at the largest level run / req/s at the smallest.
+    /// req/s at the largest level run / req/s at the smallest: the median over rounds of each
+    /// round's ratio (`throughput_ratios`, in round order; the two levels of a round are
+    /// measured within a minute of each other).
     throughput_ratio: Option<f64>,
+    throughput_ratios: Vec<f64>,
     /// omnistage's KiB per idle connection at the largest level / nginx's.
     memory_ratio_vs_nginx: Option<f64>,
     /// omnistage's server CPU µs per request at the largest level / at the smallest: how much
-    /// more each request costs with many connections (1.0: nothing).
+    /// more each request costs with many connections (1.0: nothing). Median over rounds of
+    /// each round's ratio (`cpu_per_req_ratios`), as `throughput_ratio`.
     cpu_per_req_ratio: Option<f64>,
+    cpu_per_req_ratios: Vec<f64>,
     /// The same ratio for nginx, measured beside it.
     nginx_cpu_per_req_ratio: Option<f64>,
+    nginx_cpu_per_req_ratios: Vec<f64>,
     /// nginx's resident memory at start per connection of `worker_connections`, KiB (the
     /// slope of its "before" readings over the levels): memory it holds for every connection
     /// slot, used or not, that its per-idle-connection figure does not include.
@@ -119,6 +126,53 @@ const FILE_BYTES: usize = 128;
 /// the throughput ratio).
 const CPU_PER_REQ_RATIO_MAX: f64 = 1.1;
 const FD_SLACK: u64 = 200;
+
+/// Per round (in round order), `server`'s `value` at the `largest` level over that at the
+/// `smallest`, for the rounds that measured both (and a positive smallest).
+fn paired_ratios(
+    runs: &[Level],
+    server: &str,
+    smallest: usize,
+    largest: usize,
+    value: fn(&Level) -> Option<f64>,
+) -> Vec<f64> {
+    if smallest >= largest {
+        return Vec::new();
+    }
+    let at = |round: usize, n: usize| {
+        runs.iter()
+            .find(|l| l.server == server && l.round == round && l.connections == n)
+            .and_then(value)
+    };
+    let mut rounds: Vec<usize> = runs
+        .iter()
+        .filter(|l| l.server == server)
+        .map(|l| l.round)
+        .collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds
+        .into_iter()
+        .filter_map(|r| match (at(r, smallest), at(r, largest)) {
+            (Some(f), Some(l)) if f > 0.0 => Some(l / f),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Per-round ratios for a page: "1.02, 0.97, 1.10".
+fn show_ratios(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The median of `v` (the mean of the middle two for an even count), `None` if empty.
+fn median_of(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| harness::median(v))
+}
+
 /// Name of the server's one worker thread (set by the runtime).
 const WORKER_THREAD: &str = "omnistage-w0";
 
@@ -575,8 +629,18 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         } else {
             &["omnistage"]
         };
-        for &n in &run_levels {
-            let r = rounds::alternate(a.common.repeats, servers, |round, s| {
+        // Round by round, each server runs every level in turn (the servers' order and the
+        // levels' order reversed every other round), so that the ratios the goals judge
+        // compare a server's smallest and largest levels measured within a minute of each
+        // other. Run level by level, they were minutes apart, and this shared host's load
+        // moves over minutes: the same build's CPU ratio read 0.87× and 1.39× in two runs.
+        let r = rounds::alternate(a.common.repeats, servers, |round, s| {
+            let mut order = run_levels.clone();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            let mut out = Vec::with_capacity(order.len());
+            for n in order {
                 let mut l = match (s, &tuning) {
                     ("nginx", Some(t)) => {
                         let (l, cpus) = theirs(n, &a, t.picked)?;
@@ -586,10 +650,13 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                     _ => ours(n, &a)?,
                 };
                 l.round = round + 1;
-                Ok(l)
-            })?;
-            runs.extend(r.into_iter().map(|(_, _, l)| l));
-        }
+                out.push(l);
+            }
+            Ok(out)
+        })?;
+        runs.extend(r.into_iter().flat_map(|(_, _, ls)| ls));
+        // The tables read per server and level in the levels' order.
+        runs.sort_by_key(|l| (l.connections, l.round));
         Ok(nginx_note)
     })();
     let _ = std::fs::remove_dir_all(&root);
@@ -604,12 +671,15 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             })
             .collect();
     let ours: Vec<&Level> = levels.iter().filter(|l| l.server == "omnistage").collect();
-    let throughput_ratio = match (ours.first(), ours.last()) {
-        (Some(f), Some(l)) if ours.len() >= 2 && f.req_per_s > 0.0 => {
-            Some(l.req_per_s / f.req_per_s)
-        }
-        _ => None,
+    let (smallest, largest) = (
+        run_levels.iter().copied().min().unwrap_or(0),
+        run_levels.iter().copied().max().unwrap_or(0),
+    );
+    let paired = |server: &str, value: fn(&Level) -> Option<f64>| {
+        paired_ratios(&runs, server, smallest, largest, value)
     };
+    let throughput_ratios = paired("omnistage", |l| Some(l.req_per_s));
+    let throughput_ratio = median_of(&throughput_ratios);
     let nginx_last = levels.iter().rfind(|l| l.server == "nginx");
     let memory_ratio_vs_nginx = match (ours.last(), nginx_last) {
         (Some(o), Some(n)) if n.kib_per_idle_connection > 0.0 => {
@@ -617,16 +687,11 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         }
         _ => None,
     };
-    let cpu_ratio = |of: &[&Level]| match (
-        of.first().and_then(|l| l.server_cpu_us_per_req),
-        of.last().and_then(|l| l.server_cpu_us_per_req),
-    ) {
-        (Some(f), Some(l)) if of.len() >= 2 && f > 0.0 => Some(l / f),
-        _ => None,
-    };
-    let cpu_per_req_ratio = cpu_ratio(&ours);
+    let cpu_per_req_ratios = paired("omnistage", |l| l.server_cpu_us_per_req);
+    let cpu_per_req_ratio = median_of(&cpu_per_req_ratios);
     let ng: Vec<&Level> = levels.iter().filter(|l| l.server == "nginx").collect();
-    let nginx_cpu_per_req_ratio = cpu_ratio(&ng);
+    let nginx_cpu_per_req_ratios = paired("nginx", |l| l.server_cpu_us_per_req);
+    let nginx_cpu_per_req_ratio = median_of(&nginx_cpu_per_req_ratios);
     let nginx_kib_per_slot_at_start = match (ng.first(), ng.last()) {
         (Some(f), Some(l)) if l.connections > f.connections => Some(
             (l.rss_before_kib as f64 - f.rss_before_kib as f64)
@@ -656,9 +721,12 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         nginx_tuning: tuning,
         nginx_note,
         throughput_ratio,
+        throughput_ratios,
         memory_ratio_vs_nginx,
         cpu_per_req_ratio,
+        cpu_per_req_ratios,
         nginx_cpu_per_req_ratio,
+        nginx_cpu_per_req_ratios,
         nginx_kib_per_slot_at_start,
         goal_met,
     };
@@ -724,13 +792,18 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     }
     notes.push(match (r.throughput_ratio, r.cpu_per_req_ratio) {
         (Some(t), Some(c)) => format!(
-            "Throughput: req/s at the largest level is {t:.2}× that at the smallest (goal ≥ 0.90: {}); \
-             the server's CPU time per request is {c:.2}× (goal ≤ {CPU_PER_REQ_RATIO_MAX:.2}: {}; nginx {}; a figure the machine's other load disturbs less; at the \
+            "Throughput: req/s at the largest level is {t:.2}× that at the smallest (median of the rounds' ratios {}; goal ≥ 0.90: {}); \
+             the server's CPU time per request is {c:.2}× ({}; goal ≤ {CPU_PER_REQ_RATIO_MAX:.2}: {}; nginx {}; a figure the machine's other load disturbs less; at the \
              smallest level the think time alone bounds req/s to {:.0}, as each connection waits {} ms between requests).",
+            show_ratios(&r.throughput_ratios),
             if t >= 0.9 { "met" } else { "not met" },
+            show_ratios(&r.cpu_per_req_ratios),
             if c <= CPU_PER_REQ_RATIO_MAX { "met" } else { "not met" },
             r.nginx_cpu_per_req_ratio
-                .map_or("not measured".to_string(), |n| format!("{n:.2}×")),
+                .map_or("not measured".to_string(), |n| format!(
+                    "{n:.2}× ({})",
+                    show_ratios(&r.nginx_cpu_per_req_ratios)
+                )),
             r.levels
                 .iter()
                 .find(|l| l.server == "omnistage")
@@ -771,8 +844,10 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             "The HTTP server as its own process (`omnistage serve`, 1 worker, the process confined to CPU 0 and read back \
              from /proc after each run, a fresh process per run) and, where installed, nginx \
              (master and one worker, the worker under worker_cpu_affinity on CPU 0, a fresh nginx per run with \
-             worker_connections twice the level, its configuration picked by a pre-run). Per level the two servers \
-             alternate for {} rounds (the first server alternating); the table shows per server and level the run with \
+             worker_connections twice the level, its configuration picked by a pre-run). {} rounds: in each, each server \
+             runs every level in turn (the servers' order and the levels' order reversed every other round), so that a \
+             server's smallest and largest levels are measured within a minute of each other; the goals' ratios are \
+             the medians over rounds of each round's ratio. The table shows per server and level the run with \
              the median req/s, req/s as median (min–max). The load generator runs as a child process on CPU 1 so its memory is not counted. \
              Per level: an idle run opens every connection, sends one request on each and then thinks for 60 s; the \
              server's VmRSS once all connections are open and their first requests answered, minus its VmRSS before \
@@ -819,4 +894,45 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
             )
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(server: &'static str, round: usize, connections: usize, cpu: Option<f64>) -> Level {
+        Level {
+            server,
+            round,
+            connections,
+            req_per_s: 1000.0,
+            server_cpu_us_per_req: cpu,
+            ..Default::default()
+        }
+    }
+
+    /// Each round's largest level is divided by the same round's smallest, never another
+    /// round's; rounds missing a reading, and other servers' runs, are left out.
+    #[test]
+    fn ratios_pair_the_levels_of_one_round() {
+        let runs = vec![
+            run("omnistage", 1, 100, Some(10.0)),
+            run("nginx", 1, 100, Some(1.0)),
+            run("omnistage", 2, 100, Some(20.0)),
+            run("omnistage", 3, 100, None),
+            run("omnistage", 1, 1000, Some(99.0)),
+            run("omnistage", 1, 10000, Some(11.0)),
+            run("omnistage", 2, 10000, Some(30.0)),
+            run("omnistage", 3, 10000, Some(5.0)),
+            run("nginx", 1, 10000, Some(3.0)),
+        ];
+        let cpu = |l: &Level| l.server_cpu_us_per_req;
+        let ours = paired_ratios(&runs, "omnistage", 100, 10000, cpu);
+        assert_eq!(ours, vec![1.1, 1.5]);
+        assert!((median_of(&ours).unwrap() - 1.3).abs() < 1e-12);
+        assert_eq!(paired_ratios(&runs, "nginx", 100, 10000, cpu), vec![3.0]);
+        // One level: no ratio.
+        assert!(paired_ratios(&runs, "omnistage", 100, 100, cpu).is_empty());
+        assert_eq!(median_of(&[]), None);
+    }
 }
