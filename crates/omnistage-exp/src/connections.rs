@@ -14,7 +14,7 @@
 //! reading (the page reports it per connection slot).
 
 use super::cfgweb;
-use super::harness;
+use super::harness::median_of;
 use super::nginx::{self, TuningChoice};
 use super::report::{self, Doc, Table};
 use super::rounds::{self, Spread};
@@ -166,11 +166,6 @@ fn show_ratios(v: &[f64]) -> String {
         .map(|x| format!("{x:.2}"))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// The median of `v` (the mean of the middle two for an even count), `None` if empty.
-fn median_of(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| harness::median(v))
 }
 
 /// Name of the server's one worker thread (set by the runtime).

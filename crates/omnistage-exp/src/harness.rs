@@ -269,6 +269,11 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// [`median`], or `None` for an empty list (a figure nothing measured, not a zero).
+pub fn median_of(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| median(v))
+}
+
 /// Sum of a load report's errors of every kind.
 pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
     let e = &t.errors;
@@ -284,6 +289,8 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(median(&[]), 0.0);
+        assert_eq!(median_of(&[]), None);
+        assert_eq!(median_of(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
     }
 
     #[test]

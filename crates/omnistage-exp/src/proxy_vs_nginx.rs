@@ -270,7 +270,7 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
         let omnistage_req_per_s = Spread::of(&om);
         let nginx_req_per_s = (!ng.is_empty()).then(|| Spread::of(&ng));
         let ratio = nginx_req_per_s.map(|n| omnistage_req_per_s.median / n.median);
-        let med = |v: Vec<f64>| (!v.is_empty()).then(|| harness::median(&v));
+        let med = |v: Vec<f64>| harness::median_of(&v);
         let (oc, nc) = (med(of("omnistage", cpu)), med(of("nginx", cpu)));
         let cpu_ratio = oc.zip(nc).map(|(o, n)| o / n);
         compared.push(Compared {

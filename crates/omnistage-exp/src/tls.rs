@@ -441,7 +441,7 @@ fn measure(a: &TlsArgs, dir: &Path) -> Result<Report, String> {
         let ng = of("nginx", rate);
         let ng = (!ng.is_empty()).then(|| Spread::of(&ng));
         let ratio = ng.map(|n| om.median / n.median);
-        let med = |v: Vec<f64>| (!v.is_empty()).then(|| harness::median(&v));
+        let med = |v: Vec<f64>| harness::median_of(&v);
         compared.push(Compared {
             mode,
             omnistage_per_s: om,
