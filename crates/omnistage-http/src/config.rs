@@ -16,7 +16,9 @@
 //! disk_threads = 2                  # 0..=64 reads in flight on the disk stage; 0 = files are
 //!                                   # read inline by the worker (no disk scheduling)
 //! disk_direct = false               # read files with O_DIRECT (bypass the page cache)
-//! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share
+//! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share (reads
+//!                                   # that wait for the device; a chunk the page cache holds
+//!                                   # is copied by the worker and charged as its tenant's CPU)
 //! sendfile = false                  # true: file bodies of sendfile_min_bytes or more go out
 //!                                   # with sendfile(2) (page cache → socket, no copy) and are
 //!                                   # not cached; off by default: over loopback it measured
@@ -70,7 +72,7 @@
 //!                                   # server splits it evenly between its workers
 //! net_cap = "10MB/s"                # optional: bytes/s; units B, kB/KB, MB, GB (decimal) and
 //!                                   # KiB, MiB, GiB; "/s" required; in [1 B/s, 1 TB/s]
-//! disk_cap = "50MB/s"               # optional, as net_cap
+//! disk_cap = "50MB/s"               # optional, as net_cap; device reads only (as disk_cap)
 //! cap_kind = "token"                # "token" (default) | "leaky"
 //! send_order = "fair"               # under a send scheduler (a net cap), which of the tenant's
 //!                                   # pending responses goes out next: "fair" (default; byte

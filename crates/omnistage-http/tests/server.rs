@@ -2110,6 +2110,39 @@ fn cache_reclaims_from_the_tenant_furthest_above_its_budget() {
 // The disk stage
 // ---------------------------------------------------------------------------------------------
 
+/// With the cache off and without O_DIRECT, a file the page cache holds (it was just written)
+/// is copied chunk by chunk by the worker in its tenant's activity, not read by the pool's
+/// threads; on a file system without `RWF_NOWAIT` the pool reads it all. The body arrives
+/// intact either way and the tenant's disk bytes count it.
+#[test]
+fn disk_stage_copies_cached_chunks_on_the_worker() {
+    let site = Site::new();
+    let toml = config_text(
+        "cache_bytes_max = 0\ndisk_threads = 2",
+        &[tenant("a", &site.root(), "hosts = [\"a.test\"]")],
+    );
+    // Whether this file system answers RWF_NOWAIT at all (the server's test is the same call).
+    let file = std::fs::File::open(site.root().join("big.bin")).unwrap();
+    let mut probe = [0u8; 4096];
+    let nowait = rustix::io::preadv2(
+        &file,
+        &mut [std::io::IoSliceMut::new(&mut probe)],
+        0,
+        rustix::io::ReadWriteFlags::NOWAIT,
+    );
+    let ts = TestServer::start(&toml);
+    let mut c = Client::connect(ts.addr);
+    let big = c.get("/big.bin", "a.test");
+    assert_eq!(big.status, 200);
+    assert!(big.body == big_content(), "big body differs");
+    let pool = ts.server().disk_pool_bytes();
+    match nowait {
+        Ok(n) if n > 0 => assert_eq!(pool, 0, "the pool read {pool} bytes of a cached file"),
+        _ => assert!(pool >= BIG_LEN as u64, "the pool read only {pool} bytes"),
+    }
+    assert_eq!(ts.server().disk_bytes(), vec![("a".into(), BIG_LEN as u64)]);
+}
+
 /// With the cache off and O_DIRECT, every body byte is read by the disk stage: bodies and
 /// unaligned ranges arrive intact for two tenants at once (one with its own disk cap), and the
 /// disk bytes are counted per tenant.

@@ -1,7 +1,9 @@
 //! The disk resource stage: a bounded pool of reader threads fed by a scheduler that is fair
 //! by bytes between tenants.
 //!
-//! Every read of a file body that is not served from the cache is a job here. The jobs wait in
+//! A chunk of a file body that the page cache already holds is copied by the worker that asks
+//! for it, in the tenant's activity ([`read_cached`], `RWF_NOWAIT`); one that would wait for
+//! the device (or any `disk_direct` read) is a job here. The jobs wait in
 //! one FIFO per tenant; a scheduling tree (SFQ over tenant leaves, charged in bytes before the
 //! read, each leaf optionally capped by the tenant's `disk_cap`, under a node capped by the
 //! server's `disk_cap`) decides which tenant's read goes next; `disk_threads` threads do the
@@ -311,6 +313,30 @@ pub(super) fn submit_read(
     read: ChunkRead,
 ) -> bool {
     let Some(tr) = tenant else { return false };
+    if !read.direct {
+        if let Some(data) = read_cached(&read) {
+            // The page cache held it: the copy was made here, in the tenant's activity (the
+            // dispatch that asked for it), and the bytes take the way back a reader's would,
+            // as a message on this core, so the caller's control flow is the same either way.
+            let opts = SendOpts {
+                activity: Some(tr.activity),
+                affinity: Affinity::Core(ctx.core() as u16),
+                ..Default::default()
+            };
+            let done = DiskDone {
+                key,
+                offset: read.offset,
+                data: Some(data),
+            };
+            if ctx.send_with(&cs.stages.disk, opts, done).is_ok() {
+                if let Some(body) = cs.conn(key).and_then(|c| c.body.as_mut()) {
+                    body.in_flight = true;
+                }
+                return true;
+            }
+            // Refused (the disk stage's queue is full): the pool reads it again below.
+        }
+    }
     let live = cs.live.clone();
     let Some(t) = live.config.tenants.iter().find(|t| t.name == tr.name) else {
         return false;
@@ -338,6 +364,37 @@ pub(super) fn submit_read(
         body.in_flight = true;
     }
     true
+}
+
+/// Reads a chunk only if the page cache holds it (`preadv2` with `RWF_NOWAIT`, which fails
+/// with `EAGAIN` rather than wait for the device): the bytes it got from the start of the
+/// chunk, or `None` when it got none (not cached, the end of the file, a file system without
+/// `RWF_NOWAIT`, any error; the pool then reads the chunk, and reports what it must).
+///
+/// Why the worker copies cached chunks itself: a reader thread shares the worker's CPU
+/// ([`READER_NICE`]) and the kernel, not the tenants' shares, decides when it runs. Each time
+/// the kernel picks a reader it may run a whole slice (up to ~1.5 ms on 2 CPUs) while the
+/// worker, runnable, waits with every other tenant's messages; in `exp adversary` the two
+/// readers took ~2.5 % of the attacked worker's CPU that way (`perf sched`, 25 ms per second
+/// in runs of up to 2.1 ms). Copied here, a chunk (at most [`FLOW_CHUNK_BYTES`], a few µs from
+/// the page cache) is part of a dispatch the runtime schedules and charges to the tenant, as
+/// cgroups charge a page-cache hit to the reader's CPU and not to the device: only reads that
+/// would wait for the device go to the pool and its disk share.
+fn read_cached(read: &ChunkRead) -> Option<Bytes> {
+    let mut v = vec![0u8; read.len];
+    let mut bufs = [std::io::IoSliceMut::new(&mut v)];
+    match rustix::io::preadv2(
+        &*read.file,
+        &mut bufs,
+        read.offset,
+        rustix::io::ReadWriteFlags::NOWAIT,
+    ) {
+        Ok(n) if n > 0 => {
+            v.truncate(n);
+            Some(Bytes::from(v))
+        }
+        _ => None,
+    }
 }
 
 /// A disk read came back: queue its bytes (no copy) and go on writing.

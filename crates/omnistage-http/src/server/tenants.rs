@@ -401,13 +401,23 @@ impl Server {
             .clone()
     }
 
-    /// Bytes the disk stage read for each tenant, in config order.
+    /// Bytes of file bodies read through the disk stage for each tenant, in config order:
+    /// the pool's reads and the chunks a worker copied from the page cache alike.
     pub fn disk_bytes(&self) -> Vec<(String, u64)> {
         let live = self.shared.live.read().expect("live lock").clone();
         live.tenants
             .iter()
             .map(|t| (t.name.clone(), t.disk_bytes.load(Ordering::Relaxed)))
             .collect()
+    }
+
+    /// Bytes the disk stage's reader threads read, all tenants: the reads that had to wait for
+    /// the device (not in the page cache) and every `disk_direct` read. 0 without a disk stage.
+    pub fn disk_pool_bytes(&self) -> u64 {
+        self.shared
+            .disk
+            .get()
+            .map_or(0, |p| p.bytes_read.load(Ordering::Relaxed))
     }
 
     /// What each tenant's `net_cap` buckets discarded of their rate (all cores), in config
