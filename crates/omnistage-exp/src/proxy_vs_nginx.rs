@@ -273,25 +273,20 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
         let med = |v: Vec<f64>| harness::median_of(&v);
         let (oc, nc) = (med(of("omnistage", cpu)), med(of("nginx", cpu)));
         let cpu_ratio = oc.zip(nc).map(|(o, n)| o / n);
+        let verdict = nginx_req_per_s.map(|_| rounds::compare(&om, &ng, true));
         compared.push(Compared {
             mode,
             omnistage_req_per_s,
             nginx_req_per_s,
             ratio,
-            verdict: nginx_req_per_s.map(|_| rounds::compare(&om, &ng, true)),
+            verdict,
             omnistage_cpu_us: oc,
             nginx_cpu_us: nc,
             cpu_ratio,
-            goal_met: ratio
-                .zip(cpu_ratio)
-                .map(|(r, c)| r >= GOAL_RATE && c <= GOAL_CPU),
+            goal_met: mode_goal(ratio, cpu_ratio, verdict),
         });
     }
-    let goal_met = compared
-        .iter()
-        .map(|c| c.goal_met)
-        .collect::<Option<Vec<bool>>>()
-        .map(|v| v.iter().all(|&m| m));
+    let goal_met = overall_goal(compared.iter().map(|c| c.goal_met));
     Ok(Report {
         experiment: "proxy-vs-nginx",
         machine: machine(),
@@ -306,6 +301,36 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
         nginx_note,
         goal_met,
     })
+}
+
+/// One mode's goal: `None` without nginx's figures, or when the proxy's rate is below
+/// nginx's by less than nginx's own run-to-run range (`verdict` inconclusive: the rounds cannot
+/// tell the two apart, so "slower" is not established); a CPU ratio above the goal, or a rate
+/// below it beyond that range, is a miss.
+fn mode_goal(ratio: Option<f64>, cpu_ratio: Option<f64>, verdict: Option<Verdict>) -> Option<bool> {
+    let (r, c) = (ratio?, cpu_ratio?);
+    if c > GOAL_CPU {
+        return Some(false);
+    }
+    if r >= GOAL_RATE {
+        return Some(true);
+    }
+    match verdict {
+        Some(Verdict::Worse) => Some(false),
+        _ => None,
+    }
+}
+
+/// Both modes: missed if one missed, met if all met, otherwise not judged.
+fn overall_goal(modes: impl Iterator<Item = Option<bool>>) -> Option<bool> {
+    let v: Vec<Option<bool>> = modes.collect();
+    if v.contains(&Some(false)) {
+        Some(false)
+    } else if !v.is_empty() && v.iter().all(|m| *m == Some(true)) {
+        Some(true)
+    } else {
+        None
+    }
 }
 
 fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
@@ -357,8 +382,11 @@ fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
                 opt(c.nginx_cpu_us, 1),
                 opt(c.cpu_ratio, 2)
             ),
-            c.goal_met
-                .map_or("-".into(), |m| if m { "yes" } else { "no" }.into()),
+            match (c.goal_met, c.nginx_req_per_s) {
+                (Some(m), _) => if m { "yes" } else { "no" }.into(),
+                (None, Some(_)) => "inconclusive".into(),
+                (None, None) => "-".into(),
+            },
         ]);
     }
     let mut notes = vec![format!(
@@ -366,10 +394,13 @@ fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
          and the proxy's own CPU per request ≤ {GOAL_CPU:.1}× nginx's (OS clocks, medians): {}. \
          The verdict column says whether the rate difference is larger than nginx's own \
          run-to-run range (else inconclusive whatever its sign).",
-        match report.goal_met {
-            Some(true) => "met",
-            Some(false) => "not met",
-            None => "not judged (no nginx)",
+        match (report.goal_met, &report.nginx_note) {
+            (Some(true), _) => "met",
+            (Some(false), _) => "not met",
+            (None, Some(_)) => "not judged (no nginx)",
+            (None, None) => {
+                "inconclusive (a rate below nginx's by less than nginx's own run-to-run range)"
+            }
         }
     )];
     match &report.nginx_note {
@@ -456,4 +487,44 @@ fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
             )
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slower_rate_inside_nginx_range_is_not_a_miss() {
+        // At least as fast, CPU within: met, whatever the verdict.
+        assert_eq!(
+            mode_goal(Some(1.07), Some(0.9), Some(Verdict::Inconclusive)),
+            Some(true)
+        );
+        // Slower, but inside nginx's own range: not judged.
+        assert_eq!(
+            mode_goal(Some(0.97), Some(0.9), Some(Verdict::Inconclusive)),
+            None
+        );
+        // Slower beyond that range: missed.
+        assert_eq!(
+            mode_goal(Some(0.80), Some(0.9), Some(Verdict::Worse)),
+            Some(false)
+        );
+        // More CPU per request than nginx: missed even when faster.
+        assert_eq!(
+            mode_goal(Some(1.2), Some(1.1), Some(Verdict::Better)),
+            Some(false)
+        );
+        // No nginx: nothing to judge.
+        assert_eq!(mode_goal(None, None, None), None);
+    }
+
+    #[test]
+    fn both_modes_decide_together() {
+        let all = |v: &[Option<bool>]| overall_goal(v.iter().copied());
+        assert_eq!(all(&[Some(true), Some(true)]), Some(true));
+        assert_eq!(all(&[Some(true), None]), None);
+        assert_eq!(all(&[None, Some(false)]), Some(false));
+        assert_eq!(all(&[]), None);
+    }
 }
