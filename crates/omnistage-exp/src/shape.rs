@@ -387,13 +387,15 @@ fn table2(file: &Path, repeats: usize) -> Result<Vec<Overhead>, String> {
             drop_cache(file)?;
             uncached[i] = timed(&mut make(m))?.wall_s;
         }
-        // Cached runs alternate between the three so that drift on a busy machine hits all.
-        for _ in 0..repeats.max(CACHED_ROUNDS_MIN) {
-            for (i, m) in [None, Some(&unlimited), Some(&shaped)]
-                .into_iter()
-                .enumerate()
-            {
-                cached[i].push(timed(&mut make(m))?);
+        // Cached runs alternate between the three so that drift on a busy machine hits all,
+        // and their order rotates round by round so that no variant always runs right after
+        // the same other one (a run leaves the caches, the page cache's LRU and the CPU the
+        // scheduler picks in a state the next one inherits).
+        let members = [None, Some(&unlimited), Some(&shaped)];
+        for round in 0..repeats.max(CACHED_ROUNDS_MIN) {
+            for k in 0..members.len() {
+                let i = (round + k) % members.len();
+                cached[i].push(timed(&mut make(members[i]))?);
             }
         }
         let [p, u, s] = cached
