@@ -7,7 +7,9 @@
 //! [server]                          # optional; every key has a default
 //! listen = ["127.0.0.1:8080"]       # one or more listeners (default 127.0.0.1:8080), ≤ 64
 //! workers = 2                       # optional, 1..=1024; omitted = one per CPU (the glue decides)
-//! connections_max = 10000           # 1..=1,000,000
+//! connections_max = 10000           # 1..=1,000,000; at the limit a new connection takes the
+//!                                   # place of the oldest one on its worker that has not yet
+//!                                   # completed a request for a tenant, else it is refused
 //! header_timeout_ms = 10000         # 1 ms..=1 h; slowloris guard
 //! keepalive_timeout_ms = 5000       # 1 ms..=1 h
 //! pipeline_depth_max = 16           # 1..=1024

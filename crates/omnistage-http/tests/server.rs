@@ -106,9 +106,13 @@ struct TestServer {
 
 impl TestServer {
     fn start(toml: &str) -> TestServer {
+        TestServer::start_with_workers(toml, 2)
+    }
+
+    fn start_with_workers(toml: &str, workers: usize) -> TestServer {
         let config = parse_config(toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
         let opts = ServerOptions {
-            workers: Some(2),
+            workers: Some(workers),
             ..Default::default()
         };
         let server = Server::start(config, opts).expect("server starts");
@@ -1408,6 +1412,55 @@ fn server_connection_limit_refuses_extra_connections() {
     let mut c4 = ts.connect();
     assert_eq!(c4.get("/hello.txt", "x").body, HELLO);
     assert_eq!(c2.get("/hello.txt", "x").body, HELLO);
+}
+
+/// At `connections_max`, a new connection takes the place of the oldest one no tenant has
+/// claimed (connected, no complete request: a slowloris client), not of one that has been
+/// served; with no unclaimed connection left, new ones are refused as before. One worker, so
+/// every connection is on the core that decides.
+#[test]
+fn at_the_connection_limit_the_oldest_unclaimed_connection_makes_room() {
+    let site = Site::new();
+    let ts = TestServer::start_with_workers(
+        &config_text("connections_max = 3", &[tenant("t", &site.root(), "")]),
+        1,
+    );
+    let stats = || ts.server().stats();
+    let open = || stats().open_connections.load(Ordering::Acquire);
+    let evicted = || stats().evicted_connections.load(Ordering::Relaxed);
+    let refused = || stats().refused_connections.load(Ordering::Relaxed);
+
+    // A served connection (claimed by the tenant), then two that only send half a head.
+    let mut served = ts.connect();
+    assert_eq!(served.get("/hello.txt", "x").body, HELLO);
+    let mut slow_old = ts.connect();
+    slow_old.send(b"GET /hello.txt HTTP/1.1\r\nHo");
+    assert!(wait_until(|| open() == 2), "first slow connection");
+    let mut slow_new = ts.connect();
+    slow_new.send(b"GET /hello.txt HTTP/1.1\r\nHo");
+    assert!(wait_until(|| open() == 3), "second slow connection");
+
+    // A fourth: the oldest slow one is closed for it, and it is served.
+    let mut fresh = ts.connect();
+    assert_eq!(fresh.get("/hello.txt", "x").body, HELLO);
+    slow_old.expect_closed();
+    assert_eq!((evicted(), refused()), (1, 0));
+    assert_eq!(open(), 3);
+
+    // The newer slow connection is still open and can finish its request.
+    slow_new.send(b"st: x\r\n\r\n");
+    assert_eq!(slow_new.response(false).body, HELLO);
+    // The served one was never a candidate.
+    assert_eq!(served.get("/", "x").body, INDEX);
+
+    // All three are claimed now: a fifth is refused, and nobody is closed for it.
+    let mut late = ts.connect();
+    let _ = late.stream.write_all(get("/hello.txt", "x").as_bytes());
+    late.expect_closed();
+    assert_eq!((evicted(), refused()), (1, 1));
+    assert_eq!(served.get("/hello.txt", "x").body, HELLO);
+    assert_eq!(fresh.get("/hello.txt", "x").body, HELLO);
+    assert_eq!(slow_new.get("/hello.txt", "x").body, HELLO);
 }
 
 #[test]

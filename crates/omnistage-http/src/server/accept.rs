@@ -1,9 +1,10 @@
 //! `http.accept`: listener readiness. Accepts connections (a bounded number per event), holds
-//! the server's `connections_max`, registers each connection with this core's poller for the
+//! the server's `connections_max` (at it, closing the oldest connection no tenant has claimed
+//! yet to make room, else refusing), registers each connection with this core's poller for the
 //! `http.conn` stage and arms its header deadline. Also binds the listening sockets
 //! (`SO_REUSEPORT`, one per address and worker). Runs in `/infra`.
 
-use super::conn::Conn;
+use super::conn::{close, Conn};
 use super::core_server::{key_of, with_core};
 use super::deadlines::Kind;
 use super::output::Output;
@@ -63,14 +64,27 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
             };
             let shared = cs.shared.clone();
             let stats = &shared.stats;
+            let max = cs.live.config.server.connections_max;
             // Take a place first, then check, so cores accepting at once cannot overshoot.
-            if stats.open_connections.fetch_add(1, Ordering::AcqRel)
-                >= cs.live.config.server.connections_max
-            {
-                // Over the server's limit: refuse at once rather than let it wait unserved.
+            if stats.open_connections.fetch_add(1, Ordering::AcqRel) >= max {
                 stats.open_connections.fetch_sub(1, Ordering::AcqRel);
-                stats.refused_connections.fetch_add(1, Ordering::Relaxed);
-                continue;
+                // At the limit, the oldest connection here that no tenant has claimed (it
+                // has not completed a request since it was accepted) makes room: a client
+                // holding connections open without sending whole heads (slowloris) would
+                // otherwise lock everyone out until the header timeout. With none, or if
+                // another core took the freed place first, refuse at once rather than let
+                // the new one wait unserved.
+                let Some(old) = cs.oldest_unclaimed() else {
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                close(ctx, cs, old);
+                stats.evicted_connections.fetch_add(1, Ordering::Relaxed);
+                if stats.open_connections.fetch_add(1, Ordering::AcqRel) >= max {
+                    stats.open_connections.fetch_sub(1, Ordering::AcqRel);
+                    stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
             }
             debug_assert!(
                 stream.nodelay().unwrap_or(true),
@@ -112,6 +126,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 tls: tls.then(|| Box::new(TlsConn::accepting())),
                 proxy: None,
             });
+            cs.note_unclaimed(key);
             let timeout_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
             set_deadline(ctx, cs, key, Kind::Conn, now.saturating_add(timeout_ns));
         }

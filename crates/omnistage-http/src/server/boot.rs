@@ -12,7 +12,7 @@ use super::Stages;
 use crate::request::Limits;
 use crate::response::DateCache;
 use omnistage::exec::Ctx;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -74,6 +74,7 @@ pub(super) fn on_boot(
                     workers: shared.workers,
                     deadlines: Default::default(),
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
+                    unclaimed: VecDeque::new(),
                 })
             });
             let _ = ctx.send_after(&stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);

@@ -17,7 +17,7 @@ use crate::response::DateCache;
 use omnistage::account::ActivityId;
 use omnistage::exec::IoHandle;
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -94,6 +94,26 @@ pub(super) struct CoreServer {
     /// Reused read buffer: sockets are read here and only the bytes received are appended to
     /// the connection's buffer (no zeroing of a fresh buffer per read).
     pub(super) scratch: Box<[u8]>,
+    /// Connections accepted here that no tenant has claimed yet (no request naming a served
+    /// Host: a TLS handshake, a head still arriving), by key, oldest first. At the server's
+    /// `connections_max` the oldest of them is closed to make room for a new connection
+    /// ([`CoreServer::oldest_unclaimed`]), so clients that hold connections without ever
+    /// completing a request (slowloris) cannot lock everyone out until the header timeout.
+    /// Entries of connections since claimed or closed are stale: dropped where they are met,
+    /// and compacted away once they could outnumber this core's connections
+    /// ([`CoreServer::note_unclaimed`]), so the list stays within about twice those.
+    pub(super) unclaimed: VecDeque<u64>,
+}
+
+/// Entries [`CoreServer::unclaimed`] may hold beyond twice this core's connections before it
+/// is compacted (so a core with few connections does not compact on every accept).
+const UNCLAIMED_SLACK: usize = 64;
+
+/// Whether `key` names a live connection no tenant has claimed (the compaction's test).
+fn is_unclaimed(conns: &[Option<Conn>], key: u64) -> bool {
+    let slot = (key & 0xFFFF_FFFF) as usize;
+    let generation = (key >> 32) as u32;
+    matches!(conns.get(slot), Some(Some(c)) if c.generation == generation && c.tenant.is_none())
 }
 
 thread_local! {
@@ -155,6 +175,37 @@ impl CoreServer {
         let generation = self.generations[slot as usize].wrapping_add(1);
         self.generations[slot as usize] = generation;
         (slot, generation)
+    }
+
+    /// Records a connection just accepted (no tenant yet) as the newest unclaimed one.
+    /// Amortized O(1) and, once the list has grown to its bound, allocation-free: a compaction
+    /// (at most twice this core's connections plus [`UNCLAIMED_SLACK`] entries, in place) comes
+    /// only after at least as many accepts as it leaves entries.
+    pub(super) fn note_unclaimed(&mut self, key: u64) {
+        let open_here = self.conns.len() - self.free.len();
+        if self.unclaimed.len() >= 2 * open_here + UNCLAIMED_SLACK {
+            let conns = &self.conns;
+            self.unclaimed.retain(|&k| is_unclaimed(conns, k));
+        }
+        self.unclaimed.push_back(key);
+        debug_assert!(self.unclaimed.len() <= 2 * open_here + UNCLAIMED_SLACK + 1);
+    }
+
+    /// Takes the oldest connection that no tenant has claimed and that is not answering a
+    /// request (one answered without a tenant, a 421 or a 400, is still being written):
+    /// its key, for the caller to close. Stale entries met on the way are dropped, as are
+    /// unclaimed connections in the middle of an answer (a later accept does not see them
+    /// again; their deadlines still close them). Bounded by the list's length.
+    pub(super) fn oldest_unclaimed(&mut self) -> Option<u64> {
+        while let Some(key) = self.unclaimed.pop_front() {
+            if self
+                .conn(key)
+                .is_some_and(|c| c.tenant.is_none() && !c.busy && c.proxy.is_none())
+            {
+                return Some(key);
+            }
+        }
+        None
     }
 
     pub(super) fn release(&mut self, slot: u32) {

@@ -24,6 +24,9 @@ pub struct ServerOptions {
 pub struct ServerStats {
     pub accepted: AtomicU64,
     pub refused_connections: AtomicU64,
+    /// Connections no tenant had claimed yet (no complete request naming a served Host),
+    /// closed, oldest first, to make room for a new one at `connections_max`.
+    pub evicted_connections: AtomicU64,
     pub open_connections: AtomicUsize,
     pub requests: AtomicU64,
     pub rejected_503: AtomicU64,
@@ -57,6 +60,11 @@ impl ServerStats {
                 "omnistage_http_connections_refused",
                 "Connections refused over connections_max.",
                 get(&self.refused_connections),
+            ),
+            (
+                "omnistage_http_connections_evicted",
+                "Connections no tenant had claimed yet (no complete request), closed oldest first to make room at connections_max.",
+                get(&self.evicted_connections),
             ),
             (
                 "omnistage_http_timeouts",
