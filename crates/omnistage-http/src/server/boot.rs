@@ -3,10 +3,9 @@
 //! core's access-log buffer for `Server::drain`. Runs in `/infra`.
 
 use super::conn::READ_CHUNK_BYTES;
-use super::core_server::{with_core, CoreServer, CORE, LOG_BUFFER_BYTES, LOG_FLUSH_INTERVAL_NS};
+use super::core_server::{with_core, CoreServer, CORE, LOG_BUFFER_BYTES};
 use super::send_sched::SendSched;
 use super::shared::ServerShared;
-use super::timer::Tick;
 use super::work::ServeScratch;
 use super::Stages;
 use crate::request::Limits;
@@ -75,9 +74,10 @@ pub(super) fn on_boot(
                     deadlines: Default::default(),
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                     unclaimed: VecDeque::new(),
+                    log_flush_armed: false,
                 })
             });
-            let _ = ctx.send_after(&stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+            with_core(|cs| super::timer::arm_log_flush(ctx, cs));
         }
         Boot::Drain => {
             with_core(|cs| {

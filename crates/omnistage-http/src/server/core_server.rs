@@ -103,6 +103,10 @@ pub(super) struct CoreServer {
     /// and compacted away once they could outnumber this core's connections
     /// ([`CoreServer::note_unclaimed`]), so the list stays within about twice those.
     pub(super) unclaimed: VecDeque<u64>,
+    /// The periodic log flush (which also retries a refused sweep) has a timer pending. A
+    /// refused re-arm (the core's timer table full) is retried at the next sweep's arming
+    /// ([`super::timer::arm_log_flush`]) instead of stopping the flushes for good.
+    pub(super) log_flush_armed: bool,
 }
 
 /// Entries [`CoreServer::unclaimed`] may hold beyond twice this core's connections before it

@@ -73,6 +73,22 @@ fn arm_sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
     }
     // Refused (the timer table full): the outstanding sweep, if any, still comes, and the
     // next arming or log flush (every second) tries again.
+    if !cs.log_flush_armed {
+        // The flush's own re-arm was refused: without this it would never come again (and
+        // with it the retry of a refused sweep above).
+        arm_log_flush(ctx, cs);
+    }
+}
+
+/// Arms the next periodic log flush, [`LOG_FLUSH_INTERVAL_NS`] from now, unless one is
+/// pending; a refusal (the core's timer table full) leaves `log_flush_armed` false for the
+/// next sweep's arming to try again.
+pub(super) fn arm_log_flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer) {
+    if !cs.log_flush_armed {
+        cs.log_flush_armed = ctx
+            .send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush)
+            .is_ok();
+    }
 }
 
 /// Hands out the deadlines due now, at most [`SWEEP_ENTRIES_MAX`], then arms the next sweep.
@@ -138,7 +154,8 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
         Tick::Sweep { due_ns } => sweep(ctx, cs, due_ns),
         Tick::LogFlush => {
             cs.flush_log();
-            let _ = ctx.send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush);
+            cs.log_flush_armed = false;
+            arm_log_flush(ctx, cs);
             // A sweep whose arming was refused is tried again here.
             if let Some(at) = cs.deadlines.next_to_arm() {
                 arm_sweep(ctx, cs, at);
