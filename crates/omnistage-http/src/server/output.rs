@@ -63,6 +63,16 @@ pub(super) trait Sink: Write {
     fn write_vectored_more(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
         self.write_vectored(bufs)
     }
+
+    /// Writes `bufs` (what [`Output::write_to`] calls for memory segments). A socket sends
+    /// them with `send`/`sendmsg` and `MSG_NOSIGNAL` rather than `writev`: a peer that reset
+    /// the connection is an `EPIPE` error, never a SIGPIPE, even in a program embedding the
+    /// server that does not ignore the signal (Rust's runtime ignores it only in binaries it
+    /// starts), and the call skips the file layer `writev` goes through. (Cost: see
+    /// `examples/send_cost.rs`; no difference showed at the server's level.)
+    fn write_vectored_now(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.write_vectored(bufs)
+    }
 }
 
 impl Sink for mio::net::TcpStream {
@@ -81,6 +91,20 @@ impl Sink for mio::net::TcpStream {
             &mut SendAncillaryBuffer::default(),
             SendFlags::MORE | SendFlags::NOSIGNAL,
         )
+        .map_err(std::io::Error::from)
+    }
+
+    fn write_vectored_now(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        use rustix::net::{SendAncillaryBuffer, SendFlags};
+        match bufs {
+            [one] => rustix::net::send(&*self, one, SendFlags::NOSIGNAL),
+            _ => rustix::net::sendmsg(
+                &*self,
+                bufs,
+                &mut SendAncillaryBuffer::default(),
+                SendFlags::NOSIGNAL,
+            ),
+        }
         .map_err(std::io::Error::from)
     }
 }
@@ -280,7 +304,7 @@ impl Output {
         let written = if file_follows && total < max {
             w.write_vectored_more(&slices[..n])?
         } else {
-            w.write_vectored(&slices[..n])?
+            w.write_vectored_now(&slices[..n])?
         };
         self.consume(written);
         Ok(written)
