@@ -66,15 +66,23 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
             let stats = &shared.stats;
             let max = cs.live.config.server.connections_max;
             // Take a place first, then check, so cores accepting at once cannot overshoot.
-            if stats.open_connections.fetch_add(1, Ordering::AcqRel) >= max {
+            let open_before = stats.open_connections.fetch_add(1, Ordering::AcqRel);
+            if open_before >= max {
                 stats.open_connections.fetch_sub(1, Ordering::AcqRel);
                 // At the limit, the oldest connection here that no tenant has claimed (it
                 // has not completed a request since it was accepted) makes room: a client
                 // holding connections open without sending whole heads (slowloris) would
-                // otherwise lock everyone out until the header timeout. With none, or if
-                // another core took the freed place first, refuse at once rather than let
-                // the new one wait unserved.
-                let Some(old) = cs.oldest_unclaimed() else {
+                // otherwise lock everyone out until the header timeout. Only exactly at the
+                // limit: above it (a reload lowered `connections_max` below the connections
+                // open, or another core's place-taking is in flight) one eviction would not
+                // make room. With none to evict, or if another core took the freed place
+                // first, refuse at once rather than let the new one wait unserved.
+                let old = if open_before == max {
+                    cs.oldest_unclaimed()
+                } else {
+                    None
+                };
+                let Some(old) = old else {
                     stats.refused_connections.fetch_add(1, Ordering::Relaxed);
                     continue;
                 };

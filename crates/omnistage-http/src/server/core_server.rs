@@ -184,7 +184,8 @@ impl CoreServer {
     /// Records a connection just accepted (no tenant yet) as the newest unclaimed one.
     /// Amortized O(1) and, once the list has grown to its bound, allocation-free: a compaction
     /// (at most twice this core's connections plus [`UNCLAIMED_SLACK`] entries, in place) comes
-    /// only after at least as many accepts as it leaves entries.
+    /// only after at least as many accepts as it leaves entries, or after connections closed
+    /// (the bound shrinks with them; its capacity is kept).
     pub(super) fn note_unclaimed(&mut self, key: u64) {
         let open_here = self.conns.len() - self.free.len();
         if self.unclaimed.len() >= 2 * open_here + UNCLAIMED_SLACK {
@@ -195,17 +196,15 @@ impl CoreServer {
         debug_assert!(self.unclaimed.len() <= 2 * open_here + UNCLAIMED_SLACK + 1);
     }
 
-    /// Takes the oldest connection that no tenant has claimed and that is not answering a
-    /// request (one answered without a tenant, a 421 or a 400, is still being written):
-    /// its key, for the caller to close. Stale entries met on the way are dropped, as are
-    /// unclaimed connections in the middle of an answer (a later accept does not see them
-    /// again; their deadlines still close them). Bounded by the list's length.
+    /// Takes the oldest connection that no tenant has claimed: its key, for the caller to
+    /// close. Such a connection has no work anywhere (a dispatched request, a body, a disk
+    /// read, a send-scheduler entry or a proxied request all come with a tenant); at most an
+    /// answer given without one (a 421 or a 400) is still being written, and closing it cuts
+    /// that answer short. Stale entries met on the way are dropped. Bounded by the list's
+    /// length.
     pub(super) fn oldest_unclaimed(&mut self) -> Option<u64> {
         while let Some(key) = self.unclaimed.pop_front() {
-            if self
-                .conn(key)
-                .is_some_and(|c| c.tenant.is_none() && !c.busy && c.proxy.is_none())
-            {
+            if self.conn(key).is_some_and(|c| c.tenant.is_none()) {
                 return Some(key);
             }
         }

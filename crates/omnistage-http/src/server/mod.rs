@@ -35,7 +35,7 @@
 //! `output.rs` (a connection's pending output), `pool.rs` (per-thread buffer pools),
 //! `upstream_pool.rs` (per core: each upstream's slots, servers' health, idle connections).
 //!
-//! Output is a queue of segments written with `writev`, and with `sendfile` for large file
+//! Output is a queue of segments written with `sendmsg`, and with `sendfile` for large file
 //! bodies when the `sendfile` key is on (`output.rs`); the disk stage is a pool of reader
 //! threads behind a byte-fair scheduler (`disk.rs`).
 //!

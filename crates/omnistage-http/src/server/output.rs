@@ -1,4 +1,4 @@
-//! A connection's pending output: a queue of segments written with `writev`, or `sendfile`.
+//! A connection's pending output: a queue of segments written with `send`/`sendmsg`, or `sendfile`.
 //!
 //! Response heads (and anything generated) go into owned buffers; file bodies from the cache
 //! are shared `Bytes` slices, so a cache hit is sent without copying its body; large file
@@ -65,10 +65,11 @@ pub(super) trait Sink: Write {
     }
 
     /// Writes `bufs` (what [`Output::write_to`] calls for memory segments). A socket sends
-    /// them with `send`/`sendmsg` and `MSG_NOSIGNAL` rather than `writev`: a peer that reset
-    /// the connection is an `EPIPE` error, never a SIGPIPE, even in a program embedding the
-    /// server that does not ignore the signal (Rust's runtime ignores it only in binaries it
-    /// starts), and the call skips the file layer `writev` goes through. (Cost: see
+    /// them with `send`/`sendmsg` and `MSG_NOSIGNAL` rather than `writev`, so on this path a
+    /// peer that reset the connection is an `EPIPE` error, not a SIGPIPE, in a program
+    /// embedding the server that does not ignore the signal (Rust's runtime ignores it only in
+    /// binaries it starts; `sendfile`, TLS and the proxy's writes can still raise it there),
+    /// and the call skips the file layer `writev` goes through. (Cost: see
     /// `examples/send_cost.rs`; no difference showed at the server's level.)
     fn write_vectored_now(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
         self.write_vectored(bufs)

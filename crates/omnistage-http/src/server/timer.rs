@@ -85,8 +85,15 @@ fn arm_sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
 /// next sweep's arming to try again.
 pub(super) fn arm_log_flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer) {
     if !cs.log_flush_armed {
+        // In `/infra` whoever arms it (a sweep may be armed from a proxied request's
+        // dispatch): a tenant's cap must not hold the flush back, nor its removal lose it.
+        let opts = SendOpts {
+            activity: Some(INFRA),
+            delay_ns: LOG_FLUSH_INTERVAL_NS,
+            ..Default::default()
+        };
         cs.log_flush_armed = ctx
-            .send_after(&cs.stages.timer, LOG_FLUSH_INTERVAL_NS, Tick::LogFlush)
+            .send_with(&cs.stages.timer, opts, Tick::LogFlush)
             .is_ok();
     }
 }
