@@ -274,6 +274,19 @@ pub fn median_of(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| median(v))
 }
 
+/// Verdicts of several parts combined: missed if any part missed, met if there are parts and
+/// all were met, otherwise (a part inconclusive or not judged) `None`.
+pub fn combine_verdicts(parts: impl IntoIterator<Item = Option<bool>>) -> Option<bool> {
+    let v: Vec<Option<bool>> = parts.into_iter().collect();
+    if v.contains(&Some(false)) {
+        Some(false)
+    } else if !v.is_empty() && v.iter().all(|m| *m == Some(true)) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
 /// Sum of a load report's errors of every kind.
 pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
     let e = &t.errors;

@@ -286,7 +286,7 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
             goal_met: mode_goal(ratio, cpu_ratio, verdict),
         });
     }
-    let goal_met = overall_goal(compared.iter().map(|c| c.goal_met));
+    let goal_met = harness::combine_verdicts(compared.iter().map(|c| c.goal_met));
     Ok(Report {
         experiment: "proxy-vs-nginx",
         machine: machine(),
@@ -318,18 +318,6 @@ fn mode_goal(ratio: Option<f64>, cpu_ratio: Option<f64>, verdict: Option<Verdict
     match verdict {
         Some(Verdict::Worse) => Some(false),
         _ => None,
-    }
-}
-
-/// Both modes: missed if one missed, met if all met, otherwise not judged.
-fn overall_goal(modes: impl Iterator<Item = Option<bool>>) -> Option<bool> {
-    let v: Vec<Option<bool>> = modes.collect();
-    if v.contains(&Some(false)) {
-        Some(false)
-    } else if !v.is_empty() && v.iter().all(|m| *m == Some(true)) {
-        Some(true)
-    } else {
-        None
     }
 }
 
@@ -521,7 +509,7 @@ mod tests {
 
     #[test]
     fn both_modes_decide_together() {
-        let all = |v: &[Option<bool>]| overall_goal(v.iter().copied());
+        let all = |v: &[Option<bool>]| harness::combine_verdicts(v.iter().copied());
         assert_eq!(all(&[Some(true), Some(true)]), Some(true));
         assert_eq!(all(&[Some(true), None]), None);
         assert_eq!(all(&[None, Some(false)]), Some(false));

@@ -154,12 +154,7 @@ fn paired_overhead(plain: &[f64], unlimited: &[f64]) -> Option<(f64, [f64; 2])> 
     if k == 0 {
         return None;
     }
-    let median = if n % 2 == 1 {
-        d[n / 2]
-    } else {
-        (d[n / 2 - 1] + d[n / 2]) / 2.0
-    };
-    Some((median, [d[k - 1], d[n - k]]))
+    Some((super::harness::median(&d), [d[k - 1], d[n - k]]))
 }
 
 /// The verdict on an overhead's interval against `goal`: met at or below, missed above,
@@ -643,25 +638,15 @@ pub fn run(a: ShapeExpArgs) -> Result<(), String> {
         std::fs::remove_file(&file).ok();
         r?
     };
-    let goal_met = fits
+    let others_met = fits
         .iter()
         .filter(|f| f.tool == "omnistage")
         .all(|f| f.goal_met)
         && groups.goal_met;
     // An inconclusive overhead leaves the whole verdict open unless something else missed.
-    let goal_met = match (goal_met, overheads.iter().map(|o| o.goal_met)) {
-        (false, _) => Some(false),
-        (true, mut o) => {
-            let all: Vec<Option<bool>> = o.by_ref().collect();
-            if all.contains(&Some(false)) {
-                Some(false)
-            } else if all.contains(&None) {
-                None
-            } else {
-                Some(true)
-            }
-        }
-    };
+    let goal_met = super::harness::combine_verdicts(
+        std::iter::once(Some(others_met)).chain(overheads.iter().map(|o| o.goal_met)),
+    );
     let r = Report {
         experiment: "shape",
         machine: machine(),

@@ -348,18 +348,11 @@ fn judge(levels: &[Level]) -> Goals {
 fn overall(g: &Goals) -> Option<bool> {
     // Set exactly when both servers ran the top level: no verdict otherwise.
     g.max_response_below_nginx?;
-    let parts = [
+    super::harness::combine_verdicts([
         g.throughput_at_least_nginx,
         g.client_jain_at_least_0_98,
         g.max_response_below_nginx,
-    ];
-    if parts.contains(&Some(false)) {
-        Some(false)
-    } else if parts.iter().all(|p| *p == Some(true)) {
-        Some(true)
-    } else {
-        None
-    }
+    ])
 }
 
 fn check_args(a: &SpecwebArgs) -> Result<(), String> {
