@@ -8,7 +8,7 @@ use crate::model::{self, ActivityChange, AdmissionChange, CapChange, Changed, Mo
 use crate::sampler::Sample;
 use crate::{metrics, shaped, view};
 use omnistage::activity::{parse_path, ActivityError};
-use omnistage::admit::{GcraBucket, P90Params};
+use omnistage::admit::P90Params;
 use omnistage::exec::{Predicate, Runtime, RuntimeError};
 use omnistage::sched::{PolicyKind, ShaperKind, ShaperSpec};
 use omnistage_http::persist::{Edit, Setting};
@@ -728,27 +728,8 @@ fn admission_predicate(
             ))
         }
     };
-    match &p {
-        Predicate::Threshold => {}
-        Predicate::TokenBucket { rate_per_s, burst } => {
-            if let Err(e) = GcraBucket::validate(*rate_per_s, *burst) {
-                return bad(&e);
-            }
-        }
-        Predicate::P90 {
-            params,
-            initial_rate_per_s,
-            burst,
-        } => {
-            if let Err(e) = params
-                .validate()
-                .and_then(|()| GcraBucket::validate(*initial_rate_per_s, *burst))
-            {
-                return bad(&e);
-            }
-        }
-        // Built by the server from a tenant's classes, never from this API.
-        Predicate::ClassedP90 { .. } => {}
+    if let Err(e) = p.validate() {
+        return bad(&e);
     }
     Ok(Some(p))
 }

@@ -281,6 +281,17 @@ fn changes_apply_and_refused_changes_change_nothing() {
             ),
             409,
         ),
+        // A p90 controller's starting rate above its own range (which is narrower than the
+        // bucket's): refused here, not left to panic where the gate is built, under the
+        // runtime's gates lock.
+        (
+            "PUT",
+            "/api/v1/activities/t/a",
+            Some(
+                r#"{"admission": {"stage": "back", "predicate": "p90", "target_ms": 50, "rate_per_s": 1000000}}"#,
+            ),
+            409,
+        ),
         (
             "PUT",
             "/api/v1/activities/t/a",

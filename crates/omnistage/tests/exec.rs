@@ -7,7 +7,7 @@
 
 use omnistage::account::{ActivityId, Row, Snapshot, StageId};
 use omnistage::activity::{ActivityError, ActivitySpec, DEPTH_MAX, INFRA, ROOT};
-use omnistage::admit::{RejectReason, SharedQueueLimit};
+use omnistage::admit::{P90Params, RejectReason, SharedQueueLimit};
 use omnistage::exec::{
     Affinity, Ctx, Predicate, Runtime, RuntimeError, SendError, SendOpts, StageConfig, StageRef,
     BATCH_MAX, QUEUE_LIMIT_MAX, TIMERS_MAX, WORKERS_MAX,
@@ -1745,6 +1745,24 @@ fn per_activity_admission_overrides_the_stage() {
     assert!(rt.set_admission(stage.id(), a, Some(bad)).is_err());
     assert!(rt.set_admission(stage.id() + 100, a, None).is_err());
     assert!(rt.set_admission(stage.id(), 9_999, None).is_err());
+    // A p90 controller starting above its own range (inside the bucket's): refused before any
+    // gate is built from it, so a queue that has no gate yet (`other`'s is built, `fresh`'s
+    // is not) never builds one that panics under the gates lock.
+    let fresh = rt.create_activity("/c", ActivitySpec::default()).unwrap();
+    let p90_too_fast = Predicate::P90 {
+        params: P90Params {
+            rate_max_per_s: 100_000.0,
+            ..P90Params::default()
+        },
+        initial_rate_per_s: 1e6,
+        burst: 8,
+    };
+    assert!(p90_too_fast.validate().is_err());
+    assert!(rt
+        .set_admission(stage.id(), fresh, Some(p90_too_fast))
+        .is_err());
+    rt.send(&stage, fresh, Affinity::Core(0), 1).unwrap();
+
     assert!(rt.send(&stage, a, Affinity::Core(0), 0).is_err());
     // Back to the stage's predicate.
     rt.set_admission(stage.id(), a, None).unwrap();

@@ -40,6 +40,50 @@ pub enum Predicate {
     },
 }
 
+impl Predicate {
+    /// Checks every parameter the gate and its controller will be built from, so that a
+    /// predicate that passes can never make [`Gate::new`] or [`Gate::set_predicate`] panic
+    /// (they run under the runtime's gates lock, which a panic would poison for every
+    /// tenant). One check for the runtime's API and the admin API alike.
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Predicate::Threshold => Ok(()),
+            Predicate::TokenBucket { rate_per_s, burst } => {
+                GcraBucket::validate(*rate_per_s, *burst)
+            }
+            Predicate::P90 {
+                params,
+                initial_rate_per_s,
+                burst,
+            } => {
+                params.validate()?;
+                GcraBucket::validate(*initial_rate_per_s, *burst)?;
+                // The controller's own range, which is narrower than the bucket's.
+                if !(params.rate_min_per_s..=params.rate_max_per_s).contains(initial_rate_per_s) {
+                    return Err(format!(
+                        "p90: initial rate must be in {}..={} per s, got {initial_rate_per_s}",
+                        params.rate_min_per_s, params.rate_max_per_s
+                    ));
+                }
+                Ok(())
+            }
+            Predicate::ClassedP90 {
+                group,
+                level,
+                burst,
+            } => {
+                if *level >= group.levels() {
+                    return Err(format!(
+                        "class level {level} out of range ({} levels)",
+                        group.levels()
+                    ));
+                }
+                GcraBucket::validate(group.rate_per_s(*level), *burst)
+            }
+        }
+    }
+}
+
 /// Most gates one [`ClassGroup`] level holds (a tenant's classes at one priority, plus the
 /// tenant's own activity): more than any configuration has (64 classes per tenant).
 pub const CLASS_GROUP_GATES_MAX: usize = 128;

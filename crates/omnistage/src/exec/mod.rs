@@ -137,33 +137,7 @@ impl StageConfig {
         if !(crate::sched::WEIGHT_MIN..=crate::sched::WEIGHT_MAX).contains(&self.weight) {
             return Err(format!("stage weight {} out of range", self.weight));
         }
-        match &self.predicate {
-            Predicate::Threshold => {}
-            Predicate::TokenBucket { rate_per_s, burst } => {
-                crate::admit::GcraBucket::validate(*rate_per_s, *burst)?;
-            }
-            Predicate::P90 {
-                params,
-                initial_rate_per_s,
-                burst,
-            } => {
-                params.validate()?;
-                crate::admit::GcraBucket::validate(*initial_rate_per_s, *burst)?;
-            }
-            Predicate::ClassedP90 {
-                group,
-                level,
-                burst,
-            } => {
-                if *level >= group.levels() {
-                    return Err(format!(
-                        "class level {level} out of range ({} levels)",
-                        group.levels()
-                    ));
-                }
-                crate::admit::GcraBucket::validate(group.rate_per_s(*level), *burst)?;
-            }
-        }
+        self.predicate.validate()?;
         Ok(())
     }
 }
