@@ -739,9 +739,21 @@ fn admission_predicate(
 pub(crate) fn bytes_setting(v: &serde_json::Value, what: &str) -> Result<Option<u64>, Response> {
     match v {
         serde_json::Value::Null => Ok(None),
-        serde_json::Value::Number(n) => n.as_u64().map(Some).ok_or_else(|| {
-            Response::error(400, &format!("{what} must be a whole number of bytes"))
-        }),
+        serde_json::Value::Number(n) => {
+            let n = n.as_u64().ok_or_else(|| {
+                Response::error(400, &format!("{what} must be a whole number of bytes"))
+            })?;
+            // The ceiling a string ("1000GB/s") has: past it a shaper refuses the rate, and
+            // the server would keep the old cap while its config said the new one.
+            let max = omnistage_http::config::RATE_BYTES_PER_S_MAX;
+            if n > max {
+                return Err(Response::error(
+                    400,
+                    &format!("{what} {n} is above {max} (1 TB)"),
+                ));
+            }
+            Ok(Some(n))
+        }
         serde_json::Value::String(s) => {
             let t = s.trim();
             let rate = if t.ends_with("/s") {

@@ -397,7 +397,7 @@ fn every_change_is_checked_against_the_running_config() {
     let inherit = r#"{"admission": {"stage": "http.work", "predicate": "inherit"}}"#;
     let no_stage = r#"{"admission": {"stage": "nope", "predicate": "threshold"}}"#;
     // (method, path under /api/v1/activities/, body ("": none), status, words of the reason)
-    let cases: [(&str, &str, &str, u16, &str); 25] = [
+    let cases: [(&str, &str, &str, u16, &str); 27] = [
         // Weights and CPU caps: the tree's limits.
         (
             "PUT",
@@ -453,6 +453,22 @@ fn every_change_is_checked_against_the_running_config() {
             "cache_bytes_max",
         ),
         ("PUT", "tenants/b", r#"{"cap_net": "fast"}"#, 400, "cap_net"),
+        // A number above the ceiling a string has ("1000GB/s"): the send scheduler's shaper
+        // would refuse the rate and keep the old cap while the config said 5 TB/s.
+        (
+            "PUT",
+            "tenants/b",
+            r#"{"cap_net": 5000000000000}"#,
+            400,
+            "above",
+        ),
+        (
+            "PUT",
+            "tenants/b",
+            r#"{"cap_disk": 1000000000001}"#,
+            400,
+            "above",
+        ),
         (
             "PUT",
             "tenants/b",
