@@ -49,13 +49,28 @@ pub fn lease_target(demand_per_s: f64, cap_per_s: u64, sync_ms: u64) -> u64 {
 /// overspent) is asked for on top of the target, so it is repaid.
 pub fn lease_delta(target: u64, held: i64) -> i64 {
     let target = target.min(i64::MAX as u64 / 4) as i64;
+    // Saturating: `held` comes from a pool that Redis's grants fill (bounded by the asks, but
+    // a debt can be deep), and an overflow here would ask for a wrapped amount.
     if held < target {
-        target - held
+        target.saturating_sub(held)
     } else if held > 2 * target {
-        2 * target - held
+        (2 * target).saturating_sub(held)
     } else {
         0
     }
+}
+
+/// A grant as Redis replied it, held to what the renewal could get: between nothing and `ask`
+/// (or, giving back, between `ask` and nothing). A reply outside that (a script replaced in
+/// Redis, a corrupted key) would switch a cap off or starve a tenant; returns the clamped grant
+/// and whether it had to be clamped (counted as garbage).
+pub fn clamp_grant(ask: i64, granted: i64) -> (i64, bool) {
+    let clamped = if ask >= 0 {
+        granted.clamp(0, ask)
+    } else {
+        granted.clamp(ask, 0)
+    };
+    (clamped, clamped != granted)
 }
 
 /// The local rate of a fleet cap while Redis is unreachable: the cap split evenly over the
@@ -111,6 +126,9 @@ mod tests {
         // A debt is repaid on top of the target.
         assert_eq!(lease_delta(100, -30), 130);
         assert_eq!(lease_delta(u64::MAX, 0), i64::MAX / 4);
+        // A debt as deep as a pool can hold asks for the most there is, not a wrapped amount.
+        assert_eq!(lease_delta(100, i64::MIN), i64::MAX);
+        assert_eq!(lease_delta(0, i64::MAX), -i64::MAX);
     }
 
     #[test]
@@ -124,5 +142,19 @@ mod tests {
         assert_eq!(fallback_refill(300.0, 1_000_000_000, -100, 60), 160);
         assert_eq!(fallback_refill(f64::NAN, 1_000_000_000, 0, 60), 0);
         assert_eq!(fallback_refill(300.0, 1_000_000, 0, 60), 0);
+    }
+
+    #[test]
+    fn a_grant_is_held_between_nothing_and_the_ask() {
+        assert_eq!(clamp_grant(100, 60), (60, false));
+        assert_eq!(clamp_grant(100, 100), (100, false));
+        assert_eq!(clamp_grant(100, i64::MAX), (100, true));
+        assert_eq!(clamp_grant(100, -5), (0, true));
+        assert_eq!(clamp_grant(100, i64::MIN), (0, true));
+        assert_eq!(clamp_grant(-50, -50), (-50, false));
+        assert_eq!(clamp_grant(-50, -20), (-20, false));
+        assert_eq!(clamp_grant(-50, -80), (-50, true));
+        assert_eq!(clamp_grant(-50, 7), (0, true));
+        assert_eq!(clamp_grant(0, 3), (0, true));
     }
 }

@@ -209,7 +209,8 @@ impl Store {
                 .arg(ask)
                 .arg(BUCKET_TTL_MS)
                 .invoke(con)?;
-            Ok((granted, garbage != 0))
+            let (granted, out_of_range) = crate::lease::clamp_grant(ask, granted);
+            Ok((granted, garbage != 0 || out_of_range))
         })
     }
 
