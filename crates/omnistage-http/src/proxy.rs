@@ -87,11 +87,17 @@ fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Whether the field `name` must not be forwarded, given the fields' `Connection` values.
+///
+/// A `Connection` option never removes `Content-Length`: the body is forwarded with the length
+/// this hop parsed, so the next hop must see it too. (Honouring `Connection: content-length`
+/// sent the body bare, and a body that is itself a request was read upstream as a second
+/// request: smuggling, on a pooled connection answered to the next client.)
 fn is_hop_by_hop<'a>(name: &[u8], connection: impl Iterator<Item = &'a [u8]>) -> bool {
     HOP_BY_HOP.iter().any(|h| eq(name, h))
-        || connection
-            .flat_map(tokens)
-            .any(|t| t.eq_ignore_ascii_case(name))
+        || (!eq(name, "content-length")
+            && connection
+                .flat_map(tokens)
+                .any(|t| t.eq_ignore_ascii_case(name)))
 }
 
 /// Parses the response head at the start of `buf`. `head_bytes_max` bounds the head (a longer
@@ -319,7 +325,13 @@ impl ChunkedDecoder {
 /// `/path?q` (and `http://host?q` becomes `/?q`: the slash is the first element).
 fn origin_form(target: &str) -> (&'static str, &str) {
     let scheme = "http://";
-    if target.len() >= scheme.len() && target[..scheme.len()].eq_ignore_ascii_case(scheme) {
+    // Compared as bytes: the target may hold bytes above 0x7F (the parser accepts them), and
+    // slicing the string at a byte that is not a character boundary would panic.
+    if target
+        .as_bytes()
+        .get(..scheme.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(scheme.as_bytes()))
+    {
         let rest = &target[scheme.len()..];
         return match rest.find(['/', '?']) {
             Some(i) if rest.as_bytes()[i] == b'/' => ("", &rest[i..]),
@@ -617,6 +629,37 @@ mod tests {
             "GET /p HTTP/1.1\r\nHost: b.test\r\nX-Forwarded-For: ::1\r\n\
              X-Forwarded-Proto: https\r\nX-Forwarded-Host: b.test\r\n\r\n"
         );
+    }
+
+    /// `Connection: content-length` must not strip the length of a body that is forwarded
+    /// (the body, itself a request, was read upstream as a second request), in either
+    /// direction; and a target with bytes above 0x7F where the scheme would be is not sliced
+    /// inside a character.
+    #[test]
+    fn a_connection_option_never_strips_the_length() {
+        let smuggle = b"POST /x HTTP/1.1\r\nHost: a\r\nConnection: content-length\r\n\
+                        Content-Length: 40\r\n\r\n";
+        let req = request(smuggle);
+        assert_eq!(req.body, BodyFraming::Length(40));
+        let mut out = Vec::new();
+        write_upstream_head(&mut out, &req, "127.0.0.9".parse().unwrap(), "http");
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("\r\nContent-Length: 40\r\n"), "{text}");
+        let up = b"HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: 3\r\n\r\n";
+        let mut out = Vec::new();
+        write_client_head(&mut out, up, false, true, 1);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+        );
+        for target in [
+            "/a\u{65e5}\u{672c}",
+            "http:/\u{65e5}",
+            "\u{65e5}\u{672c}\u{8a9e}xx",
+        ] {
+            assert_eq!(origin_form(target), ("", target));
+        }
+        assert_eq!(origin_form("HTTP://h/\u{65e5}"), ("", "/\u{65e5}"));
     }
 
     #[test]
