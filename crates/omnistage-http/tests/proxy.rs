@@ -569,6 +569,21 @@ fn oversized_upstream_head_is_502() {
     assert_eq!(r.status, 502);
 }
 
+/// Interim (1xx) heads are dropped, up to eight per request; a ninth makes the response
+/// invalid (502) instead of keeping the worker reading a backend that sends them without end.
+#[test]
+fn interim_heads_are_bounded() {
+    for (interim, status) in [(8, 200), (9, 502)] {
+        let mut reply = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(interim);
+        reply.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+        let b = Backend::scripted(reply, true);
+        let p = Proxy::start(&[b.addr], "", "", "");
+        let r = exchange(&p, b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        assert_eq!(r.status, status, "{interim} interim heads");
+    }
+}
+
 /// Starts a backend that answers `reply` (closing after it unless `keep`), sends one GET and
 /// reads until the proxy closes the client's connection.
 fn read_until_closed(reply: &'static [u8], keep: bool) -> (String, Proxy) {

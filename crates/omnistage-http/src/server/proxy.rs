@@ -46,6 +46,11 @@ const QUEUE_PER_TENANT_MAX: usize = 1024;
 /// Most rounds of [`pump`] per call (each moves up to a window each way), so a fast pair of
 /// sockets cannot hold the worker; a message to `http.proxy` goes on after the others' turns.
 const PUMP_ROUNDS_MAX: usize = 16;
+/// Most interim (1xx) response heads one request takes before its final head; past it the
+/// response is invalid (502). Without a bound a backend writing `100 Continue` without end
+/// kept one dispatch reading and dropping them: nothing reached the client's window, so
+/// nothing else ended the loop, and the core's other tenants waited.
+const INTERIM_HEADS_MAX: u8 = 8;
 
 /// Resume a request: one granted a slot while it waited, or one whose pump used its rounds
 /// while its bytes still moved (`pump: true`).
@@ -100,6 +105,8 @@ pub(super) struct Proxied {
     client_minor: u8,
     client_keep: bool,
     resp: Option<Resp>,
+    /// Interim (1xx) heads dropped so far ([`INTERIM_HEADS_MAX`]).
+    interim_heads: u8,
     granted_ns: u64,
     attempts: usize,
     /// Names the latest deadline armed; older ones are stale.
@@ -180,6 +187,7 @@ pub(super) fn start(
         client_minor: req.version_minor,
         client_keep: req.keep_alive && !cs.shared.draining.load(Ordering::Relaxed),
         resp: None,
+        interim_heads: 0,
         granted_ns: now,
         attempts: 0,
         deadline_ns: 0,
@@ -1032,7 +1040,12 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                     return f;
                 }
                 HeadOutcome::Complete(h) if h.status < 200 => {
-                    // Interim (100, 103): not forwarded.
+                    // Interim (100, 103): not forwarded, and only so many.
+                    p.interim_heads = p.interim_heads.saturating_add(1);
+                    if p.interim_heads > INTERIM_HEADS_MAX {
+                        f.invalid = true;
+                        return f;
+                    }
                     u.inbuf.drain(..h.head_len);
                     continue;
                 }
