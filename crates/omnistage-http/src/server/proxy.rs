@@ -307,10 +307,16 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
             return;
         }
         if granted {
-            // The message was refused (cannot be: the stage never refuses): answer 502
-            // rather than leave the request holding a slot.
+            // The message was refused (the stage refuses none, but the activity of a class a
+            // reload dropped is removed while its requests wait here): the grant is undone and the request answered 502, and the
+            // slot goes to the next waiter in this loop. (`fail` on a granted request would
+            // release the slot itself, and so call this function again: once per such waiter,
+            // up to the queues' bound, deep enough to overflow the stack.)
+            if let Some(w) = cs.conn(waiter).and_then(|c| c.proxy.as_mut()) {
+                w.phase = Phase::Waiting;
+                w.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+            }
             fail(ctx, cs, waiter, 502);
-            return;
         }
         next = cs.proxy.upstreams[p.upstream]
             .slots
