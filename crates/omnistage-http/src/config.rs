@@ -51,7 +51,9 @@
 //!                                   # tenants together (split evenly between the workers);
 //!                                   # beyond it requests wait in per-tenant queues
 //! connect_timeout_ms = 1000         # 1 ms..=1 h; then the next server, or 502
-//! response_timeout_ms = 30000       # 1 ms..=1 h from the request sent until the head: 504
+//! response_timeout_ms = 30000       # 1 ms..=1 h from the request sent until the head: 504;
+//!                                   # then the longest gap between the backend's bytes (the
+//!                                   # response is cut)
 //! idle_connections_max = 64         # 0..=10,000 keep-alive connections kept per worker
 //! fair = true                       # true: a freed slot goes to the waiting tenants by weight
 //!                                   # (SFQ), and with 16 or more slots per worker up to 1/16 of
@@ -223,7 +225,8 @@ pub struct UpstreamConfig {
     pub concurrency_max: usize,
     /// Time allowed to connect to a server.
     pub connect_timeout: Duration,
-    /// Time allowed from sending a request until its response head arrives (then 504).
+    /// Time allowed from sending a request until its response head arrives (then 504), and
+    /// then between two reads of the response (then the response is cut).
     pub response_timeout: Duration,
     /// Idle keep-alive connections kept per worker.
     pub idle_connections_max: usize,

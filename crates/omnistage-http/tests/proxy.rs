@@ -667,6 +667,58 @@ fn no_head_within_the_response_timeout_is_504() {
     drop(tx);
 }
 
+/// Once the head has come, `response_timeout_ms` bounds the gap between the backend's bytes
+/// (nginx's `proxy_read_timeout`): a backend that sends a head and part of the body and then
+/// stalls, its socket open, gets the client's connection closed with the response cut, and
+/// the slot back; before, the client and the slot were held until the backend closed. A body
+/// whose bytes keep coming within the timeout is whole.
+#[test]
+fn a_backend_stalling_after_its_head_is_cut_at_the_response_timeout() {
+    let (tx, rx) = mpsc::channel::<()>();
+    let rx = Mutex::new(rx);
+    let b = Backend::start(move |r, w, _| {
+        while let Some(req) = read_request(r) {
+            if req.head.starts_with("GET /stall") {
+                let _ = w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc");
+                // Hold the socket open, sending nothing more, until the test ends.
+                let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                return;
+            }
+            // Five bytes 100 ms apart against a 300 ms timeout: never a gap as long as it.
+            let _ = w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+            for byte in b"12345" {
+                std::thread::sleep(Duration::from_millis(100));
+                if w.write_all(&[*byte]).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let p = Proxy::start(&[b.addr], "response_timeout_ms = 300", "", "");
+    let s = p.connect();
+    (&s).write_all(b"GET /slow HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let r = read_response(&mut BufReader::new(&s), false).expect("a response");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"12345"[..]));
+    let s = p.connect();
+    (&s).write_all(b"GET /stall HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let mut all = Vec::new();
+    // The socket's read timeout (5 s) would fail this with an error instead of EOF.
+    (&s).read_to_end(&mut all)
+        .expect("the server closes the connection");
+    let text = String::from_utf8_lossy(&all);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nabc"), "cut after what came: {text}");
+    assert_eq!(p.server().upstream_stats()[0].errors_504, 1);
+    assert_eq!(
+        p.server().upstream_stats()[0].in_flight,
+        0,
+        "the slot is free"
+    );
+    drop(tx);
+}
+
 /// `response_timeout_ms` runs from the request's last byte reaching the backend, not from the
 /// connect: an upload that keeps moving for longer than the timeout is answered, and the
 /// backend that then holds the response too long still gets a 504. (The body's bytes come

@@ -462,8 +462,8 @@ fn arm(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, ns: u64) {
     set_deadline(ctx, cs, key, Kind::Proxy, due_ns);
 }
 
-/// A proxied request's deadline fired: a connect that did not finish, or a head that did not
-/// come.
+/// A proxied request's deadline fired: a connect that did not finish, a head that did not
+/// come, or a response whose next bytes did not come.
 pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_ns: u64) {
     let now = ctx.now_ns();
     let Some(c) = cs.conn(key) else { return };
@@ -473,13 +473,28 @@ pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_
     }
     c.proxy_timer_ns = 0;
     let Some(p) = c.proxy.as_ref() else { return };
-    if p.resp.is_some() || p.deadline_ns == 0 {
+    if p.deadline_ns == 0 {
         return;
     }
     if now < p.deadline_ns {
         // The deadline moved on (progress, or a later request on this connection).
         let due_ns = p.deadline_ns;
         set_deadline(ctx, cs, key, Kind::Proxy, due_ns);
+        return;
+    }
+    if p.resp.is_some() {
+        let (up_i, window_full) = (p.upstream, c.out.pending() >= WINDOW_BYTES);
+        let timeout_ns = cs.proxy.upstreams[up_i].config.response_timeout.as_nanos() as u64;
+        if window_full {
+            // The client is the one not reading (its window is full, so nothing is read from
+            // the backend): the connection's own stalled-reader timeout judges that.
+            arm(ctx, cs, key, timeout_ns);
+            return;
+        }
+        // The backend sent a head, then nothing for the response timeout: the client's
+        // response is cut (its framing shows it) and the slot freed.
+        drop_upstream(ctx, cs, key, false);
+        fail(ctx, cs, key, 504);
         return;
     }
     let Phase::Active { up } = p.phase else {
@@ -741,6 +756,8 @@ struct Moved {
     /// Bytes of the request reached the backend's socket before its response: the response
     /// deadline starts again from now.
     rearm: bool,
+    /// Bytes of the response came from the backend.
+    from_backend: bool,
     /// The request is over (completed, failed, or the client is gone).
     ended: bool,
 }
@@ -750,6 +767,7 @@ struct Moved {
 /// on any readiness of either side.
 pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let mut rearm = false;
+    let mut from_backend = false;
     let mut moving = true;
     for _ in 0..PUMP_ROUNDS_MAX {
         let m = pump_once(ctx, cs, key);
@@ -757,6 +775,7 @@ pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             return;
         }
         rearm |= m.rearm;
+        from_backend |= m.from_backend;
         moving = m.progress;
         if !moving {
             break;
@@ -788,8 +807,16 @@ pub(super) fn pump(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             fail(ctx, cs, key, 502);
         }
     }
-    // One timer message per pump that moved request bytes (not per write).
-    if rearm {
+    // Once the head is here, the same timeout runs from the backend's last bytes: a backend
+    // that sends a head and then stalls must not hold the client and the slot for ever. (A
+    // response that ends in the pump that brought it, the common case, returned above.)
+    let body_pending = from_backend
+        && cs
+            .conn(key)
+            .and_then(|c| c.proxy.as_ref())
+            .is_some_and(|p| p.resp.is_some());
+    // One timer message per pump that moved bytes (not per write).
+    if rearm || body_pending {
         if let Some(up_i) = cs
             .conn(key)
             .and_then(|c| c.proxy.as_ref())
@@ -944,6 +971,7 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                         .fetch_add(n as u64, Ordering::Relaxed);
                     ctx.record_bytes_in(p.activity, n as u64);
                     m.progress = true;
+                    m.from_backend = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     u.readable = false;
