@@ -455,6 +455,35 @@ fn chunked_request_body_is_forwarded() {
     );
 }
 
+/// Thousands of one-byte chunks each way (the input buffers hold thousands of them at once,
+/// and each direction now drains them once per pass instead of once per chunk): every byte
+/// arrives, in order.
+#[test]
+fn many_small_chunks_pass_whole_both_ways() {
+    let n = 5_000;
+    let data: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut chunked = Vec::new();
+    for &byte in &data {
+        chunked.extend_from_slice(b"1\r\n");
+        chunked.push(byte);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let mut reply = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    reply.extend_from_slice(&chunked);
+    let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+    let b = Backend::scripted(reply, true);
+    let p = Proxy::start(&[b.addr], "", "", "");
+    let mut req =
+        b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    req.extend_from_slice(&chunked);
+    let r = exchange(&p, &req);
+    assert_eq!(r.status, 200);
+    assert_eq!(b.seen()[0].body, data, "the request body");
+    // Passed on to an HTTP/1.1 client as it came (chunked, framing included).
+    assert_eq!(r.body, chunked, "the response body");
+}
+
 #[test]
 fn all_methods_pass_and_expect_continue_is_answered_here() {
     let b = Backend::echo();

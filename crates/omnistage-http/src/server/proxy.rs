@@ -861,21 +861,25 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
     };
     // 1. Request body: client input → the upstream's output, within the window.
     let mut bad_body = false;
-    while !p.body_done && !c.inbuf.is_empty() && u.out.len() - u.out_pos < WINDOW_BYTES {
+    // What the loop took from the input, drained once after it (a drain per chunk moved the
+    // rest of the buffer each time: quadratic in the chunks a 32 KiB buffer holds).
+    let mut taken = 0;
+    while !p.body_done && taken < c.inbuf.len() && u.out.len() - u.out_pos < WINDOW_BYTES {
+        let input = &c.inbuf[taken..];
         let room = WINDOW_BYTES - (u.out.len() - u.out_pos);
         match p.body {
             BodyFraming::Length(_) => {
-                let n = (p.body_left as usize).min(c.inbuf.len()).min(room);
-                u.out.extend_from_slice(&c.inbuf[..n]);
-                c.inbuf.drain(..n);
+                let n = (p.body_left as usize).min(input.len()).min(room);
+                u.out.extend_from_slice(&input[..n]);
+                taken += n;
                 p.body_left -= n as u64;
                 p.body_forwarded += n as u64;
                 p.body_done = p.body_left == 0;
                 m.progress |= n > 0;
             }
             BodyFraming::Chunked => {
-                let avail = c.inbuf.len().min(room);
-                match p.body_chunks.step(&c.inbuf[..avail]) {
+                let avail = input.len().min(room);
+                match p.body_chunks.step(&input[..avail]) {
                     Ok(s) => {
                         if s.consumed == 0 && !s.done {
                             break;
@@ -885,8 +889,8 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                             bad_body = true;
                             break;
                         }
-                        u.out.extend_from_slice(&c.inbuf[..s.consumed]);
-                        c.inbuf.drain(..s.consumed);
+                        u.out.extend_from_slice(&input[..s.consumed]);
+                        taken += s.consumed;
                         p.body_done = s.done;
                         m.progress = true;
                     }
@@ -900,6 +904,7 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
         }
         c.last_active_ns = now;
     }
+    c.inbuf.drain(..taken);
     if c.inbuf.is_empty() && c.inbuf.capacity() > 0 {
         super::pool::give_buf(std::mem::take(&mut c.inbuf));
     }
@@ -1061,13 +1066,30 @@ struct Fwd {
 }
 
 /// Forwards what the upstream's buffer holds to the client's output: the response head (once
-/// whole), then body bytes as its framing allows.
+/// whole), then body bytes as its framing allows; what it took leaves the buffer at once.
 fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -> Fwd {
+    let mut taken = 0;
+    let f = forward_from(out, p, &u.inbuf, head_max, &mut taken);
+    // One drain for the whole call: a drain per chunk moved the rest of the buffer each time,
+    // quadratic in the chunks a buffer holds (16 KiB of 1-byte chunks is ~3,000 of them).
+    u.inbuf.drain(..taken);
+    f
+}
+
+/// [`forward`] over `inbuf`, from `*taken` on; adds what it took to `*taken`.
+fn forward_from(
+    out: &mut Output,
+    p: &mut Proxied,
+    inbuf: &[u8],
+    head_max: usize,
+    taken: &mut usize,
+) -> Fwd {
     let mut f = Fwd::default();
     // Bounded: each round consumes bytes of the buffer or ends.
     loop {
+        let buf = &inbuf[*taken..];
         let Some(r) = p.resp.as_mut() else {
-            match parse_response_head(&u.inbuf, head_max, p.is_head) {
+            match parse_response_head(buf, head_max, p.is_head) {
                 HeadOutcome::Partial => return f,
                 HeadOutcome::Invalid(_) => {
                     f.invalid = true;
@@ -1080,7 +1102,7 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                         f.invalid = true;
                         return f;
                     }
-                    u.inbuf.drain(..h.head_len);
+                    *taken += h.head_len;
                     continue;
                 }
                 HeadOutcome::Complete(h) => {
@@ -1094,9 +1116,9 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                             _ => true,
                         };
                     let minor = p.client_minor;
-                    let raw = &u.inbuf[..h.head_len];
+                    let raw = &buf[..h.head_len];
                     out.with_head(|b| write_client_head(b, raw, chunked_to_client, keep, minor));
-                    u.inbuf.drain(..h.head_len);
+                    *taken += h.head_len;
                     p.resp = Some(Resp {
                         status: h.status,
                         framing: h.framing,
@@ -1119,7 +1141,7 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                 }
             }
         };
-        if u.inbuf.is_empty() {
+        if buf.is_empty() {
             return f;
         }
         match r.framing {
@@ -1128,21 +1150,21 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                 return f;
             }
             ResponseFraming::Length(_) => {
-                let n = (r.left as usize).min(u.inbuf.len());
-                out.with_head(|b| b.extend_from_slice(&u.inbuf[..n]));
-                u.inbuf.drain(..n);
+                let n = (r.left as usize).min(buf.len());
+                out.with_head(|b| b.extend_from_slice(&buf[..n]));
+                *taken += n;
                 r.left -= n as u64;
                 p.response_bytes += n as u64;
                 f.done = r.left == 0;
                 return f;
             }
             ResponseFraming::UntilClose => {
-                p.response_bytes += u.inbuf.len() as u64;
-                out.with_head(|b| b.extend_from_slice(&u.inbuf));
-                u.inbuf.clear();
+                p.response_bytes += buf.len() as u64;
+                out.with_head(|b| b.extend_from_slice(buf));
+                *taken += buf.len();
                 return f;
             }
-            ResponseFraming::Chunked => match r.chunks.step(&u.inbuf) {
+            ResponseFraming::Chunked => match r.chunks.step(buf) {
                 Ok(s) => {
                     if s.consumed == 0 && !s.done {
                         return f;
@@ -1152,9 +1174,9 @@ fn forward(out: &mut Output, p: &mut Proxied, u: &mut UpConn, head_max: usize) -
                     } else {
                         s.data.clone()
                     };
-                    out.with_head(|b| b.extend_from_slice(&u.inbuf[to_client]));
+                    out.with_head(|b| b.extend_from_slice(&buf[to_client]));
                     p.response_bytes += s.data.len() as u64;
-                    u.inbuf.drain(..s.consumed);
+                    *taken += s.consumed;
                     if s.done {
                         f.done = true;
                         return f;
