@@ -1618,6 +1618,43 @@ fn half_closed_client_gets_its_response_when_the_fin_comes_with_the_request() {
     assert_serves(&ts, "x", HELLO);
 }
 
+/// A half-closed client's response that takes more than one write: the socket fills, and the
+/// writable event that resumes the response also reports the client's FIN again. The rest of
+/// the response must still go out (the read side has ended, not the connection), for a large
+/// file and for pipelined requests, after which the server closes; a request cut short by the
+/// FIN is not answered.
+#[test]
+fn half_closed_client_gets_a_response_longer_than_the_socket_buffers() {
+    let site = Site::new();
+    let ts = TestServer::simple(&site, "", "synthetic = true");
+    let n = 8 << 20;
+    let mut c = ts.connect();
+    c.send(format!("GET /_bytes?n={n} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+    c.stream.shutdown(Shutdown::Write).unwrap();
+    // Let the server fill the socket and wait for room, with the FIN already in.
+    std::thread::sleep(Duration::from_millis(100));
+    let r = c.response(false);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.len(), n);
+    c.expect_closed();
+    // Two pipelined requests, then the FIN: both answered, then closed.
+    let mut c = ts.connect();
+    c.send(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\nGET /hello.txt HTTP/1.1\r\nHost: x\r\n\r\n");
+    c.stream.shutdown(Shutdown::Write).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let r = c.response(false);
+    assert_eq!((r.status, r.body.len()), (200, big_content().len()));
+    let r = c.response(false);
+    assert_eq!((r.status, r.body.as_slice()), (200, HELLO));
+    c.expect_closed();
+    // Half a head, then the FIN: nothing to answer.
+    let mut c = ts.connect();
+    c.send(b"GET /hello.txt HTTP/1.1\r\nHo");
+    c.stream.shutdown(Shutdown::Write).unwrap();
+    c.expect_closed();
+    assert_serves(&ts, "x", HELLO);
+}
+
 #[test]
 fn drain_stops_accepting_and_finishes() {
     let site = Site::new();

@@ -125,6 +125,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 send_blocked: false,
                 busy: false,
                 closing: false,
+                read_eof: false,
                 request_start_ns: now,
                 last_progress_ns: now,
                 last_active_ns: now,

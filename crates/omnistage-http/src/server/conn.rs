@@ -94,6 +94,10 @@ pub(super) struct Conn {
     pub(super) busy: bool,
     /// Close once the output is flushed.
     pub(super) closing: bool,
+    /// The client has finished sending (a FIN: a half-close, or a close whose reset has not
+    /// come yet). What it sent before is still answered, in order, and the connection closes
+    /// after the last answer; the socket is not read again.
+    pub(super) read_eof: bool,
     /// When the request being received started (its first byte, or the accept).
     pub(super) request_start_ns: u64,
     /// When a write last made progress (or the send stage last offered bytes): a client that
@@ -133,6 +137,17 @@ impl Conn {
         }
         self.inbuf.extend_from_slice(bytes);
         self.last_active_ns = now_ns;
+    }
+
+    /// Whether it has nothing more to do: the client finished sending and everything it asked
+    /// for is answered (see [`Conn::read_eof`]).
+    pub(super) fn answered_all_after_eof(&self) -> bool {
+        self.read_eof
+            && !self.busy
+            && self.out.is_empty()
+            && self.body.is_none()
+            && self.proxy.is_none()
+            && self.inbuf.is_empty()
     }
 
     /// Whether bytes wait to be written: queued output, or records rustls holds.
@@ -179,6 +194,18 @@ pub(super) fn close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
 /// Reads what the socket holds, up to the input limit (through TLS on a TLS connection).
 /// Returns false if the connection closed.
 pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    read_more_then(ctx, cs, key, false)
+}
+
+/// [`read_more`], told whether the readiness event said the peer closed its side: then a read
+/// that empties the socket's queue has also reached the FIN (it came after every byte), which
+/// no later event would report (edge-triggered: data and FIN in one segment make one event).
+pub(super) fn read_more_then(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    peer_closed: bool,
+) -> bool {
     if cs.conn(key).is_some_and(|c| c.tls.is_some()) {
         return tls::read(ctx, cs, key);
     }
@@ -188,6 +215,10 @@ pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> boo
     let Some(c) = conns[(key & 0xFFFF_FFFF) as usize].as_mut() else {
         return false;
     };
+    if c.read_eof {
+        // Every later readiness event repeats the FIN; there is nothing more to read.
+        return true;
+    }
     c.read_stalled = false;
     // Bounded: each round either fills the buffer toward `limit`, or ends.
     loop {
@@ -198,6 +229,13 @@ pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> boo
         }
         match c.stream.read(scratch) {
             Ok(0) => {
+                // A FIN. With nothing left to answer the connection closes now; else the
+                // answers go out first (`printf ... | nc -N`: before, a response that needed a
+                // second write was cut when the writable event repeated the FIN).
+                c.read_eof = true;
+                if !c.answered_all_after_eof() {
+                    return true;
+                }
                 close(ctx, cs, key);
                 return false;
             }
@@ -205,6 +243,9 @@ pub(super) fn read_more(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> boo
                 c.take_input(&scratch[..n], now);
                 // A short read means the kernel's queue is empty; new data makes a new edge.
                 if n < scratch.len() {
+                    if peer_closed {
+                        c.read_eof = true;
+                    }
                     return true;
                 }
             }
@@ -340,7 +381,7 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
             }
         }
     }
-    if c.closing {
+    if c.closing || c.answered_all_after_eof() {
         close(ctx, cs, key);
         return false;
     }
@@ -393,6 +434,10 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let Some(c) = cs.conn(key) else {
         return Step::Closed;
     };
+    if c.answered_all_after_eof() {
+        close(ctx, cs, key);
+        return Step::Closed;
+    }
     if c.busy
         || c.closing
         || c.body.is_some()
@@ -402,7 +447,13 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         return Step::Idle;
     }
     // Bodies are framed here and refused below where the route is not proxied.
-    let (request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf) {
+    let (mut request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf)
+    {
+        ParseOutcome::Partial if c.read_eof => {
+            // Cut short by the client's FIN: it can never complete.
+            close(ctx, cs, key);
+            return Step::Closed;
+        }
         ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {
             pool::give_buf(std::mem::take(&mut c.inbuf));
@@ -421,6 +472,10 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     if c.inbuf.is_empty() {
         // Idle until the next request: the buffer goes back to the pool.
         pool::give_buf(std::mem::take(&mut c.inbuf));
+        if c.read_eof {
+            // The client's last request: its answer closes the connection.
+            request.keep_alive = false;
+        }
     }
     c.requests += 1;
     c.last_active_ns = ctx.now_ns();
@@ -684,7 +739,7 @@ pub(super) fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
         if cs.conn(key).is_none() {
             return;
         }
-        if (ev.readable || ev.closed) && !read_more(ctx, cs, key) {
+        if (ev.readable || ev.closed) && !read_more_then(ctx, cs, key, ev.closed) {
             return;
         }
         if ev.writable {
