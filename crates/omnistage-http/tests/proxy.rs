@@ -484,6 +484,25 @@ fn many_small_chunks_pass_whole_both_ways() {
     assert_eq!(r.body, chunked, "the response body");
 }
 
+/// A client that half-closes before the end of its body: the body can never complete, so the
+/// request is answered 400 at once (not held, with its upstream slot, until a timeout).
+#[test]
+fn a_body_cut_short_by_the_clients_fin_is_400() {
+    let b = Backend::echo();
+    let p = Proxy::start(&[b.addr], "response_timeout_ms = 20000", "", "");
+    let s = p.connect();
+    (&s).write_all(b"POST /c HTTP/1.1\r\nHost: a.test\r\nContent-Length: 100\r\n\r\n0123456789")
+        .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = read_response(&mut BufReader::new(&s), false).expect("an answer before the timeout");
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        p.server().upstream_stats()[0].in_flight,
+        0,
+        "the slot is free"
+    );
+}
+
 #[test]
 fn all_methods_pass_and_expect_continue_is_answered_here() {
     let b = Backend::echo();

@@ -905,6 +905,10 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
         c.last_active_ns = now;
     }
     c.inbuf.drain(..taken);
+    if c.read_eof && !p.body_done && c.inbuf.is_empty() {
+        // The client's FIN came before the end of its body: the body can never complete.
+        bad_body = true;
+    }
     if c.inbuf.is_empty() && c.inbuf.capacity() > 0 {
         super::pool::give_buf(std::mem::take(&mut c.inbuf));
     }
