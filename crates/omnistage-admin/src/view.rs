@@ -25,22 +25,24 @@ pub(crate) struct Agg {
 }
 
 impl Agg {
+    /// Sums wrap, as the ledger's cells do (a counter fed by `:report` can reach 2^64), so no
+    /// sum panics; an interval in which one wrapped reads as 0 ([`Agg::since`] saturates).
     fn add(&mut self, o: &Agg) {
         let (a, b) = (&mut self.c, &o.c);
-        a.cpu_ns += b.cpu_ns;
-        a.dispatches += b.dispatches;
-        a.messages += b.messages;
-        a.queue_wait_ns += b.queue_wait_ns;
-        a.panics += b.panics;
-        a.bytes_in += b.bytes_in;
-        a.bytes_out += b.bytes_out;
-        a.disk_bytes += b.disk_bytes;
-        a.disk_write_bytes += b.disk_write_bytes;
-        a.rejected += b.rejected;
+        a.cpu_ns = a.cpu_ns.wrapping_add(b.cpu_ns);
+        a.dispatches = a.dispatches.wrapping_add(b.dispatches);
+        a.messages = a.messages.wrapping_add(b.messages);
+        a.queue_wait_ns = a.queue_wait_ns.wrapping_add(b.queue_wait_ns);
+        a.panics = a.panics.wrapping_add(b.panics);
+        a.bytes_in = a.bytes_in.wrapping_add(b.bytes_in);
+        a.bytes_out = a.bytes_out.wrapping_add(b.bytes_out);
+        a.disk_bytes = a.disk_bytes.wrapping_add(b.disk_bytes);
+        a.disk_write_bytes = a.disk_write_bytes.wrapping_add(b.disk_write_bytes);
+        a.rejected = a.rejected.wrapping_add(b.rejected);
         self.wait.add(&o.wait);
         self.resp.add(&o.resp);
-        self.queued += o.queued;
-        self.delayed += o.delayed;
+        self.queued = self.queued.wrapping_add(o.queued);
+        self.delayed = self.delayed.wrapping_add(o.delayed);
     }
 
     /// What happened between `earlier` and `self` (queue lengths stay `self`'s: levels).
@@ -106,15 +108,15 @@ pub(crate) fn by_stage_activity(s: &Sample) -> BTreeMap<(StageId, ActivityId), A
     let mut m: BTreeMap<(StageId, ActivityId), Agg> = BTreeMap::new();
     for r in &s.snap.rows {
         let a = m.entry((r.stage, r.activity)).or_default();
-        a.c.cpu_ns += r.cpu_ns;
-        a.c.dispatches += r.dispatches;
-        a.c.messages += r.messages;
-        a.c.queue_wait_ns += r.queue_wait_ns;
-        a.c.panics += r.panics;
-        a.c.bytes_in += r.bytes_in;
-        a.c.bytes_out += r.bytes_out;
-        a.c.disk_bytes += r.disk_bytes;
-        a.c.disk_write_bytes += r.disk_write_bytes;
+        a.c.cpu_ns = a.c.cpu_ns.wrapping_add(r.cpu_ns);
+        a.c.dispatches = a.c.dispatches.wrapping_add(r.dispatches);
+        a.c.messages = a.c.messages.wrapping_add(r.messages);
+        a.c.queue_wait_ns = a.c.queue_wait_ns.wrapping_add(r.queue_wait_ns);
+        a.c.panics = a.c.panics.wrapping_add(r.panics);
+        a.c.bytes_in = a.c.bytes_in.wrapping_add(r.bytes_in);
+        a.c.bytes_out = a.c.bytes_out.wrapping_add(r.bytes_out);
+        a.c.disk_bytes = a.c.disk_bytes.wrapping_add(r.disk_bytes);
+        a.c.disk_write_bytes = a.c.disk_write_bytes.wrapping_add(r.disk_write_bytes);
     }
     for l in &s.lat {
         let a = m.entry((l.stage, l.activity)).or_default();

@@ -522,16 +522,18 @@ pub struct Row {
 }
 
 impl Row {
+    /// Sums wrap, as the cells' counters do (bytes reported from outside can reach 2^64), so
+    /// no sum panics.
     fn add(&mut self, o: &Row) {
-        self.cpu_ns += o.cpu_ns;
-        self.dispatches += o.dispatches;
-        self.messages += o.messages;
-        self.queue_wait_ns += o.queue_wait_ns;
-        self.panics += o.panics;
-        self.bytes_in += o.bytes_in;
-        self.bytes_out += o.bytes_out;
-        self.disk_bytes += o.disk_bytes;
-        self.disk_write_bytes += o.disk_write_bytes;
+        self.cpu_ns = self.cpu_ns.wrapping_add(o.cpu_ns);
+        self.dispatches = self.dispatches.wrapping_add(o.dispatches);
+        self.messages = self.messages.wrapping_add(o.messages);
+        self.queue_wait_ns = self.queue_wait_ns.wrapping_add(o.queue_wait_ns);
+        self.panics = self.panics.wrapping_add(o.panics);
+        self.bytes_in = self.bytes_in.wrapping_add(o.bytes_in);
+        self.bytes_out = self.bytes_out.wrapping_add(o.bytes_out);
+        self.disk_bytes = self.disk_bytes.wrapping_add(o.disk_bytes);
+        self.disk_write_bytes = self.disk_write_bytes.wrapping_add(o.disk_write_bytes);
     }
 }
 
