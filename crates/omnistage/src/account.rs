@@ -661,6 +661,23 @@ impl Snapshot {
 mod tests {
     use super::*;
 
+    /// Rows fed from outside (`:report` bytes) can hold any value: their sums wrap as the
+    /// cells' counters do instead of panicking.
+    #[test]
+    fn row_sums_wrap() {
+        let mut a = Row {
+            bytes_out: u64::MAX,
+            cpu_ns: 5,
+            ..Default::default()
+        };
+        a.add(&Row {
+            bytes_out: 2,
+            cpu_ns: 7,
+            ..Default::default()
+        });
+        assert_eq!((a.bytes_out, a.cpu_ns), (1, 12));
+    }
+
     #[test]
     fn cells_are_per_activity_stage_core_and_sum_up() {
         let l = Ledger::new(2);
