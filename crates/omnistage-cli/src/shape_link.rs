@@ -85,3 +85,15 @@ impl Link for AdminLink {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The shaping library splits its reports at what the admin API accepts.
+    #[test]
+    fn a_report_part_is_what_the_admin_api_accepts() {
+        assert_eq!(
+            omnistage_shape::link::REPORT_BYTES_MAX,
+            omnistage_admin::model::SHAPED_REPORT_BYTES_MAX
+        );
+    }
+}

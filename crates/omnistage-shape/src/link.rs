@@ -197,11 +197,14 @@ impl GroupState {
         Ok(false)
     }
 
-    /// Bytes counted and not yet sent on, by `IO_NAMES`.
+    /// Bytes counted and not yet sent on, by `IO_NAMES`, at most [`REPORT_BYTES_MAX`] of each
+    /// kind (the rest goes in the next reports).
     pub fn unreported(&self) -> [u64; IO_KINDS] {
         let mut d = [0; IO_KINDS];
         for (k, v) in d.iter_mut().enumerate() {
-            *v = self.io[k].saturating_sub(self.io_reported[k]);
+            *v = self.io[k]
+                .saturating_sub(self.io_reported[k])
+                .min(REPORT_BYTES_MAX);
         }
         d
     }
@@ -213,6 +216,13 @@ impl GroupState {
         }
     }
 }
+
+/// Most bytes of each kind one report carries: what the admin API accepts
+/// (`omnistage_admin::model::SHAPED_REPORT_BYTES_MAX`; a test in the command's crate holds the
+/// two equal). A larger backlog (the admin API away for a while under a fast group, or a
+/// member that wrote the shared counters) goes out over several reports; sent whole, it was
+/// refused with 400 and never marked reported, so every later report was refused too.
+pub const REPORT_BYTES_MAX: u64 = 1 << 40;
 
 /// The group's reporter (see the module's doc): made by [`Reporter::start`], then
 /// [`Reporter::tick`] every [`REPORT_EVERY_NS`] and [`Reporter::finish`] at the end.
@@ -406,6 +416,22 @@ mod tests {
                 Verdict::Wait(_) => 0,
             }
         })
+    }
+
+    /// A backlog above what one report may carry goes out over several reports.
+    #[test]
+    fn a_large_backlog_is_reported_in_parts() {
+        let g = group(None);
+        g.0.borrow_mut().io[0] = 3 * REPORT_BYTES_MAX + 5;
+        let mut parts = Vec::new();
+        for _ in 0..5 {
+            let sent = g.0.borrow().unreported();
+            assert!(sent.iter().all(|&b| b <= REPORT_BYTES_MAX));
+            parts.push(sent[0]);
+            g.0.borrow_mut().mark_reported(sent);
+        }
+        let m = REPORT_BYTES_MAX;
+        assert_eq!(parts, [m, m, m, 5, 0]);
     }
 
     #[test]
