@@ -104,24 +104,36 @@ pub fn water_fill(weights: &[u32], nodes: &[NodeDemand]) -> Fill {
     let mut total = vec![0u64; tenants];
     let mut used = vec![0u64; tenants];
     let mut alloc: Vec<Vec<(usize, u64)>> = Vec::with_capacity(nodes.len());
+    // Per node, the ceiling of each of its slots (beside `alloc`'s), so a step reads it by slot.
+    let mut ceilings: Vec<Vec<u64>> = Vec::with_capacity(nodes.len());
+    // The last node (plus one) that named each tenant: a node's repeated entry is found in
+    // O(1). (A scan of the node's slots per entry, and one per step to find the entry again,
+    // were quadratic in a node's tenants: ~10^11 steps for the entries the parser allows,
+    // enough to stall the fleet thread past its lease renewals.)
+    let mut named_by = vec![0usize; tenants];
     let mut left: Vec<u64> = Vec::with_capacity(nodes.len());
     let mut unit: Vec<u64> = Vec::with_capacity(nodes.len());
     // Per node, its candidates keyed by normalized fleet-wide allocation: (key, tenant, slot).
     let mut heaps: Vec<BinaryHeap<Reverse<(u128, usize, usize)>>> = Vec::with_capacity(nodes.len());
-    for n in nodes {
+    for (node, n) in nodes.iter().enumerate() {
         let mut a = Vec::with_capacity(n.tenants.len());
+        let mut c = Vec::with_capacity(n.tenants.len());
         let mut h = BinaryHeap::with_capacity(n.tenants.len());
         for &(i, d) in &n.tenants {
-            if i >= tenants || a.iter().any(|&(j, _)| j == i) {
+            if i >= tenants || named_by[i] == node + 1 {
                 continue;
             }
+            named_by[i] = node + 1;
             used[i] = used[i].saturating_add(d.used);
-            if d.ceiling(n.capacity) > 0 {
+            let ceiling = d.ceiling(n.capacity);
+            if ceiling > 0 {
                 h.push(Reverse((0, i, a.len())));
             }
             a.push((i, 0u64));
+            c.push(ceiling);
         }
         alloc.push(a);
+        ceilings.push(c);
         heaps.push(h);
         left.push(n.capacity);
         unit.push((n.capacity / STEPS_PER_NODE).max(1));
@@ -139,13 +151,7 @@ pub fn water_fill(weights: &[u32], nodes: &[NodeDemand]) -> Fill {
                     heap.push(Reverse((now, i, slot)));
                     continue;
                 }
-                let d = nodes[n]
-                    .tenants
-                    .iter()
-                    .find(|&&(j, _)| j == i)
-                    .map(|&(_, d)| d)
-                    .expect("a candidate has an entry");
-                let ceiling = d.ceiling(nodes[n].capacity);
+                let ceiling = ceilings[n][slot];
                 let a = &mut alloc[n][slot].1;
                 let give = unit[n].min(left[n]).min(ceiling - *a);
                 *a += give;
@@ -370,6 +376,15 @@ mod tests {
             )],
         );
         assert_eq!(f.alloc[0], vec![(0, 10)]);
+        // A tenant repeated on one node and named again on the next: once on each.
+        let f = water_fill(
+            &[1],
+            &[
+                node(100, &[(0, light(10)), (0, backlogged())]),
+                node(100, &[(0, light(20)), (0, backlogged())]),
+            ],
+        );
+        assert_eq!(f.alloc, vec![vec![(0, 10)], vec![(0, 20)]]);
         let f = water_fill(&[0, 1], &[node(0, &[(0, backlogged())])]);
         assert_eq!(f.target, vec![0, 0]);
         // A weight of 0 counts as 1.
