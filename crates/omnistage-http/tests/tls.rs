@@ -315,6 +315,30 @@ fn keep_alive_requests_over_tls_1_3_and_1_2_with_alpn() {
     assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
 }
 
+/// A TLS client that sends close_notify and shuts its side right after its requests still gets
+/// every answer (a large file that needs many writes, then a small one), and then the server's
+/// close_notify and close.
+#[test]
+fn a_half_closed_tls_client_gets_its_answers() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let cfg = client_config(&[&fx.a], &[&rustls::version::TLS13], &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: a.test\r\n\r\nGET /hello.txt HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    s.conn.send_close_notify();
+    s.flush().unwrap();
+    s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(read_response(&mut s, &mut buf), (200, big_content()));
+    assert_eq!(read_response(&mut s, &mut buf), (200, HELLO.to_vec()));
+    let mut rest = Vec::new();
+    let n = s
+        .read_to_end(&mut rest)
+        .expect("a clean close: the server's close_notify");
+    assert_eq!(n, 0, "nothing after the answers");
+}
+
 #[test]
 fn a_client_offering_only_other_protocols_is_refused() {
     let fx = Fixture::new();

@@ -206,8 +206,11 @@ pub(super) fn read_more_then(
     key: u64,
     peer_closed: bool,
 ) -> bool {
-    if cs.conn(key).is_some_and(|c| c.tls.is_some()) {
-        return tls::read(ctx, cs, key);
+    match cs.conn(key) {
+        // Every later readiness event repeats the FIN; there is nothing more to read.
+        Some(c) if c.read_eof => return true,
+        Some(c) if c.tls.is_some() => return tls::read(ctx, cs, key),
+        _ => {}
     }
     let limit = cs.limits.header_bytes_max + READ_CHUNK_BYTES;
     let now = ctx.now_ns();
@@ -215,10 +218,6 @@ pub(super) fn read_more_then(
     let Some(c) = conns[(key & 0xFFFF_FFFF) as usize].as_mut() else {
         return false;
     };
-    if c.read_eof {
-        // Every later readiness event repeats the FIN; there is nothing more to read.
-        return true;
-    }
     c.read_stalled = false;
     // Bounded: each round either fills the buffer toward `limit`, or ends.
     loop {
@@ -365,10 +364,11 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         body.remaining -= n as u64;
         chunks += 1;
     }
+    let done = c.closing || c.answered_all_after_eof();
     if let Some(t) = &mut c.tls {
         // Records rustls still holds (and, when closing, its close_notify) go out before the
         // connection is closed.
-        if c.closing {
+        if done {
             t.close_notify();
         }
         match t.push(&mut c.stream) {
@@ -381,7 +381,7 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
             }
         }
     }
-    if c.closing || c.answered_all_after_eof() {
+    if done {
         close(ctx, cs, key);
         return false;
     }

@@ -382,6 +382,9 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     c.read_stalled = false;
     let mut failed: Option<Outcome> = None;
     let mut closed = false;
+    // The client finished sending (close_notify, or a FIN after the handshake): what it sent
+    // before is still answered ([`Conn::read_eof`]).
+    let mut eof = false;
     let mut more = true;
     'reads: for _ in 0..TLS_READS_PER_EVENT_MAX {
         // Plaintext rustls holds goes to the input buffer first (rustls refuses to read more
@@ -396,7 +399,8 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
             match conn.reader().read(&mut scratch[..room]) {
                 Ok(0) => {
                     // close_notify: the client sends nothing more.
-                    closed = true;
+                    eof = true;
+                    more = false;
                     break 'reads;
                 }
                 Ok(n) => c.take_input(&scratch[..n], now),
@@ -411,8 +415,11 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
             Ok(0) => {
                 if conn.is_handshaking() {
                     failed = Some(Outcome::Truncated);
+                    closed = true;
+                } else {
+                    eof = true;
+                    more = false;
                 }
-                closed = true;
                 break;
             }
             Ok(_) => {
@@ -453,6 +460,15 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     if closed {
         close(ctx, cs, key);
         return false;
+    }
+    if eof {
+        let c = cs.conn(key).expect("live");
+        c.read_eof = true;
+        if c.answered_all_after_eof() {
+            close(ctx, cs, key);
+            return false;
+        }
+        return true;
     }
     if more {
         // Records may remain in the socket: come back after the others had their turn.
