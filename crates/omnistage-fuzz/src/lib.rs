@@ -115,6 +115,52 @@ fn use_request(request: &Request) {
     let etag = cond::etag(1000, modified);
     let _ = cond::not_modified(request, &etag, modified);
     check_range(cond::range_for(request, &etag, modified, 1000), 1000);
+    check_upstream_head(request);
+}
+
+/// The head a proxied request goes to its backend with is one request head that frames its
+/// body as this server framed it: otherwise the body's bytes would be read upstream as
+/// something else (request smuggling: a `Connection: content-length` once stripped the length).
+fn check_upstream_head(request: &Request) {
+    use omnistage_http::request::BodyFraming;
+    if request.body == BodyFraming::UnknownCoding {
+        // Refused with 501 before it could be proxied.
+        return;
+    }
+    if request.headers().count() + 4 > omnistage_http::request::HEADERS_CAP {
+        // The forwarding fields would take it past what the parser below reads.
+        return;
+    }
+    let mut out = Vec::new();
+    omnistage_http::proxy::write_upstream_head(
+        &mut out,
+        request,
+        std::net::IpAddr::from([192, 0, 2, 1]),
+        "http",
+    );
+    let limits = Limits {
+        header_bytes_max: out.len() + 1,
+        uri_bytes_max: out.len(),
+        headers_max: usize::MAX,
+    };
+    match parse(&out, &limits) {
+        ParseOutcome::Complete {
+            request: up,
+            consumed,
+        } => {
+            assert_eq!(
+                consumed,
+                out.len(),
+                "one head: {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            assert_eq!(up.body, request.body, "{:?}", String::from_utf8_lossy(&out));
+        }
+        other => panic!(
+            "the upstream head does not parse: {other:?}\n{}",
+            String::from_utf8_lossy(&out)
+        ),
+    }
 }
 
 /// A range outcome stays inside a body of `len` bytes and has a `Content-Range` to match.

@@ -39,3 +39,15 @@ fn admin_put_refused_after_a_valid_server_setting_changes_nothing() {
         b"\x01/api/v1/activities/tenants/b\n{\"budget\": 1000, \"policy\": \"x\"}",
     );
 }
+
+/// Found by review (2026-11-27), now held by the `request` target's upstream-head check: the
+/// proxy's request head dropped `Content-Length` when `Connection` named it, so a body that is
+/// itself a request reached the backend as a second request (smuggling); and the proxy's own
+/// absolute-form check sliced a non-ASCII target at byte 7.
+#[test]
+fn proxied_head_keeps_the_body_framing_and_slices_no_character() {
+    omnistage_fuzz::request(
+        b"\0POST /x HTTP/1.1\r\nHost: a\r\nConnection: content-length\r\nContent-Length: 40\r\n\r\n",
+    );
+    omnistage_fuzz::request("\0GET /a\u{65e5}\u{672c} HTTP/1.1\r\nHost: a\r\n\r\n".as_bytes());
+}
