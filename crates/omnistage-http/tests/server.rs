@@ -1653,6 +1653,20 @@ fn half_closed_client_gets_a_response_longer_than_the_socket_buffers() {
     c.stream.shutdown(Shutdown::Write).unwrap();
     c.expect_closed();
     assert_serves(&ts, "x", HELLO);
+    // A stray line end after the last request (`echo ... | nc -N`): the answer still goes out
+    // whole, also under the send scheduler, before the close.
+    for ts in [
+        ts,
+        TestServer::simple(&site, "net_link_cap = \"1GB/s\"", ""),
+    ] {
+        let mut c = ts.connect();
+        c.send(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n\n");
+        c.stream.shutdown(Shutdown::Write).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let r = c.response(false);
+        assert_eq!((r.status, r.body.len()), (200, big_content().len()));
+        c.expect_closed();
+    }
 }
 
 #[test]

@@ -230,9 +230,11 @@ pub(super) fn read_more_then(
             Ok(0) => {
                 // A FIN. With nothing left to answer the connection closes now; else the
                 // answers go out first (`printf ... | nc -N`: before, a response that needed a
-                // second write was cut when the writable event repeated the FIN).
+                // second write was cut when the writable event repeated the FIN). A proxied
+                // request is the exception: a client that gives up frees its slot or its place
+                // in the queue (nginx's default, `proxy_ignore_client_abort off`).
                 c.read_eof = true;
-                if !c.answered_all_after_eof() {
+                if !c.answered_all_after_eof() && c.proxy.is_none() {
                     return true;
                 }
                 close(ctx, cs, key);
@@ -450,9 +452,15 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let (mut request, consumed) = match request::parse_with_body(&c.inbuf, &limits, pool::take_buf)
     {
         ParseOutcome::Partial if c.read_eof => {
-            // Cut short by the client's FIN: it can never complete.
-            close(ctx, cs, key);
-            return Step::Closed;
+            // Bytes the client's FIN cut short (half a head, or a stray line end after its last
+            // request): they can never complete, but answers before them may still be going out.
+            pool::give_buf(std::mem::take(&mut c.inbuf));
+            c.closing = true;
+            return if flush(ctx, cs, key) {
+                Step::Idle
+            } else {
+                Step::Closed
+            };
         }
         ParseOutcome::Partial => return Step::Idle,
         ParseOutcome::Error(e) => {

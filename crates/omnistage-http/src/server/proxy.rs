@@ -149,6 +149,12 @@ pub(super) fn start(
     let Some(c) = cs.conn(key) else {
         return Step::Closed;
     };
+    if c.read_eof {
+        // The client finished sending before its request reached the proxy: as a FIN during
+        // one abandons it (`conn::read_more_then`), this one is not sent on.
+        super::conn::close(ctx, cs, key);
+        return Step::Closed;
+    }
     let Some(tr) = c.tenant.clone() else {
         return Step::Closed;
     };
@@ -307,8 +313,8 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
             return;
         }
         if granted {
-            // The message was refused (the stage refuses none, but the activity of a class a
-            // reload dropped is removed while its requests wait here): the grant is undone and the request answered 502, and the
+            // The message was refused (the stage refuses none, but a message to an activity
+            // that a reload removed is): the grant is undone and the request answered 502, and the
             // slot goes to the next waiter in this loop. (`fail` on a granted request would
             // release the slot itself, and so call this function again: once per such waiter,
             // up to the queues' bound, deep enough to overflow the stack.)
@@ -483,16 +489,19 @@ pub(super) fn on_deadline(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, due_
         return;
     }
     if p.resp.is_some() {
-        let (up_i, window_full) = (p.upstream, c.out.pending() >= WINDOW_BYTES);
+        let (up_i, delivering) = (p.upstream, c.sending());
         let timeout_ns = cs.proxy.upstreams[up_i].config.response_timeout.as_nanos() as u64;
-        if window_full {
-            // The client is the one not reading (its window is full, so nothing is read from
-            // the backend): the connection's own stalled-reader timeout judges that.
+        if delivering {
+            // Bytes already forwarded still wait to go out (a client that reads slowly, or the
+            // send scheduler holding them to a cap): not the backend's stall, and until they
+            // are out the pump does not read it. The connection's own stalled-reader timeout
+            // judges the client.
             arm(ctx, cs, key, timeout_ns);
             return;
         }
-        // The backend sent a head, then nothing for the response timeout: the client's
-        // response is cut (its framing shows it) and the slot freed.
+        // The backend sent a head, then nothing for the response timeout while the client
+        // had taken everything: the response is cut and the slot freed (a client sees the cut
+        // from the framing, except in a response that only the close ends).
         drop_upstream(ctx, cs, key, false);
         fail(ctx, cs, key, 504);
         return;
@@ -905,10 +914,6 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
         c.last_active_ns = now;
     }
     c.inbuf.drain(..taken);
-    if c.read_eof && !p.body_done && c.inbuf.is_empty() {
-        // The client's FIN came before the end of its body: the body can never complete.
-        bad_body = true;
-    }
     if c.inbuf.is_empty() && c.inbuf.capacity() > 0 {
         super::pool::give_buf(std::mem::take(&mut c.inbuf));
     }

@@ -464,7 +464,8 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     if eof {
         let c = cs.conn(key).expect("live");
         c.read_eof = true;
-        if c.answered_all_after_eof() {
+        // As on plaintext (`read_more_then`): a proxied request is abandoned.
+        if c.answered_all_after_eof() || c.proxy.is_some() {
             close(ctx, cs, key);
             return false;
         }
