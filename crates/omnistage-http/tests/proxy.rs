@@ -491,13 +491,20 @@ fn many_small_chunks_pass_whole_both_ways() {
 fn a_clients_fin_abandons_its_proxied_request() {
     let b = Backend::echo();
     let p = Proxy::start(&[b.addr], "response_timeout_ms = 20000", "", "");
-    let mut s = p.connect();
-    (&s).write_all(b"POST /c HTTP/1.1\r\nHost: a.test\r\nContent-Length: 100\r\n\r\n0123456789")
-        .unwrap();
-    s.shutdown(std::net::Shutdown::Write).unwrap();
-    let mut all = Vec::new();
-    s.read_to_end(&mut all).expect("closed before the timeout");
-    assert!(all.is_empty(), "{}", String::from_utf8_lossy(&all));
+    // The FIN after the bytes, and (corked) in the same segment as the body's last bytes, so
+    // that one readiness event brings both.
+    for cork in [false, true] {
+        let mut s = p.connect();
+        (&s).write_all(b"POST /c HTTP/1.1\r\nHost: a.test\r\nContent-Length: 100\r\n\r\n0123")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        socket2::SockRef::from(&s).set_cork(cork).unwrap();
+        (&s).write_all(b"456789").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).expect("closed before the timeout");
+        assert!(all.is_empty(), "{}", String::from_utf8_lossy(&all));
+    }
     // (No row at all when the request was dropped before it took a slot.)
     let in_flight = || {
         p.server()

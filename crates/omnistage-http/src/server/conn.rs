@@ -246,6 +246,12 @@ pub(super) fn read_more_then(
                 if n < scratch.len() {
                     if peer_closed {
                         c.read_eof = true;
+                        if c.proxy.is_some() {
+                            // As for a FIN read alone (`Ok(0)` above): a proxied request is
+                            // abandoned.
+                            close(ctx, cs, key);
+                            return false;
+                        }
                     }
                     return true;
                 }
