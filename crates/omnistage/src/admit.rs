@@ -295,6 +295,18 @@ impl Default for P90Params {
 }
 
 impl P90Params {
+    /// Checks a controller's starting rate against these parameters' range (narrower than a
+    /// token bucket's).
+    pub fn validate_initial_rate(&self, initial_rate_per_s: f64) -> Result<(), String> {
+        if !(self.rate_min_per_s..=self.rate_max_per_s).contains(&initial_rate_per_s) {
+            return Err(format!(
+                "p90: initial rate must be in {}..={} per s, got {initial_rate_per_s}",
+                self.rate_min_per_s, self.rate_max_per_s
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks every parameter against its limit; the message names the parameter.
     pub fn validate(&self) -> Result<(), String> {
         let p = self;
@@ -420,12 +432,7 @@ impl P90Controller {
     /// `rate_min_per_s..=rate_max_per_s`.
     pub fn try_new(params: P90Params, initial_rate_per_s: f64) -> Result<Self, String> {
         params.validate()?;
-        if !(params.rate_min_per_s..=params.rate_max_per_s).contains(&initial_rate_per_s) {
-            return Err(format!(
-                "p90: initial rate must be in {}..={} per s, got {initial_rate_per_s}",
-                params.rate_min_per_s, params.rate_max_per_s
-            ));
-        }
+        params.validate_initial_rate(initial_rate_per_s)?;
         let nreq = params.nreq as usize;
         Ok(P90Controller {
             params,

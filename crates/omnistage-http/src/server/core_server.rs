@@ -113,7 +113,9 @@ pub(super) struct CoreServer {
 /// is compacted (so a core with few connections does not compact on every accept).
 const UNCLAIMED_SLACK: usize = 64;
 
-/// Whether `key` names a live connection no tenant has claimed (the compaction's test).
+/// Whether `key` names a live connection no tenant has claimed (the test of the compaction
+/// and of [`CoreServer::oldest_unclaimed`]; a free function so the compaction can call it while
+/// it holds the list).
 fn is_unclaimed(conns: &[Option<Conn>], key: u64) -> bool {
     let slot = (key & 0xFFFF_FFFF) as usize;
     let generation = (key >> 32) as u32;
@@ -204,7 +206,7 @@ impl CoreServer {
     /// length.
     pub(super) fn oldest_unclaimed(&mut self) -> Option<u64> {
         while let Some(key) = self.unclaimed.pop_front() {
-            if self.conn(key).is_some_and(|c| c.tenant.is_none()) {
+            if is_unclaimed(&self.conns, key) {
                 return Some(key);
             }
         }

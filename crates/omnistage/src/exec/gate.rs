@@ -58,14 +58,7 @@ impl Predicate {
             } => {
                 params.validate()?;
                 GcraBucket::validate(*initial_rate_per_s, *burst)?;
-                // The controller's own range, which is narrower than the bucket's.
-                if !(params.rate_min_per_s..=params.rate_max_per_s).contains(initial_rate_per_s) {
-                    return Err(format!(
-                        "p90: initial rate must be in {}..={} per s, got {initial_rate_per_s}",
-                        params.rate_min_per_s, params.rate_max_per_s
-                    ));
-                }
-                Ok(())
+                params.validate_initial_rate(*initial_rate_per_s)
             }
             Predicate::ClassedP90 {
                 group,
