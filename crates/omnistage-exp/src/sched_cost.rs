@@ -189,31 +189,69 @@ fn run_floor_events(floor: &mut SfqFloor, events: usize) {
     }
 }
 
-/// Median ns per event of one policy (or of the floor, with `None`) at `leaves` active
-/// leaves over [`BATCHES`] batches, by the wall clock and by the thread's CPU clock: (wall,
-/// CPU).
-fn tree_cost(policy: Option<PolicyKind>, leaves: usize, events: usize) -> (f64, f64) {
-    let mut subject = match policy {
-        Some(p) => Ok(build_tree(p, leaves)),
-        None => Err(build_floor(leaves)),
-    };
-    let mut now = 0;
-    let mut wall = Vec::with_capacity(BATCHES);
-    let mut cpu = Vec::with_capacity(BATCHES);
-    for _ in 0..BATCHES {
+/// One cell of the cost table under measurement: an SFQ-or-other tree (or the floor, `Err`)
+/// and its clock.
+struct Cell {
+    subject: Result<Tree, SfqFloor>,
+    now: u64,
+    /// Per batch: ns per event by the wall clock and by the thread's CPU clock.
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+}
+
+impl Cell {
+    fn new(policy: Option<PolicyKind>, leaves: usize) -> Cell {
+        Cell {
+            subject: match policy {
+                Some(p) => Ok(build_tree(p, leaves)),
+                None => Err(build_floor(leaves)),
+            },
+            now: 0,
+            wall: Vec::with_capacity(BATCHES),
+            cpu: Vec::with_capacity(BATCHES),
+        }
+    }
+
+    /// Times one batch of `events` events.
+    fn batch(&mut self, events: usize) {
         let (t, c) = (Instant::now(), thread_cpu_ns());
-        match &mut subject {
-            Ok(tree) => now = run_events(tree, now, events),
+        match &mut self.subject {
+            Ok(tree) => self.now = run_events(tree, self.now, events),
             Err(floor) => run_floor_events(floor, events),
         }
-        cpu.push(thread_cpu_ns().saturating_sub(c) as f64 / events as f64);
-        wall.push(t.elapsed().as_nanos() as f64 / events as f64);
+        self.cpu
+            .push(thread_cpu_ns().saturating_sub(c) as f64 / events as f64);
+        self.wall
+            .push(t.elapsed().as_nanos() as f64 / events as f64);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[BATCHES / 2]
-    };
-    (median(wall), median(cpu))
+
+    /// (wall, CPU): the medians of the batches.
+    fn medians(&self) -> (f64, f64) {
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        (median(&self.wall), median(&self.cpu))
+    }
+}
+
+/// Median ns per event of every (subject, leaves) cell over [`BATCHES`] batches, by the wall
+/// clock and by the thread's CPU clock: (wall, CPU), in the order of `cells`.
+///
+/// The batches are interleaved: round `k` runs batch `k` of every cell before any cell's
+/// batch `k + 1`. The host this runs on has busy phases of seconds to minutes in which every
+/// figure rises by half; measured one subject after the other, SFQ could fall in a busy phase
+/// and FIFO, its yardstick, in a quiet one (session 22's `exp all`: SFQ 158 ns, FIFO 54).
+/// Interleaved, each median is taken over the same stretch of time for every subject.
+fn tree_costs(cells: &[(Option<PolicyKind>, usize)], events: usize) -> Vec<(f64, f64)> {
+    let mut built: Vec<Cell> = cells.iter().map(|&(p, l)| Cell::new(p, l)).collect();
+    for _ in 0..BATCHES {
+        for cell in &mut built {
+            cell.batch(events);
+        }
+    }
+    built.iter().map(Cell::medians).collect()
 }
 
 /// Messages per second of a `handler_us` handler on one worker: three activities (50/33/17)
@@ -286,7 +324,7 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         a.leaves.iter().map(|&l| l as usize).collect()
     };
     let mut rows = Vec::new();
-    // SFQ is followed by its floor, so the two figures are taken minutes apart at most.
+    // SFQ's floor follows it in the tables (the batches of all cells are interleaved anyway).
     let mut subjects: Vec<Option<PolicyKind>> = Vec::new();
     for &policy in &policies {
         subjects.push(Some(policy));
@@ -294,16 +332,19 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
             subjects.push(None);
         }
     }
-    for &subject in &subjects {
-        for &leaves in &ladder {
-            let (ns_per_event, cpu_ns_per_event) = tree_cost(subject, leaves, a.events);
-            rows.push(Row {
-                policy: subject.map_or(FLOOR, |p| p.name()),
-                leaves,
-                ns_per_event,
-                cpu_ns_per_event,
-            });
-        }
+    let cells: Vec<(Option<PolicyKind>, usize)> = subjects
+        .iter()
+        .flat_map(|&s| ladder.iter().map(move |&l| (s, l)))
+        .collect();
+    for (&(subject, leaves), (ns_per_event, cpu_ns_per_event)) in
+        cells.iter().zip(tree_costs(&cells, a.events))
+    {
+        rows.push(Row {
+            policy: subject.map_or(FLOOR, |p| p.name()),
+            leaves,
+            ns_per_event,
+            cpu_ns_per_event,
+        });
     }
     let overhead = if a.tree_only {
         None
@@ -460,7 +501,8 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         machine: report.machine.clone(),
         intro: vec![format!(
             "ns per enqueue+dispatch through a 3-level tree (root → group → leaf), per policy, \
-             with {} active leaves (median of {BATCHES} batches of {} events, one thread), by \
+             with {} active leaves (median of {BATCHES} batches of {} events, one thread; the \
+             batches of all cells interleaved, so every median spans the same minutes), by \
              the thread's CPU clock (CLOCK_THREAD_CPUTIME_ID), and below by the wall clock. On \
              a virtual machine the wall clock also counts steal, the time the hypervisor gave \
              this CPU to another guest (seen here: up to half of a second), which the thread's \
