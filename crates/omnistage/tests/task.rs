@@ -707,6 +707,85 @@ fn a_drained_socket_is_not_read_again_until_its_next_event() {
     );
 }
 
+/// A peer's close that came in the same readiness event as its last bytes: the short read of
+/// those bytes must not leave the socket waiting for another event (an edge-triggered poller
+/// reports the close once), so the next read returns 0. The task reads only after the loop
+/// has collected every event of the exchange (it waits for the client's close, then polls
+/// the kernel once more by sleeping).
+#[test]
+fn a_close_that_came_with_the_last_bytes_is_read_after_a_short_read() {
+    let (rt, a, _) = runtime(1, TaskConfig::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let closed = Arc::new(AtomicBool::new(false));
+    let closed2 = closed.clone();
+    let h = rt
+        .spawn_with(a, Affinity::Any, move || async move {
+            let listener = task::TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            tx.send(listener.local_addr().unwrap()).unwrap();
+            let (s, _) = listener.accept().await.unwrap();
+            // Bounded: the test's deadline in 1 ms sleeps.
+            for _ in 0..DEADLINE.as_millis() {
+                if closed2.load(Ordering::Acquire) {
+                    break;
+                }
+                task::sleep(Duration::from_millis(1)).await;
+            }
+            // One more round of the loop's poll: the close's event is collected before the
+            // first read.
+            task::sleep(Duration::from_millis(1)).await;
+            let mut buf = [0u8; 64];
+            let first = s.read(&mut buf).await.unwrap();
+            let end = task::timeout(DEADLINE, s.read(&mut buf)).await;
+            (first, end.map(|r| r.unwrap()))
+        })
+        .unwrap();
+    let addr = rx.recv_timeout(DEADLINE).unwrap();
+    {
+        use std::io::Write;
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.write_all(b"bye").unwrap();
+    }
+    closed.store(true, Ordering::Release);
+    let (first, end) = join(h).unwrap();
+    assert_eq!(first, 3);
+    assert_eq!(
+        end.ok(),
+        Some(0),
+        "the close was not seen after the short read"
+    );
+}
+
+/// A `timeout` (a `sleep`) made off a worker counts from its first poll: made on the main
+/// thread once the runtime has run longer than it, it used to be over at once. Judged on the
+/// runtime's clock around the wait inside the task.
+#[test]
+fn a_timeout_made_off_a_worker_counts_from_its_first_poll() {
+    const LENGTH: Duration = Duration::from_millis(50);
+    let (rt, a, _) = runtime(1, TaskConfig::default());
+    // Bounded by the test's deadline on the runtime's own clock.
+    while rt.now_ns() < 2 * LENGTH.as_nanos() as u64 {
+        std::thread::yield_now();
+        assert!(
+            rt.now_ns() < DEADLINE.as_nanos() as u64,
+            "the runtime clock stands"
+        );
+    }
+    let t = task::timeout(LENGTH, std::future::pending::<()>());
+    let h = rt
+        .spawn(a, Affinity::Any, async move {
+            let start = task::now_ns().unwrap();
+            let r = t.await;
+            (r.is_err(), task::now_ns().unwrap() - start)
+        })
+        .unwrap();
+    let (elapsed, waited_ns) = join(h).unwrap();
+    assert!(elapsed);
+    assert!(
+        waited_ns >= LENGTH.as_nanos() as u64,
+        "over after {waited_ns} ns, before its {LENGTH:?}"
+    );
+}
+
 fn batched(batch_max: u32) -> TaskConfig {
     TaskConfig {
         stage: StageConfig {

@@ -570,8 +570,10 @@ fn run_message(ctx: &mut Ctx<'_>, msg: TaskMsg) {
             let future = (r.make)();
             match with_core(|c| c.install(r.header.clone(), future, activity)) {
                 Some(Ok(l)) => l,
-                // Full: dropped, which its join handle sees as stopped.
-                _ => {
+                // Full: dropped (here, outside the core's borrow), which its join handle sees
+                // as stopped.
+                refused => {
+                    drop(refused);
                     r.header.state.store(STATE_DONE, Ordering::Release);
                     return;
                 }
@@ -599,8 +601,12 @@ fn poll_task(ctx: &mut Ctx<'_>, l: u64) {
     let Some((mut future, waker, header, activity)) = taken else {
         return;
     };
-    // Wakes from here on queue it again.
-    header.scheduled.store(false, Ordering::Release);
+    // Wakes from here on queue it again. A swap, not a store: with a store, the poll's reads
+    // of what a waker published could pass it (a store then a load, which x86 reorders), and a
+    // waker on another thread could still see `true` and not queue it: a lost wake-up. As an
+    // acquiring read-modify-write it either reads a waker's `true` (and with it what the
+    // waker published before its swap) or comes first, and then the waker queues it.
+    header.scheduled.swap(false, Ordering::AcqRel);
     if header.abort.load(Ordering::Acquire) {
         header.state.store(STATE_ABORTED, Ordering::Release);
         finish(l, future, ctx.shared);
@@ -655,18 +661,20 @@ fn finish(l: u64, future: LocalFuture, shared: &Shared) {
 }
 
 impl CoreTasks {
-    /// Puts a task in a slot of this core; returns its location.
+    /// Puts a task in a slot of this core; returns its location. Refused (the core is full),
+    /// it hands the future back, to be dropped by the caller outside the core's borrow: a drop
+    /// runs user code (a socket's deregistration, a sleep's cancel) that needs the core.
     fn install(
         &mut self,
         header: Arc<Header>,
         future: LocalFuture,
         activity: ActivityId,
-    ) -> Result<u64, SpawnError> {
+    ) -> Result<u64, (SpawnError, LocalFuture)> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
                 if self.slots.len() >= TASKS_PER_CORE_MAX {
-                    return Err(SpawnError::TooManyTasks);
+                    return Err((SpawnError::TooManyTasks, future));
                 }
                 self.slots.push(Slot {
                     generation: 0,
@@ -806,7 +814,9 @@ where
             tasks.spawned.fetch_add(1, Ordering::Relaxed);
             Ok(JoinHandle { rx, header })
         }
-        Err(e) => {
+        Err((e, future)) => {
+            // Dropped outside the core's borrow (see `install`).
+            drop(future);
             gate.release(load);
             Err(e)
         }
@@ -1082,14 +1092,25 @@ impl Future for YieldNow {
 /// (as hyper asks), but a sleep is registered with the core that polls it.
 pub struct Sleep {
     deadline_ns: u64,
+    /// A sleep made off a worker (no runtime clock to read there): its length, ns, turned
+    /// into the deadline at its first poll. (Counted from 0 instead, a `timeout` made on the
+    /// main thread for a task would have been over at once once the runtime had run longer.)
+    length_ns: Option<u64>,
     /// (runtime, core, key) of the timer registered for this sleep.
     timer: Option<(usize, usize, TimerKey)>,
 }
 
-/// Sleeps for `d` on the current worker's clock.
+/// Sleeps for `d` on the current worker's clock (made off a worker: from its first poll).
 pub fn sleep(d: Duration) -> Sleep {
-    let now = with_core(|c| c.shared.now_ns()).unwrap_or(0);
-    sleep_until_ns(now.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64))
+    let length_ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+    match with_core(|c| c.shared.now_ns()) {
+        Some(now) => sleep_until_ns(now.saturating_add(length_ns)),
+        None => Sleep {
+            deadline_ns: u64::MAX,
+            length_ns: Some(length_ns),
+            timer: None,
+        },
+    }
 }
 
 /// Sleeps until `deadline_ns` on the runtime's clock (ns since it started; see
@@ -1097,6 +1118,7 @@ pub fn sleep(d: Duration) -> Sleep {
 pub fn sleep_until_ns(deadline_ns: u64) -> Sleep {
     Sleep {
         deadline_ns,
+        length_ns: None,
         timer: None,
     }
 }
@@ -1107,7 +1129,8 @@ pub fn now_ns() -> Option<u64> {
 }
 
 impl Sleep {
-    /// When it completes, ns on the runtime's clock.
+    /// When it completes, ns on the runtime's clock (`u64::MAX` for a sleep made off a worker
+    /// and not polled yet).
     pub fn deadline_ns(&self) -> u64 {
         self.deadline_ns
     }
@@ -1116,6 +1139,7 @@ impl Sleep {
     pub fn reset(&mut self, deadline_ns: u64) {
         self.cancel();
         self.deadline_ns = deadline_ns;
+        self.length_ns = None;
     }
 
     fn cancel(&mut self) {
@@ -1138,16 +1162,24 @@ impl Drop for Sleep {
 impl Future for Sleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self.deadline_ns;
-        let timer = self.timer;
+        let (length, timer) = (self.length_ns, self.timer);
+        let mut deadline = self.deadline_ns;
         let r = with_core(|c| {
-            if c.shared.now_ns() >= deadline {
-                if let Some((_, _, key)) = timer {
-                    c.timers.remove(&key);
+            let now = c.shared.now_ns();
+            if let Some(length) = length {
+                deadline = now.saturating_add(length);
+            }
+            let id = c.shared.runtime_id();
+            if now >= deadline {
+                // Only a timer of this core's: a sleep moved from another core would remove
+                // another sleep's timer that had the same key here (as `cancel` checks).
+                if let Some((runtime, core, key)) = timer {
+                    if runtime == id && core == c.core {
+                        c.timers.remove(&key);
+                    }
                 }
                 return (Poll::Ready(()), None);
             }
-            let id = c.shared.runtime_id();
             if let Some((runtime, core, key)) = timer {
                 if runtime == id && core == c.core {
                     if let Some(w) = c.timers.get_mut(&key) {
@@ -1172,6 +1204,8 @@ impl Future for Sleep {
         match r {
             Some((p, t)) => {
                 self.timer = t;
+                self.deadline_ns = deadline;
+                self.length_ns = None;
                 p
             }
             None => panic!("omnistage::task::Sleep polled off a worker thread with tasks"),

@@ -50,6 +50,12 @@ struct IoSlot {
     /// short transfer. A hint that errs only towards trying.
     readable: bool,
     writable: bool,
+    /// The peer closed its side (or the socket failed): reported once by the edge-triggered
+    /// poller, so from then on that direction stays worth trying (the read that returns 0,
+    /// or the error, is still to come after a short transfer). As Tokio keeps its closed bits
+    /// when it clears readiness.
+    read_closed: bool,
+    write_closed: bool,
     read: Option<Waker>,
     write: Option<Waker>,
 }
@@ -83,6 +89,8 @@ pub(crate) fn io_event(ev: &mio::event::Event) {
         }
         s.readable |= read;
         s.writable |= write;
+        s.read_closed |= ev.is_read_closed() || ev.is_error();
+        s.write_closed |= ev.is_write_closed() || ev.is_error();
         Some((
             if read { s.read.take() } else { None },
             if write { s.write.take() } else { None },
@@ -135,6 +143,8 @@ fn register<S: mio::event::Source>(source: &mut S) -> io::Result<IoKey> {
                     live: false,
                     readable: false,
                     writable: false,
+                    read_closed: false,
+                    write_closed: false,
                     read: None,
                     write: None,
                 });
@@ -154,6 +164,7 @@ fn register<S: mio::event::Source>(source: &mut S) -> io::Result<IoKey> {
         // Unknown until tried: the first read or write goes to the kernel.
         s.readable = true;
         s.writable = true;
+        (s.read_closed, s.write_closed) = (false, false);
         LIVE.set(LIVE.get() + 1);
         Ok(IoKey {
             runtime: std::sync::Arc::as_ptr(&c.shared) as usize,
@@ -250,7 +261,15 @@ fn not_ready(key: IoKey, dir: Dir, waker: Option<&Waker>) {
             }
         }
         if let Ok(s) = slot_of(c, key) {
-            *ready_mut(s, dir) = false;
+            let closed = match dir {
+                Dir::Read => s.read_closed,
+                Dir::Write => s.write_closed,
+            };
+            // After the close's one event, only the call that reports it (0, or the error)
+            // can tell the task: the socket stays worth trying.
+            if !closed {
+                *ready_mut(s, dir) = false;
+            }
             if let Some(w) = waker {
                 park_in(s, dir, w);
             }
@@ -599,7 +618,17 @@ mod hyper_rt {
     {
         fn execute(&self, future: F) {
             if let Err(e) = crate::task::spawn(future) {
-                eprintln!("omnistage: hyper's executor could not spawn a task: {e}");
+                // Refusals come in floods under overload (one per connection or stream a
+                // peer opens), and this line is written on the worker's thread: the 1st,
+                // 2nd, 4th, 8th... only.
+                static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    eprintln!(
+                        "omnistage: hyper's executor could not spawn a task: {e} ({n} refused \
+                         so far; further ones logged at each power of two)"
+                    );
+                }
             }
         }
     }
