@@ -187,6 +187,9 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     assert_eq!(r.get("select-write"), (1, 0));
     assert_eq!(r.get("select-write-only").0, 1);
     assert_eq!(r.get("pselect-held"), (0, 0));
+    // Sets wider than FD_SETSIZE are the real call's, unshaped (the held path's copies hold
+    // one fd_set each).
+    assert_eq!(r.get("select-wide"), (1, 0));
     // So do epoll_wait, epoll_pwait and epoll_pwait2 (level-triggered), and put the caller's
     // interest back.
     assert_eq!(r.get("epoll-held"), (0, 0));
@@ -194,6 +197,10 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     assert_eq!(r.get("epoll-pwait2-held"), (0, 0));
     assert_eq!(r.get("epoll-write"), (1, 0));
     assert_eq!(r.get("epoll-write-events").0, libc::EPOLLOUT as i64);
+    // A one-shot registration that fired during a held wait stays disabled.
+    assert_eq!(r.get("epoll-oneshot-first"), (1, 0));
+    assert_eq!(r.get("epoll-oneshot-again"), (0, 0));
+    assert_eq!(r.get("epoll-del-any-event"), (0, 0));
     assert_eq!(r.get("epoll-pipe"), (1, 0));
     assert_eq!(r.get("epoll-pipe-events").0, libc::EPOLLIN as i64);
     assert_eq!(r.bucket_bytes[READ], 100);
@@ -285,4 +292,13 @@ fn forked_children_and_exec_ed_programs_are_shaped_in_the_same_group() {
     // The forked child's read and /bin/cat's read (exec'd by it) both count.
     assert_eq!(r.bucket_bytes[DISK], 6000);
     std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn a_splice_from_a_pipe_returns_what_the_pipe_had() {
+    // 100 KB/s with a 1,000-byte burst: the first piece is all the pipe holds; the real call
+    // would return it, and so must the shaped one (not wait for the bytes written later).
+    let r = run("splice-pipe", cfg(WRITE, 100_000, 1000), "");
+    assert_eq!(r.get("splice-from-pipe"), (1000, 0));
+    assert_eq!(r.bucket_bytes[WRITE], 1000);
 }

@@ -106,9 +106,12 @@ pub fn transfer(
     let mut nonblocking = flags.dontwait;
     let mut message = false;
     let mut stream_socket_read = false;
+    // A leg read from a pipe (or another descriptor that is not a file): the real call returns
+    // what is there, and a second one would block for bytes the caller did not wait for.
+    let mut pipe_read = false;
     for leg in legs {
         match sys::classify(leg.fd) {
-            FdKind::Other => {}
+            FdKind::Other => pipe_read |= leg.dir == Dir::Read,
             FdKind::File => need.add(Class::Disk, leg.dir),
             FdKind::Socket {
                 message: m,
@@ -126,7 +129,7 @@ pub fn transfer(
     }
     let mode = if message { Mode::Whole } else { Mode::Stream };
     // One real call, or as many as it takes to move everything (see the module's doc).
-    let once = nonblocking || message || (stream_socket_read && !flags.waitall);
+    let once = nonblocking || message || pipe_read || (stream_socket_read && !flags.waitall);
     let mut done = 0usize;
     loop {
         let remaining = (want - done) as u64;

@@ -226,6 +226,25 @@ fn main() {
                     "select-write-only {}",
                     (libc::FD_ISSET(c, &ws) && !libc::FD_ISSET(c, &rs)) as u8
                 );
+                // Sets wider than an fd_set (nfds past FD_SETSIZE, as libevent allocates
+                // them) go to the real call unshaped: it reports the unread bytes at once, and
+                // nothing writes past a copy of one fd_set.
+                let mut wide = [0u64; 2 * libc::FD_SETSIZE / 64];
+                wide[c as usize / 64] |= 1 << (c as usize % 64);
+                let mut tv = libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 30_000,
+                };
+                out(
+                    "select-wide",
+                    libc::select(
+                        2 * libc::FD_SETSIZE as c_int,
+                        wide.as_mut_ptr().cast(),
+                        none,
+                        none,
+                        &mut tv,
+                    ) as isize,
+                );
                 let mut rs: libc::fd_set = std::mem::zeroed();
                 libc::FD_SET(c, &mut rs);
                 let ts = libc::timespec {
@@ -246,6 +265,18 @@ fn main() {
                 let ep2 = libc::epoll_create1(0);
                 add(ep2, c, libc::EPOLLIN | libc::EPOLLOUT);
                 wait("epoll-write", ep2, 30, Wait::Plain);
+                // One-shot: the wait that reports the write (the read held) leaves the
+                // registration disabled, as the kernel did; a second wait reports nothing.
+                let ep3 = libc::epoll_create1(0);
+                add(ep3, c, libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLONESHOT);
+                wait("epoll-oneshot-first", ep3, 30, Wait::Plain);
+                wait("epoll-oneshot-again", ep3, 0, Wait::Plain);
+                // `EPOLL_CTL_DEL` ignores its event pointer: any value will do.
+                out(
+                    "epoll-del-any-event",
+                    libc::epoll_ctl(ep3, libc::EPOLL_CTL_DEL, c, 8 as *mut libc::epoll_event)
+                        as isize,
+                );
                 // After the waits the kernel's set holds the caller's interest again: a
                 // non-throttled descriptor (a pipe) in the same set is reported as asked.
                 let mut pipe = [0; 2];
@@ -396,6 +427,34 @@ fn main() {
                     "splice",
                     libc::splice(fd, &mut o2, pipe[1], std::ptr::null_mut(), 3000, 0),
                 );
+            }
+            "splice-pipe" => {
+                // A blocking splice from a pipe holding 1,000 bytes (the bucket's burst) to a
+                // socket: the real call moves what the pipe has and returns. More bytes come
+                // 300 ms later; a shaped splice that went on for the rest would wait for them.
+                let (c, _s) = tcp_pair();
+                let mut pipe = [0; 2];
+                libc::pipe(pipe.as_mut_ptr());
+                let first = pattern(1000);
+                libc::write(pipe[1], first.as_ptr().cast(), 1000);
+                let w = pipe[1];
+                let later = std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    let more = pattern(500);
+                    libc::write(w, more.as_ptr().cast(), 500);
+                });
+                out(
+                    "splice-from-pipe",
+                    libc::splice(
+                        pipe[0],
+                        std::ptr::null_mut(),
+                        c,
+                        std::ptr::null_mut(),
+                        3000,
+                        0,
+                    ),
+                );
+                later.join().unwrap();
             }
             "fork-exec" => {
                 // The child (fork) and a program it execs read the file under the same group.

@@ -133,8 +133,11 @@ pub unsafe fn hook_epoll_ctl(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll_e
         return r;
     }
     let e = errno();
-    // SAFETY: a non-null `ev` is the caller's valid epoll_event (read by value: it is packed).
-    let given = (!ev.is_null()).then(|| unsafe { ((*ev).events, (*ev).u64) });
+    // SAFETY: for `ADD` and `MOD`, a non-null `ev` is the caller's valid epoll_event (read by
+    // value: it is packed). `DEL` ignores `ev`, which may then be anything (the kernel has
+    // not read it since 2.6.9), so it is not read.
+    let given =
+        (op != libc::EPOLL_CTL_DEL && !ev.is_null()).then(|| unsafe { ((*ev).events, (*ev).u64) });
     if TRACKED.load(Ordering::Relaxed) > 0 || op != libc::EPOLL_CTL_DEL {
         track(epfd, op, fd, given);
     }
@@ -258,6 +261,22 @@ pub unsafe fn epoll_common(
             );
         }
         apply(epfd, &changes[..k], false);
+        if nr > 0 {
+            // The edges the shaper swallowed, on descriptors not held now, are re-armed here
+            // (once): the non-forced `apply` above changes nothing for them, as nothing of
+            // theirs was out. A held one is re-armed when its interest is given back.
+            let mut free = 0;
+            for j in 0..nr {
+                let i = rearm[j].0;
+                let pos = idx[..k].iter().position(|&x| x == i);
+                if pos.is_some_and(|p| !held[p].0 && !held[p].1) {
+                    rearm[free] = (i, 0);
+                    free += 1;
+                }
+            }
+            apply(epfd, &rearm[..free], true);
+            nr = 0;
+        }
         any_out = held[..k].iter().any(|h| h.0 || h.1);
         let Some(until) = until else {
             // Tokens are there now (the interest is back): wait as asked for what is left.
@@ -285,6 +304,10 @@ pub unsafe fn epoll_common(
         };
         let timed_out = n == 0 && deadline_ns.is_some_and(|d| now_ns() >= d);
         if n != 0 || timed_out {
+            // First the one-shot registrations that fired are marked, so that giving the
+            // interest back skips them: the kernel has disabled them, and a `MOD` would enable
+            // one that the program's thread is now handling (another thread could get it too).
+            let n = finish(n);
             let e = errno();
             let mut restore = [(0usize, 0u32); PER_SET_MAX];
             for (r, &i) in restore.iter_mut().zip(&idx[..k]) {
@@ -292,7 +315,7 @@ pub unsafe fn epoll_common(
             }
             apply(epfd, &restore[..k], false);
             set_errno(e);
-            return finish(n);
+            return n;
         }
     }
 }

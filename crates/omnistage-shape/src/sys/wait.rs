@@ -101,9 +101,13 @@ pub unsafe fn hook_ppoll(
 /// descriptor throttled): `first` makes the caller's own call unchanged. Returns the result and
 /// whether the held path ran (then `select`'s timeval is the caller's to update).
 ///
+/// A caller's `nfds` above `FD_SETSIZE` (sets it allocated larger than an `fd_set`, as
+/// libevent's select backend does) is passed through unshaped: the held path waits on copies
+/// of one `fd_set` each, and the kernel would read and write `nfds` bits of them.
+///
 /// # Safety
-/// select(2)'s contract: each non-null set is a valid `fd_set` of the caller's, `nfds` at most
-/// `FD_SETSIZE`; `sigmask` null or a valid mask.
+/// select(2)'s contract: each non-null set is valid for `nfds` bits; `sigmask` null or a valid
+/// mask.
 unsafe fn select_common(
     nfds: c_int,
     r: *mut libc::fd_set,
@@ -113,10 +117,10 @@ unsafe fn select_common(
     sigmask: *const libc::sigset_t,
     first: &dyn Fn() -> c_int,
 ) -> (c_int, bool) {
-    if nfds <= 0 || (r.is_null() && w.is_null()) {
+    if nfds <= 0 || nfds as usize > libc::FD_SETSIZE || (r.is_null() && w.is_null()) {
         return (first(), false);
     }
-    let n = (nfds as usize).min(libc::FD_SETSIZE);
+    let n = nfds as usize;
     let mut asks = [PollAsk {
         fd: -1,
         wants_read: false,
