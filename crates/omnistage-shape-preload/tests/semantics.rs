@@ -302,3 +302,13 @@ fn a_splice_from_a_pipe_returns_what_the_pipe_had() {
     assert_eq!(r.get("splice-from-pipe"), (1000, 0));
     assert_eq!(r.bucket_bytes[WRITE], 1000);
 }
+
+#[test]
+fn a_sendmsg_sent_in_pieces_does_not_write_to_its_const_header() {
+    // 1 MB/s with a 1,000-byte burst: 3,000 bytes go in pieces, through a copy of the header;
+    // the caller's (in a read-only page) is not written.
+    let r = run("sendmsg-readonly", cfg(WRITE, 1_000_000, 1000), "");
+    assert_eq!(r.get("sendmsg-readonly"), (3000, 0));
+    assert_eq!(r.get("peer-read"), (3000, 0));
+    assert_eq!(r.bucket_bytes[WRITE], 3000);
+}

@@ -351,6 +351,36 @@ fn main() {
                 }
                 out("send-epipe", r);
             }
+            "sendmsg-readonly" => {
+                // sendmsg takes a `const` header: one in a read-only page, sent in pieces (the
+                // bucket holds a third of it), must not be written to.
+                let (c, s) = tcp_pair();
+                let big = pattern(3000);
+                let iov = [libc::iovec {
+                    iov_base: big.as_ptr() as *mut c_void,
+                    iov_len: 3000,
+                }];
+                let page = libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                assert_ne!(page, libc::MAP_FAILED);
+                let msg = page.cast::<libc::msghdr>();
+                std::ptr::write(msg, std::mem::zeroed());
+                (*msg).msg_iov = iov.as_ptr() as *mut libc::iovec;
+                (*msg).msg_iovlen = 1;
+                libc::mprotect(page, 4096, libc::PROT_READ);
+                out("sendmsg-readonly", libc::sendmsg(c, msg, 0));
+                let mut got = vec![0u8; 3000];
+                out(
+                    "peer-read",
+                    libc::recv(s, got.as_mut_ptr().cast(), 3000, libc::MSG_WAITALL),
+                );
+            }
             "tcp-send-nonblocking" => {
                 let (c, _s) = tcp_pair();
                 let data = pattern(1000);

@@ -350,17 +350,21 @@ unsafe fn message(
             iov_len: 0,
         }; 64];
         // SAFETY: the header's iovecs are valid; the copy of the header points at our window
-        // for the call and the fields the kernel writes back (name length, control length,
-        // flags) are copied back to the caller's header.
+        // for the call. For a receive, the fields the kernel writes back (name length,
+        // control length, flags) are copied back to the caller's header; a send's header is
+        // the caller's `const` one (it may be shared between threads, or read-only), never
+        // written.
         unsafe {
             let k = iov_window(iov, cnt, done, len, &mut w);
             let mut m = std::ptr::read(msg);
             m.msg_iov = w.as_mut_ptr();
             m.msg_iovlen = k as _;
             let r = call(&mut m);
-            (*msg).msg_namelen = m.msg_namelen;
-            (*msg).msg_controllen = m.msg_controllen;
-            (*msg).msg_flags = m.msg_flags;
+            if dir == Dir::Read {
+                (*msg).msg_namelen = m.msg_namelen;
+                (*msg).msg_controllen = m.msg_controllen;
+                (*msg).msg_flags = m.msg_flags;
+            }
             r
         }
     })
@@ -370,7 +374,7 @@ unsafe fn message(
 /// sendmsg(2)'s contract.
 pub unsafe fn hook_sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     // SAFETY: the caller's contract; sendmsg does not write through `msg` and neither does the
-    // window (the write-back fields are unchanged by sendmsg).
+    // window (it writes back only for a receive).
     unsafe {
         message(fd, msg.cast_mut(), flags, Dir::Write, |m| {
             real::sendmsg(fd, m, flags)
