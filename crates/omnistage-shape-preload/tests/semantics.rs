@@ -312,3 +312,18 @@ fn a_sendmsg_sent_in_pieces_does_not_write_to_its_const_header() {
     assert_eq!(r.get("peer-read"), (3000, 0));
     assert_eq!(r.bucket_bytes[WRITE], 3000);
 }
+
+#[test]
+fn a_blocking_writev_of_many_iovecs_moves_everything() {
+    // 100 KB/s with a 1,000-byte burst: the first piece spans 100 of the 300 iovecs, more than
+    // the library's window of 64; a blocking write still moves all 3,000 bytes.
+    let f = temp_file("writev-many", b"");
+    let r = run(
+        "file-writev-many",
+        cfg(WRITE, 100_000, 1000),
+        f.to_str().unwrap(),
+    );
+    assert_eq!(r.get("writev-many"), (3000, 0));
+    assert_eq!(std::fs::read(&f).unwrap(), pattern(3000));
+    std::fs::remove_file(f).ok();
+}

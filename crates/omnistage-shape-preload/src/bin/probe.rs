@@ -150,6 +150,25 @@ fn main() {
                 out("pipe", libc::write(pipe[1], big.as_ptr().cast(), 4096));
                 libc::close(fd);
             }
+            "file-writev-many" => {
+                // 300 iovecs of 10 bytes: the first 1,000-byte piece the bucket allows (its
+                // burst) spans 100 of them, more than one window of the library's holds.
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(
+                    p.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                    0o600,
+                );
+                let data = pattern(3000);
+                let many: Vec<libc::iovec> = (0..300)
+                    .map(|i| libc::iovec {
+                        iov_base: data[i * 10..].as_ptr() as *mut c_void,
+                        iov_len: 10,
+                    })
+                    .collect();
+                out("writev-many", libc::writev(fd, many.as_ptr(), 300));
+                libc::close(fd);
+            }
             "tcp-nonblocking" => {
                 let (c, s) = tcp_pair();
                 let data = pattern(5000);

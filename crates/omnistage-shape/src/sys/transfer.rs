@@ -178,9 +178,25 @@ unsafe fn vectored(
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         }; 64];
-        // SAFETY: the caller's contract.
-        let k = unsafe { iov_window(iov, cnt, done, len, &mut w) };
-        call(w.as_ptr(), k, done)
+        // A piece may span more iovecs than a window holds: a write goes on window by window
+        // until the piece is moved, as the real call would have moved it (a blocking write
+        // returns short only on an error). A read takes one window: a second read could block
+        // for bytes the real call would not have waited for, and a short read is allowed.
+        // Bounded: each round moves at least one byte or returns.
+        let mut moved = 0usize;
+        loop {
+            // SAFETY: the caller's contract.
+            let k = unsafe { iov_window(iov, cnt, done + moved, len - moved, &mut w) };
+            let window: usize = w[..k as usize].iter().map(|v| v.iov_len).sum();
+            let r = call(w.as_ptr(), k, done + moved);
+            if r < 0 {
+                return if moved > 0 { moved as ssize_t } else { r };
+            }
+            moved += r as usize;
+            if dir == Dir::Read || r == 0 || (r as usize) < window || moved >= len {
+                return moved as ssize_t;
+            }
+        }
     })
 }
 
