@@ -212,13 +212,22 @@ impl Cell {
         }
     }
 
-    /// Times one batch of `events` events.
-    fn batch(&mut self, events: usize) {
-        let (t, c) = (Instant::now(), thread_cpu_ns());
+    /// Runs `events` events untimed.
+    fn run(&mut self, events: usize) {
         match &mut self.subject {
             Ok(tree) => self.now = run_events(tree, self.now, events),
             Err(floor) => run_floor_events(floor, events),
         }
+    }
+
+    /// Times one batch of `events` events, after a tenth as many untimed: the other cells'
+    /// batches ran since this cell's last one and took the caches, and the warm-up brings
+    /// its lines back as its own earlier batch had left them when the cells ran one after
+    /// the other.
+    fn batch(&mut self, events: usize) {
+        self.run(events / 10);
+        let (t, c) = (Instant::now(), thread_cpu_ns());
+        self.run(events);
         self.cpu
             .push(thread_cpu_ns().saturating_sub(c) as f64 / events as f64);
         self.wall
@@ -240,15 +249,17 @@ impl Cell {
 /// clock and by the thread's CPU clock: (wall, CPU), in the order of `cells`.
 ///
 /// The batches are interleaved: round `k` runs batch `k` of every cell before any cell's
-/// batch `k + 1`. The host this runs on has busy phases of seconds to minutes in which every
+/// batch `k + 1` (each after a short untimed warm-up, see [`Cell::batch`]). The host this runs on has busy phases of seconds to minutes in which every
 /// figure rises by half; measured one subject after the other, SFQ could fall in a busy phase
 /// and FIFO, its yardstick, in a quiet one (session 22's `exp all`: SFQ 158 ns, FIFO 54).
 /// Interleaved, each median is taken over the same stretch of time for every subject.
 fn tree_costs(cells: &[(Option<PolicyKind>, usize)], events: usize) -> Vec<(f64, f64)> {
     let mut built: Vec<Cell> = cells.iter().map(|&(p, l)| Cell::new(p, l)).collect();
-    for _ in 0..BATCHES {
-        for cell in &mut built {
-            cell.batch(events);
+    let n = built.len();
+    for round in 0..BATCHES {
+        // Each round starts at another cell, so no cell always runs right after the same one.
+        for i in 0..n {
+            built[(round + i) % n].batch(events);
         }
     }
     built.iter().map(Cell::medians).collect()

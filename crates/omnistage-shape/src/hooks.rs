@@ -106,12 +106,13 @@ pub fn transfer(
     let mut nonblocking = flags.dontwait;
     let mut message = false;
     let mut stream_socket_read = false;
-    // A leg read from a pipe (or another descriptor that is not a file): the real call returns
-    // what is there, and a second one would block for bytes the caller did not wait for.
-    let mut pipe_read = false;
+    // A leg on a pipe (or another descriptor that is neither a file nor a shaped socket), as
+    // `splice` has: the real call moves what the pipe holds or has room for and returns, and
+    // a second one would block for bytes or room the caller did not wait for.
+    let mut pipe_leg = false;
     for leg in legs {
         match sys::classify(leg.fd) {
-            FdKind::Other => pipe_read |= leg.dir == Dir::Read,
+            FdKind::Other => pipe_leg = true,
             FdKind::File => need.add(Class::Disk, leg.dir),
             FdKind::Socket {
                 message: m,
@@ -129,7 +130,7 @@ pub fn transfer(
     }
     let mode = if message { Mode::Whole } else { Mode::Stream };
     // One real call, or as many as it takes to move everything (see the module's doc).
-    let once = nonblocking || message || pipe_read || (stream_socket_read && !flags.waitall);
+    let once = nonblocking || message || pipe_leg || (stream_socket_read && !flags.waitall);
     let mut done = 0usize;
     loop {
         let remaining = (want - done) as u64;

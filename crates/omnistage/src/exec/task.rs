@@ -49,7 +49,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub(super) use super::task_io::{io_event, io_live, IO_TOKEN_BASE};
 pub use super::task_io::{Accept, TcpListener, TcpStream, TASK_SOCKETS_MAX};
@@ -1092,24 +1092,25 @@ impl Future for YieldNow {
 /// (as hyper asks), but a sleep is registered with the core that polls it.
 pub struct Sleep {
     deadline_ns: u64,
-    /// A sleep made off a worker (no runtime clock to read there): its length, ns, turned
-    /// into the deadline at its first poll. (Counted from 0 instead, a `timeout` made on the
-    /// main thread for a task would have been over at once once the runtime had run longer.)
-    length_ns: Option<u64>,
+    /// A sleep made off a worker (no runtime clock to read there): when it ends on the OS's
+    /// monotonic clock, turned into the runtime's at its first poll. (Counted from the
+    /// runtime's 0 instead, a `timeout` made on the main thread for a task was over at once
+    /// once the runtime had run longer than it.)
+    until: Option<Instant>,
     /// (runtime, core, key) of the timer registered for this sleep.
     timer: Option<(usize, usize, TimerKey)>,
 }
 
-/// Sleeps for `d` on the current worker's clock (made off a worker: from its first poll).
+/// Sleeps for `d` on the current worker's clock (made off a worker: from when it was made).
 pub fn sleep(d: Duration) -> Sleep {
-    let length_ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
     match with_core(|c| c.shared.now_ns()) {
-        Some(now) => sleep_until_ns(now.saturating_add(length_ns)),
-        None => Sleep {
-            deadline_ns: u64::MAX,
-            length_ns: Some(length_ns),
-            timer: None,
-        },
+        Some(now) => {
+            sleep_until_ns(now.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64))
+        }
+        // A length past what an `Instant` holds never ends.
+        None => Instant::now()
+            .checked_add(d)
+            .map_or_else(|| sleep_until_ns(u64::MAX), sleep_until_instant),
     }
 }
 
@@ -1118,8 +1119,24 @@ pub fn sleep(d: Duration) -> Sleep {
 pub fn sleep_until_ns(deadline_ns: u64) -> Sleep {
     Sleep {
         deadline_ns,
-        length_ns: None,
+        until: None,
         timer: None,
+    }
+}
+
+/// Sleeps until `deadline` on the OS's monotonic clock.
+pub fn sleep_until_instant(deadline: Instant) -> Sleep {
+    let left = |now_ns: u64| {
+        let d = deadline.saturating_duration_since(Instant::now());
+        now_ns.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64)
+    };
+    match with_core(|c| c.shared.now_ns()) {
+        Some(now) => sleep_until_ns(left(now)),
+        None => Sleep {
+            deadline_ns: u64::MAX,
+            until: Some(deadline),
+            timer: None,
+        },
     }
 }
 
@@ -1139,7 +1156,7 @@ impl Sleep {
     pub fn reset(&mut self, deadline_ns: u64) {
         self.cancel();
         self.deadline_ns = deadline_ns;
-        self.length_ns = None;
+        self.until = None;
     }
 
     fn cancel(&mut self) {
@@ -1162,12 +1179,13 @@ impl Drop for Sleep {
 impl Future for Sleep {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let (length, timer) = (self.length_ns, self.timer);
+        let (until, timer) = (self.until, self.timer);
         let mut deadline = self.deadline_ns;
         let r = with_core(|c| {
             let now = c.shared.now_ns();
-            if let Some(length) = length {
-                deadline = now.saturating_add(length);
+            if let Some(until) = until {
+                let left = until.saturating_duration_since(Instant::now());
+                deadline = now.saturating_add(left.as_nanos().min(u128::from(u64::MAX)) as u64);
             }
             let id = c.shared.runtime_id();
             if now >= deadline {
@@ -1205,7 +1223,7 @@ impl Future for Sleep {
             Some((p, t)) => {
                 self.timer = t;
                 self.deadline_ns = deadline;
-                self.length_ns = None;
+                self.until = None;
                 p
             }
             None => panic!("omnistage::task::Sleep polled off a worker thread with tasks"),

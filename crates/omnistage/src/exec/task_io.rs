@@ -644,9 +644,7 @@ mod hyper_rt {
             Box::pin(crate::task::sleep(d))
         }
         fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-            Box::pin(crate::task::sleep(
-                deadline.saturating_duration_since(Instant::now()),
-            ))
+            Box::pin(crate::task::sleep_until_instant(deadline))
         }
     }
 }
