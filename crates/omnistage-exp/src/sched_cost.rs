@@ -249,10 +249,11 @@ impl Cell {
 /// clock and by the thread's CPU clock: (wall, CPU), in the order of `cells`.
 ///
 /// The batches are interleaved: round `k` runs batch `k` of every cell before any cell's
-/// batch `k + 1` (each after a short untimed warm-up, see [`Cell::batch`]). The host this runs on has busy phases of seconds to minutes in which every
-/// figure rises by half; measured one subject after the other, SFQ could fall in a busy phase
-/// and FIFO, its yardstick, in a quiet one (session 22's `exp all`: SFQ 158 ns, FIFO 54).
-/// Interleaved, each median is taken over the same stretch of time for every subject.
+/// batch `k + 1` (each after a short untimed warm-up, see [`Cell::batch`]). The host this
+/// runs on has busy phases of seconds to minutes in which every figure rises by half;
+/// measured one subject after the other, SFQ could fall in a busy phase and FIFO, its
+/// yardstick, in a quiet one (session 22's `exp all`: SFQ 158 ns, FIFO 54). Interleaved,
+/// each median is taken over the same stretch of time for every subject.
 fn tree_costs(cells: &[(Option<PolicyKind>, usize)], events: usize) -> Vec<(f64, f64)> {
     let mut built: Vec<Cell> = cells.iter().map(|&(p, l)| Cell::new(p, l)).collect();
     let n = built.len();

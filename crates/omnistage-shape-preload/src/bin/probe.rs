@@ -22,6 +22,19 @@ fn tcp_pair() -> (c_int, c_int) {
     (c.into_raw_fd(), s.into_raw_fd())
 }
 
+/// Opens `path` for writing, created or emptied.
+fn create(path: &str) -> c_int {
+    let p = CString::new(path).unwrap();
+    // SAFETY: a valid C string; the descriptor is the caller's.
+    unsafe {
+        libc::open(
+            p.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            0o600,
+        )
+    }
+}
+
 fn nonblock(fd: c_int) {
     // SAFETY: fcntl on our own descriptor.
     unsafe {
@@ -118,12 +131,7 @@ fn main() {
                 );
             }
             "file-write" => {
-                let p = CString::new(path.clone()).unwrap();
-                let fd = libc::open(
-                    p.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-                    0o600,
-                );
+                let fd = create(&path);
                 let data = pattern(3000);
                 out("write", libc::write(fd, data.as_ptr().cast(), 3000));
                 out("pwrite", libc::pwrite(fd, data.as_ptr().cast(), 3000, 3000));
@@ -153,12 +161,7 @@ fn main() {
             "file-writev-many" => {
                 // 300 iovecs of 10 bytes: the first 1,000-byte piece the bucket allows (its
                 // burst) spans 100 of them, more than one window of the library's holds.
-                let p = CString::new(path.clone()).unwrap();
-                let fd = libc::open(
-                    p.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-                    0o600,
-                );
+                let fd = create(&path);
                 let data = pattern(3000);
                 let many: Vec<libc::iovec> = (0..300)
                     .map(|i| libc::iovec {

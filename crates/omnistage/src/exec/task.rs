@@ -1101,12 +1101,20 @@ pub struct Sleep {
     timer: Option<(usize, usize, TimerKey)>,
 }
 
+/// `now_ns` on the runtime's clock plus `d`, saturating.
+fn ns_after(now_ns: u64, d: Duration) -> u64 {
+    now_ns.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64)
+}
+
+/// `until` on the runtime's clock, read when the runtime's clock says `now_ns`.
+fn ns_at(now_ns: u64, until: Instant) -> u64 {
+    ns_after(now_ns, until.saturating_duration_since(Instant::now()))
+}
+
 /// Sleeps for `d` on the current worker's clock (made off a worker: from when it was made).
 pub fn sleep(d: Duration) -> Sleep {
     match with_core(|c| c.shared.now_ns()) {
-        Some(now) => {
-            sleep_until_ns(now.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64))
-        }
+        Some(now) => sleep_until_ns(ns_after(now, d)),
         // A length past what an `Instant` holds never ends.
         None => Instant::now()
             .checked_add(d)
@@ -1126,12 +1134,8 @@ pub fn sleep_until_ns(deadline_ns: u64) -> Sleep {
 
 /// Sleeps until `deadline` on the OS's monotonic clock.
 pub fn sleep_until_instant(deadline: Instant) -> Sleep {
-    let left = |now_ns: u64| {
-        let d = deadline.saturating_duration_since(Instant::now());
-        now_ns.saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64)
-    };
     match with_core(|c| c.shared.now_ns()) {
-        Some(now) => sleep_until_ns(left(now)),
+        Some(now) => sleep_until_ns(ns_at(now, deadline)),
         None => Sleep {
             deadline_ns: u64::MAX,
             until: Some(deadline),
@@ -1184,8 +1188,7 @@ impl Future for Sleep {
         let r = with_core(|c| {
             let now = c.shared.now_ns();
             if let Some(until) = until {
-                let left = until.saturating_duration_since(Instant::now());
-                deadline = now.saturating_add(left.as_nanos().min(u128::from(u64::MAX)) as u64);
+                deadline = ns_at(now, until);
             }
             let id = c.shared.runtime_id();
             if now >= deadline {
