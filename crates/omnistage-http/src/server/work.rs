@@ -337,19 +337,20 @@ fn serve_with(
             && server.cache_bytes_max > 0
             && !server.disk_direct
             && flen <= CACHE_FILE_BYTES_MAX;
-        if cacheable {
-            // A miss: read the whole file once, keep it if the cache makes room.
+        // A miss the cache takes: read the whole file once and keep it. One it refuses is
+        // served like an uncached file below, reading only the range asked for (reading the
+        // whole file for it would cost a client asking for one byte the whole file's read,
+        // every time).
+        if cacheable && cs.cache_make_room(flen as usize, cache_key.0) {
             let mut all = vec![0; flen as usize];
             if file.read_exact_at(&mut all, 0).is_err() {
                 close(ctx, cs, key);
                 return Step::Closed;
             }
             let bytes = Bytes::from(all);
-            if cs.cache_make_room(bytes.len(), cache_key.0) {
-                if let Some(f) = cs.files.get_mut(cache_key) {
-                    f.content = Some(bytes.clone());
-                    cs.cache_account(cache_key.0, bytes.len() as isize);
-                }
+            if let Some(f) = cs.files.get_mut(cache_key) {
+                f.content = Some(bytes.clone());
+                cs.cache_account(cache_key.0, bytes.len() as isize);
             }
             content = Some(bytes);
         }
@@ -357,9 +358,18 @@ fn serve_with(
     let c = cs.conn(key).expect("live");
     if req.method != Method::Head && len > 0 {
         if let Some(content) = content {
-            // A hit: the body is a slice of the cached bytes, queued without a copy.
-            c.out
-                .push_shared(content.slice(start as usize..(start + len) as usize));
+            let body = content.slice(start as usize..(start + len) as usize);
+            if 2 * body.len() >= content.len() {
+                // A hit: the body is a slice of the cached bytes, queued without a copy.
+                c.out.push_shared(body);
+            } else {
+                // A small part of the file (a range): copied after the head. A shared slice
+                // would keep the whole buffer alive while the output queue counts only the
+                // slice, so a client asking for one byte of many files (and not reading)
+                // could pin a whole file per response; copied, the queue's bound is the
+                // memory's bound, and a shared slice is never more than twice what it counts.
+                c.out.with_head(|b| b.extend_from_slice(&body));
+            }
         } else if by_sendfile {
             // The open file goes with the segment (an `Arc`), so the descriptor outlives any
             // change to the file cache; a file that shrank closes the connection when sent.
