@@ -419,3 +419,103 @@ fn a_connection_waiting_for_its_turn_under_a_link_cap_is_not_timed_out() {
 fn a_client_that_never_reads_under_a_link_cap_is_timed_out() {
     assert_a_client_that_never_reads_is_closed("net_link_cap = \"1GB/s\"\n");
 }
+
+/// Reads one response (head and `Content-Length` body) from `s`; returns its status line.
+fn read_response(s: &mut TcpStream) -> String {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let h = String::from_utf8_lossy(&head).to_string();
+    let len: usize = h
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0; len];
+    s.read_exact(&mut body).unwrap();
+    h.lines().next().unwrap().to_string()
+}
+
+/// Once: when a core's open-file table was full (1,024 entries) and none was past its TTL,
+/// the next miss cleared the whole table, every tenant's cached bytes with it: one client
+/// asking for 1,024 names a second wiped every other tenant's cache again and again. Now the
+/// tenant with the most entries gives back its oldest.
+#[test]
+fn a_tenant_walking_many_names_does_not_drop_another_tenants_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+    }
+    std::fs::write(dir.path().join("a").join("a.bin"), vec![b'a'; 8 * 1024]).unwrap();
+    // More names than the table holds (FILE_CACHE_ENTRIES_MAX = 1,024).
+    const NAMES: usize = 1_100;
+    for i in 0..NAMES {
+        std::fs::write(dir.path().join("b").join(format!("{i}.txt")), b"b").unwrap();
+    }
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 1048576\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{}'\n",
+        dir.path().join("a").display(),
+        dir.path().join("b").display()
+    );
+    let server = start(&toml);
+    // One connection: one core, one table.
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    // One write per request, without Nagle's wait for the ACK of the one before.
+    s.set_nodelay(true).unwrap();
+    s.write_all(b"GET /a.bin HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut s).contains("200"));
+    let a_cached = || server.cache_bytes()[0].1;
+    assert_eq!(a_cached(), 8 * 1024, "a.bin is cached");
+    for i in 0..NAMES {
+        let request = format!("GET /{i}.txt HTTP/1.1\r\nHost: b.test\r\n\r\n");
+        s.write_all(request.as_bytes()).unwrap();
+        assert!(read_response(&mut s).contains("200"));
+    }
+    let after = a_cached();
+    server.drain(Duration::from_millis(100));
+    assert_eq!(after, 8 * 1024, "b's {NAMES} names took a's cached file");
+}
+
+/// Whether this process holds a descriptor of `path` after it was deleted.
+fn holds_deleted(path: &std::path::Path) -> bool {
+    let deleted = format!("{} (deleted)", path.display());
+    std::fs::read_dir("/proc/self/fd").unwrap().any(|e| {
+        std::fs::read_link(e.unwrap().path()).is_ok_and(|t| t.to_string_lossy() == deleted)
+    })
+}
+
+/// Once: an open-file entry left the table only when its name was asked for again (past its
+/// TTL), the table filled, or on a reload, so a deleted file nobody asked for again kept its
+/// descriptor (and its disk space, and up to 1 MiB of cached bytes) for good. The periodic
+/// sweep now drops an entry past its TTL whose file has no link left.
+#[test]
+fn a_deleted_file_nobody_asks_for_again_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gone.bin");
+    std::fs::write(&path, vec![b'g'; 4096]).unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    write!(s, "GET /gone.bin HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    assert!(read_response(&mut s).contains("200"));
+    let path = path.canonicalize().unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(holds_deleted(&path), "the entry holds the file open");
+    // The TTL (1 s) and the next sweep (every second) pass; bounded wait.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while holds_deleted(&path) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let held = holds_deleted(&path);
+    server.drain(Duration::from_millis(100));
+    assert!(!held, "the deleted file is still open 15 s later");
+}

@@ -76,8 +76,9 @@ pub(super) struct CoreServer {
     pub(super) date: DateCache,
     pub(super) log: Vec<u8>,
     pub(super) limits: Limits,
-    /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX`,
-    /// emptied when the configuration changes (a docroot may have moved).
+    /// (tenant activity, decoded path) → open file; bounded by `FILE_CACHE_ENTRIES_MAX` (the
+    /// tenant holding the most gives back its oldest), swept every second (idle entries,
+    /// deleted files), emptied when the configuration changes (a docroot may have moved).
     pub(super) files: HashMap<(ActivityId, String), CachedFile>,
     /// Reused by every request served here: its file-cache key and decoding buffer.
     pub(super) serve_scratch: ServeScratch,

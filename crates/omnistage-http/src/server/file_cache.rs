@@ -1,11 +1,14 @@
 //! The per-core open-file cache (like nginx's `open_file_cache`): resolved, opened files with
 //! their validators, and the bytes of small files, held within the server's `cache_bytes_max`
 //! split between the cores and shared by the tenants by budget (their `cache_bytes`, else their
-//! weight's part); the tenant furthest above its budget gives back first.
+//! weight's part); the tenant furthest above its budget gives back first. The table of open
+//! files is bounded too (the tenant with the most entries gives back its oldest) and swept
+//! every second: entries nobody asked for in a minute, and deleted files, are closed.
 
 use super::core_server::CoreServer;
 use bytes::Bytes;
 use omnistage::account::ActivityId;
+use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,6 +21,13 @@ pub(super) const FILE_CACHE_ENTRIES_MAX: usize = 1024;
 /// How long a cached file's metadata is trusted: a file changed on disk is seen at most this
 /// late (its old bytes and validators may be served until then).
 pub(super) const FILE_CACHE_TTL_NS: u64 = 1_000_000_000;
+/// An entry not asked for (revalidated) for this long is dropped by the periodic sweep, its
+/// descriptor closed (nginx's `open_file_cache inactive=60s`): open files are not kept for
+/// names nobody asks for any more.
+pub(super) const FILE_CACHE_IDLE_NS: u64 = 60_000_000_000;
+/// Entries dropped at once when the table is full (from the tenant with the most entries,
+/// oldest first): each full-table miss then costs one scan of the table per this many misses.
+const FILE_CACHE_EVICT_BATCH: usize = 64;
 
 /// A resolved, opened file with its response headers precomputed.
 pub(super) struct CachedFile {
@@ -89,7 +99,66 @@ impl CoreServer {
         }
     }
 
-    /// Forgets every cached file (after a reload, or when the entry table is full).
+    /// Drops an entry (its cached bytes given back; its descriptor closed once no response
+    /// still sends from it).
+    fn cache_forget(&mut self, k: &(ActivityId, String)) {
+        self.cache_drop(k);
+        self.files.remove(k);
+    }
+
+    /// Makes room in the full entry table for a new entry: drops the oldest entries (by when
+    /// they were last validated) of the tenant that holds the most, up to
+    /// [`FILE_CACHE_EVICT_BATCH`]. So a tenant (or a client) asking for thousands of names
+    /// recycles its own entries and leaves the others' (the table was cleared whole before:
+    /// one tenant's walk over 1,024 names dropped every tenant's cached bytes).
+    pub(super) fn cache_make_entry_room(&mut self) {
+        if self.files.len() < FILE_CACHE_ENTRIES_MAX {
+            return;
+        }
+        let mut held: HashMap<ActivityId, usize> = HashMap::new();
+        for k in self.files.keys() {
+            *held.entry(k.0).or_insert(0) += 1;
+        }
+        // Ties go to the larger id, so the choice does not depend on the map's order.
+        let Some((victim, _)) = held.into_iter().max_by_key(|&(a, n)| (n, a)) else {
+            return;
+        };
+        let mut oldest: Vec<(u64, (ActivityId, String))> = self
+            .files
+            .iter()
+            .filter(|(k, _)| k.0 == victim)
+            .map(|(k, f)| (f.expires_ns, k.clone()))
+            .collect();
+        oldest.sort_unstable();
+        for (_, k) in oldest.iter().take(FILE_CACHE_EVICT_BATCH) {
+            self.cache_forget(k);
+        }
+        debug_assert!(self.files.len() < FILE_CACHE_ENTRIES_MAX);
+    }
+
+    /// The periodic sweep (every log flush, once a second): drops the entries not asked for
+    /// in [`FILE_CACHE_IDLE_NS`], and those past their TTL whose file is gone from the file
+    /// system (unlinked or replaced: its link count is 0), so a deleted file's descriptor, and
+    /// with it the disk space, is not held until someone asks for that name again. Costs one
+    /// `fstat` per entry past its TTL (at most [`FILE_CACHE_ENTRIES_MAX`] a second).
+    pub(super) fn cache_sweep(&mut self, now_ns: u64) {
+        use std::os::unix::fs::MetadataExt;
+        let gone: Vec<(ActivityId, String)> = self
+            .files
+            .iter()
+            .filter(|(_, f)| {
+                f.expires_ns.saturating_add(FILE_CACHE_IDLE_NS) <= now_ns
+                    || (f.expires_ns <= now_ns
+                        && f.file.metadata().map_or(true, |m| m.nlink() == 0))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &gone {
+            self.cache_forget(k);
+        }
+    }
+
+    /// Forgets every cached file (after a reload).
     pub(super) fn cache_clear(&mut self) {
         let keys: Vec<_> = self.files.keys().cloned().collect();
         for k in &keys {

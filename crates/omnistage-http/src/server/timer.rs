@@ -161,6 +161,8 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
         Tick::Sweep { due_ns } => sweep(ctx, cs, due_ns),
         Tick::LogFlush => {
             cs.flush_log();
+            let now = ctx.now_ns();
+            cs.cache_sweep(now);
             cs.log_flush_armed = false;
             arm_log_flush(ctx, cs);
             // A sweep whose arming was refused is tried again here.

@@ -5,9 +5,7 @@
 
 use super::conn::{answer_error, answer_status, close, drive, finish, recycle, Body, Source, Step};
 use super::core_server::{with_core, CoreServer};
-use super::file_cache::{
-    open_file, CachedFile, CACHE_FILE_BYTES_MAX, FILE_CACHE_ENTRIES_MAX, FILE_CACHE_TTL_NS,
-};
+use super::file_cache::{open_file, CachedFile, CACHE_FILE_BYTES_MAX, FILE_CACHE_TTL_NS};
 use crate::cond::RangeOutcome;
 use crate::request::{Method, Request};
 use crate::synthetic::Synthetic;
@@ -220,20 +218,8 @@ fn serve_with(
             Ok(f) => f,
             Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
         };
-        if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
-            let stale: Vec<_> = cs
-                .files
-                .iter()
-                .filter(|(_, f)| f.expires_ns <= now_ns)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for k in &stale {
-                cs.cache_drop(k);
-                cs.files.remove(k);
-            }
-            if cs.files.len() >= FILE_CACHE_ENTRIES_MAX {
-                cs.cache_clear();
-            }
+        if !cs.files.contains_key(cache_key) {
+            cs.cache_make_entry_room();
         }
         // The cached bytes stay valid while the file's length and mtime do.
         let content = match cs.files.get(cache_key) {
