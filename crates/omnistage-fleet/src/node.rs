@@ -366,6 +366,7 @@ impl State {
     fn tick(&mut self) {
         let config = self.server.config();
         let measured = self.measure(&config);
+        Self::debit_bytes(&measured);
         let own = self.own_entry(&measured, &config);
         let text = entry::encode(&own);
         let mut read = self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms());
@@ -497,12 +498,25 @@ impl State {
         }
     }
 
+    /// Debits what each tenant with `fleet_net_cap` sent over the interval from its bytes
+    /// pool: once per tick, before the renewal or the fallback refill (a tick that renews some
+    /// leases and then falls back must not pay twice). Only while the pool is on: bytes sent
+    /// without a cap are owed to no one, and a pool switched on (the cap just added, the node
+    /// just started) starts from nothing rather than from a debt of everything sent before.
+    fn debit_bytes(measured: &[Measured]) {
+        for m in measured {
+            let pool = &m.t.hooks.bytes;
+            if m.t.caps.net_cap_bytes_per_s.is_some() && pool.is_limited() {
+                pool.add(-(m.bytes_sent.min(i64::MAX as u64) as i64));
+            }
+        }
+    }
+
     /// Renews every fleet cap's lease through Redis.
     fn renew_leases(&mut self, measured: &[Measured]) -> Result<(), String> {
         let sync_ms = self.cfg.sync.as_millis() as u64;
         for m in measured {
             let h = &m.t.hooks;
-            h.bytes.add(-(m.bytes_sent.min(i64::MAX as u64) as i64));
             for (cap, pool, demand, kind) in [
                 (m.t.caps.rate_per_s, &h.requests, m.req_demand_per_s, "req"),
                 (
@@ -549,7 +563,6 @@ impl State {
             self.set_cpu_weight(&m.t.path, m.weight);
             send.push((m.t.name.as_str(), None));
             let h = &m.t.hooks;
-            h.bytes.add(-(m.bytes_sent.min(i64::MAX as u64) as i64));
             for (cap, pool) in [
                 (m.t.caps.rate_per_s, &h.requests),
                 (m.t.caps.net_cap_bytes_per_s, &h.bytes),

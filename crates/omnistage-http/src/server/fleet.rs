@@ -25,8 +25,13 @@ pub struct LeasePool {
 }
 
 impl LeasePool {
-    /// Turns the cap on or off (off admits everything).
+    /// Turns the cap on or off (off admits everything). Turned on, the pool starts from 0
+    /// tokens: what it held or owed when it was last on belongs to a cap that no longer
+    /// applied (while a pool is off nothing but the fleet thread, this one's caller, writes it).
     pub fn set_limited(&self, on: bool) {
+        if on && !self.is_limited() {
+            self.tokens.store(0, Ordering::Relaxed);
+        }
         self.limited.store(on, Ordering::Relaxed);
     }
 
@@ -224,6 +229,20 @@ mod tests {
         assert_eq!(p.add(-25), -15);
         assert!(!p.admit_positive());
         assert_eq!(p.refused(), 4);
+    }
+
+    #[test]
+    fn a_pool_switched_on_starts_from_nothing() {
+        let p = LeasePool::default();
+        p.add(-1_000_000);
+        p.set_limited(true);
+        assert_eq!(p.tokens(), 0, "a debt run up while off is not kept");
+        p.add(-5);
+        p.set_limited(true);
+        assert_eq!(p.tokens(), -5, "staying on keeps the balance");
+        p.set_limited(false);
+        p.set_limited(true);
+        assert_eq!(p.tokens(), 0);
     }
 
     #[test]
