@@ -447,7 +447,9 @@ pub(crate) fn render(
     // the victim's tail is bounded below by the longest of them).
     for (name, help, pick) in [
         (
-            "omnistage_worker_dispatch_seconds",
+            // Not `omnistage_worker_dispatch_seconds`: that is the counter of all dispatch time
+            // above, and a name may be declared once.
+            "omnistage_worker_dispatch_stretch_seconds",
             "How long each dispatch held the worker's loop.",
             (|r: &omnistage::account::StretchRow| r.dispatch) as fn(&_) -> HistSnapshot,
         ),

@@ -190,3 +190,23 @@ fn panics_are_counted_per_stage() {
     t.join().unwrap();
     assert_eq!(scrape(&c).get("stage=\"metrics-test\""), Some(&3.0));
 }
+
+/// Each metric family is declared once: OpenMetrics forbids a second `# TYPE` line for a name,
+/// and a strict parser rejects the whole scrape for it. (The per-dispatch stretch histogram
+/// once shared `omnistage_worker_dispatch_seconds` with the workers' dispatch-time counter.)
+#[test]
+fn no_family_is_declared_twice() {
+    let r = rig(1);
+    let (_h, c) = admin(&r.rt, None);
+    let text = req(&c, "GET", "/metrics", None).text();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split(' ').next().expect("a name");
+            assert!(seen.insert(name.to_string()), "# TYPE {name} twice");
+        }
+    }
+    // Both families that shared the name are there.
+    assert!(seen.contains("omnistage_worker_dispatch_seconds"));
+    assert!(seen.contains("omnistage_worker_dispatch_stretch_seconds"));
+}
