@@ -518,4 +518,57 @@ fn a_deleted_file_nobody_asks_for_again_is_closed() {
     let held = holds_deleted(&path);
     server.drain(Duration::from_millis(100));
     assert!(!held, "the deleted file is still open 15 s later");
+
+/// Once: `update_tenant` read the running config and took the reload lock only to apply its
+/// change, so two admin updates at once (or an update and a SIGHUP reload) read the same
+/// config and the one applied second silently undid the other.
+#[test]
+fn two_concurrent_tenant_updates_both_stay() {
+    use std::sync::{mpsc, Arc};
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = |name: &str| {
+        format!(
+            "[[tenant]]\nname = \"{name}\"\nhosts = [\"{name}.test\"]\ndocroot = '{}'\n",
+            dir.path().display()
+        )
+    };
+    let server = Arc::new(start(&format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n{}\n{}",
+        tenant("a"),
+        tenant("b")
+    )));
+    let (inside_tx, inside_rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let s = server.clone();
+    let first = std::thread::spawn(move || {
+        s.update_tenant("a", |t| {
+            inside_tx.send(()).unwrap();
+            // Lets the other update run to its end (it did, before the fix) before this one
+            // applies what it read. With the fix the other waits for this one, so the wait
+            // ends at its timeout instead: bounded, never a deadlock, and not what is judged.
+            let _ = done_rx.recv_timeout(Duration::from_secs(2));
+            t.net_cap_bytes_per_s = Some(1_000_000);
+        })
+    });
+    inside_rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the first update reads the config");
+    let s = server.clone();
+    let second = std::thread::spawn(move || {
+        let r = s.update_tenant("b", |t| t.net_cap_bytes_per_s = Some(2_000_000));
+        let _ = done_tx.send(());
+        r
+    });
+    first.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    let config = server.config();
+    let cap = |name: &str| {
+        config
+            .tenants
+            .iter()
+            .find(|t| t.name == name)
+            .and_then(|t| t.net_cap_bytes_per_s)
+    };
+    assert_eq!(cap("a"), Some(1_000_000));
+    assert_eq!(cap("b"), Some(2_000_000), "the second update was undone");
 }

@@ -468,6 +468,16 @@ impl Server {
     pub fn reload(&self, config: Config) -> Result<Reloaded, String> {
         // One reload at a time: each builds on the state the previous one left.
         let restart_only = self.reloading.lock().expect("reload lock");
+        self.reload_locked(&restart_only, config)
+    }
+
+    /// [`Server::reload`] for a caller that holds the reload lock (`restart_only` is what it
+    /// guards).
+    fn reload_locked(
+        &self,
+        restart_only: &RestartOnly,
+        config: Config,
+    ) -> Result<Reloaded, String> {
         let not_applied = restart_only.differences(&config.server);
         let old = self.shared.live.read().expect("live lock").clone();
         let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
@@ -492,9 +502,14 @@ impl Server {
         name: &str,
         f: impl FnOnce(&mut crate::config::TenantConfig),
     ) -> Result<(), UpdateError> {
+        // The reload lock is held from reading the running config to applying the changed
+        // one: another update or a reload between the two would be undone by this one (it
+        // would apply a config read before theirs). `f` runs under it, so it must not update
+        // or reload the server itself.
+        let restart_only = self.reloading.lock().expect("reload lock");
         let config = self.updated_config(name, f)?;
         // The running config with one tenant changed: nothing in it waits for a restart.
-        self.reload(config)
+        self.reload_locked(&restart_only, config)
             .map(|_| ())
             .map_err(UpdateError::Refused)
     }
