@@ -155,6 +155,12 @@ pub struct TenantChange {
     pub cache_bytes: Option<Option<u64>>,
     /// Which pending response the send stage serves next within the tenant.
     pub send_order: Option<omnistage_http::config::SendOrder>,
+    /// The CPU weight the API set on the tenant's activity, for the running configuration
+    /// (which the send scheduler takes link weights from).
+    pub weight: Option<u32>,
+    /// The CPU cap the API set on the tenant's activity (each worker's shaper, as the runtime
+    /// holds it), for the running configuration, so that a later change of the tenant keeps it.
+    pub cpu_cap: Option<Option<omnistage::sched::ShaperSpec>>,
 }
 
 /// What an HTTP server lets the admin API change about its tenants (implemented by the
@@ -381,8 +387,13 @@ fn tenant_name(path: &str) -> Result<&str, TenantError> {
         .ok_or_else(|| TenantError::NotATenant(format!("{path} is not a tenant")))
 }
 
-/// `change` applied to a tenant's settings.
-fn apply_change(change: &TenantChange, t: &mut omnistage_http::config::TenantConfig) {
+/// `change` applied to a tenant's settings (`workers`: the runtime's, which a CPU cap is split
+/// between).
+fn apply_change(
+    change: &TenantChange,
+    workers: usize,
+    t: &mut omnistage_http::config::TenantConfig,
+) {
     if let Some(v) = change.net_cap_bytes_per_s {
         t.net_cap_bytes_per_s = v;
     }
@@ -395,6 +406,19 @@ fn apply_change(change: &TenantChange, t: &mut omnistage_http::config::TenantCon
     if let Some(v) = change.send_order {
         t.send_order = v;
     }
+    if let Some(w) = change.weight {
+        t.weight = w;
+    }
+    if let Some(cap) = change.cpu_cap {
+        // The config's cap is machine-wide, in cores; the runtime's is each worker's part.
+        t.cpu_cap = cap.map(|c| c.rate_per_s as f64 * workers as f64 / 1e9);
+        if let Some(c) = cap {
+            t.cap_kind = match c.kind {
+                omnistage::sched::ShaperKind::Token => omnistage_http::config::CapKind::Token,
+                omnistage::sched::ShaperKind::Leaky => omnistage_http::config::CapKind::Leaky,
+            };
+        }
+    }
 }
 
 fn update_error(e: omnistage_http::server::UpdateError) -> TenantError {
@@ -406,12 +430,14 @@ fn update_error(e: omnistage_http::server::UpdateError) -> TenantError {
 
 impl Tenants for omnistage_http::server::Server {
     fn set_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
-        self.update_tenant(tenant_name(path)?, |t| apply_change(change, t))
+        let workers = self.runtime().workers();
+        self.update_tenant(tenant_name(path)?, |t| apply_change(change, workers, t))
             .map_err(update_error)
     }
 
     fn check_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
-        self.check_tenant_update(tenant_name(path)?, |t| apply_change(change, t))
+        let workers = self.runtime().workers();
+        self.check_tenant_update(tenant_name(path)?, |t| apply_change(change, workers, t))
             .map_err(update_error)
     }
 

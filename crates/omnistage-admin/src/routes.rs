@@ -911,6 +911,9 @@ fn put_activity(
     let weight_changed = existing
         .as_ref()
         .is_some_and(|(_, old)| old.weight != spec.weight);
+    let cap_changed = existing
+        .as_ref()
+        .is_some_and(|(_, old)| old.cap != spec.cap);
     // What the file would get (refusals here are the file's: no key, not in it).
     let edits = if persist {
         match persist_edits(tenants, path, &change) {
@@ -961,6 +964,29 @@ fn put_activity(
             };
         }
     }
+    // A configured tenant's weight is also its weight on the link (the HTTP server's send
+    // scheduler takes it from the running configuration), and the running configuration is
+    // what a later change of the tenant applies again: a new weight or CPU cap goes into it,
+    // as this change's own (the server does not read weights back from the runtime, where a
+    // fleet node's are the fleet's). Before the activity is set, so that the activity ends
+    // with this request's spec exactly (the config rebuilds a cap's burst its own way). An
+    // activity the configuration does not own has no node on the link (NotATenant: nothing
+    // to do).
+    if weight_changed || cap_changed {
+        if let Some(t) = tenants {
+            let fold = crate::TenantChange {
+                weight: weight_changed.then_some(spec.weight),
+                cpu_cap: cap_changed.then_some(spec.cap),
+                ..Default::default()
+            };
+            if let Err(crate::TenantError::Refused(m)) = t.set_tenant(path, &fold) {
+                return Response::error(
+                    409,
+                    &format!("the weight and CPU cap were not changed: {m}"),
+                );
+            }
+        }
+    }
     let (id, action) = match &existing {
         Some((id, _)) => match rt.set_activity(path, spec) {
             Ok(()) => (*id, "changed"),
@@ -974,22 +1000,6 @@ fn put_activity(
     if let Some((stage, p)) = admission {
         if let Err(e) = rt.set_admission(stage, id, p) {
             return runtime_error(&e, path);
-        }
-    }
-    // A configured tenant's weight is also its weight on the link (the HTTP server's send
-    // scheduler takes it from the running configuration): an empty change folds the runtime's
-    // weights into that configuration, as a reload does. An activity the configuration does
-    // not own has no node on the link (NotATenant: nothing to do).
-    if weight_changed {
-        if let Some(t) = tenants {
-            if let Err(crate::TenantError::Refused(m)) =
-                t.set_tenant(path, &crate::TenantChange::default())
-            {
-                return Response::error(
-                    409,
-                    &format!("the CPU weight changed, the link weight did not: {m}"),
-                );
-            }
         }
     }
     if let Some(c) = shaped_change {

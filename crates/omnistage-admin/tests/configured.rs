@@ -637,3 +637,51 @@ fn reload_refusals_read_alike_and_the_old_config_keeps_serving() {
     assert_eq!(r.status, 409, "{}", r.text());
     assert!(r.text().contains("changed on disk"), "{}", r.text());
 }
+
+/// A weight and a CPU cap set through the API on a configured tenant (not persisted) go into
+/// the running configuration as the change they are, so later changes of that tenant and of
+/// another keep them, in the config and in the tree. (The server once read every tenant's
+/// weight and cap back from the runtime instead, where a fleet node keeps the fleet's weights.)
+#[test]
+fn an_api_weight_and_cpu_cap_outlive_later_tenant_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{d}'\nweight = 50\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b\"]\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    );
+    let (s, _path) = served_on(&toml, dir.path(), false, 2);
+    let (_h, c) = admin_of(&s);
+    let put = |path: &str, body: &str| {
+        let r = c
+            .request(
+                "PUT",
+                &format!("/api/v1/activities{path}"),
+                Some(body.as_bytes()),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+    };
+    put("/tenants/a", r#"{"weight": 70, "cap": {"cores": 0.5}}"#);
+    put("/tenants/b", r#"{"cap_net": "10MB/s"}"#);
+    put("/tenants/a", r#"{"cap_net": "20MB/s"}"#);
+    let server = s.shared_server();
+    let a = server
+        .config()
+        .tenants
+        .into_iter()
+        .find(|t| t.name == "a")
+        .unwrap();
+    assert_eq!((a.weight, a.cpu_cap), (70, Some(0.5)));
+    assert_eq!(a.net_cap_bytes_per_s, Some(20_000_000));
+    let spec = server.runtime().with_activities(|t| {
+        t.lookup("/tenants/a")
+            .and_then(|id| t.get(id))
+            .map(|x| x.spec.clone())
+            .unwrap()
+    });
+    assert_eq!(spec.weight, 70);
+    // Each of the two workers' trees holds half the machine-wide 0.5 cores.
+    assert_eq!(spec.cap.map(|c| c.rate_per_s), Some(250_000_000));
+}

@@ -572,3 +572,43 @@ fn two_concurrent_tenant_updates_both_stay() {
     assert_eq!(cap("a"), Some(1_000_000));
     assert_eq!(cap("b"), Some(2_000_000), "the second update was undone");
 }
+
+/// Once: `update_tenant` copied every tenant's weight (and CPU cap) from the runtime into the
+/// running config. On a fleet node the fleet thread sets the tenants' weights there for a
+/// while, so any admin change, even of another tenant, made the fleet's weights configured.
+#[test]
+fn a_tenant_update_does_not_configure_weights_set_in_the_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{d}'\nweight = 4\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    ));
+    // As the fleet thread sets a tenant's CPU weight.
+    let rt = server.runtime();
+    rt.set_activity(
+        "/tenants/a",
+        omnistage::activity::ActivitySpec::weight(1234),
+    )
+    .unwrap();
+    server
+        .update_tenant("b", |t| t.cache_bytes = Some(1 << 20))
+        .unwrap();
+    let config = server.config();
+    let weight = |name: &str| {
+        config
+            .tenants
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.weight)
+    };
+    assert_eq!(
+        weight("a"),
+        Some(4),
+        "the runtime's weight became configured"
+    );
+    // The change itself: b and only b.
+    let b = config.tenants.iter().find(|t| t.name == "b").unwrap();
+    assert_eq!(b.cache_bytes, Some(1 << 20));
+}

@@ -520,28 +520,11 @@ impl Server {
         name: &str,
         f: impl FnOnce(&mut crate::config::TenantConfig),
     ) -> Result<Config, UpdateError> {
+        // The running config as it is, not the runtime's weights and CPU caps: on a fleet node
+        // the fleet thread sets the tenants' weights through the runtime for a while, and they
+        // must not become configured ones. A weight or CPU cap the admin API sets comes in
+        // through `f` like any other change.
         let mut config = self.shared.live.read().expect("live lock").config.clone();
-        // What runs may differ from the file: weights and CPU caps changed through the runtime
-        // (the admin API) are kept, not reset by this reload.
-        let workers = self.rt.workers() as f64;
-        for t in &mut config.tenants {
-            let path = format!("/tenants/{}", t.name);
-            let spec = self.rt.with_activities(|tab| {
-                tab.lookup(&path)
-                    .and_then(|id| tab.get(id))
-                    .map(|a| a.spec.clone())
-            });
-            if let Some(spec) = spec {
-                t.weight = spec.weight;
-                t.cpu_cap = spec.cap.map(|c| c.rate_per_s as f64 * workers / 1e9);
-                if let Some(c) = spec.cap {
-                    t.cap_kind = match c.kind {
-                        ShaperKind::Token => CapKind::Token,
-                        ShaperKind::Leaky => CapKind::Leaky,
-                    };
-                }
-            }
-        }
         let t = config
             .tenants
             .iter_mut()
