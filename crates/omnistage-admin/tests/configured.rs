@@ -685,3 +685,54 @@ fn an_api_weight_and_cpu_cap_outlive_later_tenant_changes() {
     // Each of the two workers' trees holds half the machine-wide 0.5 cores.
     assert_eq!(spec.cap.map(|c| c.rate_per_s), Some(250_000_000));
 }
+
+/// What the API set on a tenant's activities and its classes' (a class weight, a policy) stays
+/// when another tenant's settings change: the server applies again only what changed. (It once
+/// re-applied every tenant from the config on any change, resetting them.)
+#[test]
+fn a_class_weight_set_through_the_api_outlives_another_tenants_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{d}'\n\
+         [[tenant.class]]\nname = \"gold\"\nprefix = \"/gold/\"\nweight = 10\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b\"]\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    );
+    let (s, _path) = served_on(&toml, dir.path(), false, 1);
+    let (_h, c) = admin_of(&s);
+    let put = |path: &str, body: &str| {
+        let r = c
+            .request(
+                "PUT",
+                &format!("/api/v1/activities{path}"),
+                Some(body.as_bytes()),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{path} {body}: {}", r.text());
+    };
+    put("/tenants/a/gold", r#"{"weight": 30}"#);
+    put("/tenants/a", r#"{"policy": "drr"}"#);
+    put("/tenants/b", r#"{"budget": 1048576}"#);
+    let server = s.shared_server();
+    let spec = |p: &str| {
+        server.runtime().with_activities(|t| {
+            t.lookup(p)
+                .and_then(|id| t.get(id))
+                .map(|x| x.spec.clone())
+                .unwrap()
+        })
+    };
+    assert_eq!(spec("/tenants/a/gold").weight, 30);
+    assert_eq!(
+        spec("/tenants/a").policy,
+        omnistage::sched::PolicyKind::parse("drr").unwrap()
+    );
+    let b = server
+        .config()
+        .tenants
+        .into_iter()
+        .find(|t| t.name == "b")
+        .unwrap();
+    assert_eq!(b.cache_bytes, Some(1 << 20));
+}

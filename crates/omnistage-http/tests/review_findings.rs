@@ -612,3 +612,49 @@ fn a_tenant_update_does_not_configure_weights_set_in_the_runtime() {
     let b = config.tenants.iter().find(|t| t.name == "b").unwrap();
     assert_eq!(b.cache_bytes, Some(1 << 20));
 }
+
+/// Once: any change of one tenant applied every tenant again from the config: their activities
+/// (a class weight, policy or priority set through the admin API back to the config's) and
+/// their admission (an API-set predicate replaced, p90 controllers made anew).
+#[test]
+fn a_tenant_update_leaves_the_other_tenants_as_they_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{d}'\np90_target_ms = 50\n\
+         [[tenant.class]]\nname = \"gold\"\nprefix = \"/gold/\"\nweight = 10\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{d}'\n",
+        d = dir.path().display()
+    ));
+    let rt = server.runtime();
+    let work = server.work_stage();
+    // As the admin API sets them.
+    rt.set_activity(
+        "/tenants/a/gold",
+        omnistage::activity::ActivitySpec::weight(30),
+    )
+    .unwrap();
+    let a = rt.activity_id("/tenants/a").unwrap();
+    let bucket = Predicate::TokenBucket {
+        rate_per_s: 5.0,
+        burst: 1,
+    };
+    rt.set_admission(work, a, Some(bucket.clone())).unwrap();
+    server
+        .update_tenant("b", |t| t.cache_bytes = Some(1 << 20))
+        .unwrap();
+    let weight = rt.with_activities(|t| {
+        t.lookup("/tenants/a/gold")
+            .and_then(|id| t.get(id))
+            .map(|x| x.spec.weight)
+    });
+    assert_eq!(weight, Some(30), "the class weight was reset");
+    assert_eq!(
+        rt.admission(work, a),
+        Some(bucket),
+        "the admission was reset"
+    );
+    // A reload of the file still applies it all.
+    server.reload(server.config()).unwrap();
+    assert!(matches!(rt.admission(work, a), Some(Predicate::P90 { .. })));
+}

@@ -195,11 +195,18 @@ fn tenant_predicates(t: &crate::config::TenantConfig) -> Result<Vec<Option<Predi
 /// Creates or updates the activities of `config`'s tenants (and their classes), and their
 /// admission targets on the work stage; returns the live state, reusing the runtime record of
 /// every tenant that keeps its name.
+///
+/// `only_changed` (an admin change of one tenant): an activity whose settings in `config` are
+/// those of `old`'s config, and a tenant's admission when its targets and classes are, are left
+/// as they run. What the admin API set on them through the runtime (a class's weight, a
+/// policy, an admission predicate) and what a fleet node's thread set (weights) then stay, and
+/// p90 controllers keep their state. Otherwise (a reload of the file) everything is applied.
 pub(super) fn apply_tenants(
     rt: &Runtime,
     config: Config,
     old: Option<&Live>,
     work: StageId,
+    only_changed: bool,
 ) -> Result<Live, String> {
     // First, before anything changes: a certificate that does not load refuses the whole
     // configuration, and the old one keeps serving.
@@ -221,6 +228,20 @@ pub(super) fn apply_tenants(
     let mut all_classes = Vec::with_capacity(config.tenants.len());
     for t in &config.tenants {
         let path = format!("/tenants/{}", t.name);
+        // The tenant as the running config has it, when what did not change is left alone.
+        let before = old
+            .filter(|_| only_changed)
+            .and_then(|o| o.config.tenants.iter().find(|x| x.name == t.name));
+        // Every activity of the tenant was there already (one made now needs its admission).
+        let mut all_existed = true;
+        let mut upsert_if = |path: &str, same: bool, spec: ActivitySpec| match rt.activity_id(path)
+        {
+            Some(id) if same => Ok(id),
+            id => {
+                all_existed &= id.is_some();
+                upsert(path, spec)
+            }
+        };
         let spec = ActivitySpec {
             weight: t.weight,
             // A shaper sits in each worker's tree, so the machine-wide cap is split evenly
@@ -232,11 +253,20 @@ pub(super) fn apply_tenants(
             ),
             ..Default::default()
         };
-        let activity = upsert(&path, spec)?;
+        let same = before.is_some_and(|b| {
+            b.weight == t.weight && b.cpu_cap == t.cpu_cap && b.cap_kind == t.cap_kind
+        });
+        let activity = upsert_if(&path, same, spec)?;
         let mut classes = Vec::with_capacity(t.classes.len());
         for c in &t.classes {
-            classes.push(upsert(
+            let same = before.is_some_and(|b| {
+                b.classes
+                    .iter()
+                    .any(|x| x.name == c.name && x.weight == c.weight)
+            });
+            classes.push(upsert_if(
                 &format!("{path}/{}", c.name),
+                same,
                 ActivitySpec::weight(c.weight),
             )?);
         }
@@ -255,10 +285,22 @@ pub(super) fn apply_tenants(
                 }
             }
         }
-        let predicates = tenant_predicates(t)?;
-        for (&id, predicate) in std::iter::once(&activity).chain(&classes).zip(predicates) {
-            rt.set_admission(work, id, predicate)
-                .map_err(|e| e.to_string())?;
+        // The predicates hang on the tenant's target and its classes' names, targets and
+        // priorities (a class-priority controller is shared by all of them): all or none.
+        let same_admission = all_existed
+            && before.is_some_and(|b| {
+                b.p90_target == t.p90_target
+                    && b.classes.len() == t.classes.len()
+                    && b.classes.iter().zip(&t.classes).all(|(x, y)| {
+                        x.name == y.name && x.p90_target == y.p90_target && x.priority == y.priority
+                    })
+            });
+        if !same_admission {
+            let predicates = tenant_predicates(t)?;
+            for (&id, predicate) in std::iter::once(&activity).chain(&classes).zip(predicates) {
+                rt.set_admission(work, id, predicate)
+                    .map_err(|e| e.to_string())?;
+            }
         }
         match prev {
             Some((o, _)) => out.push(o),
@@ -468,19 +510,20 @@ impl Server {
     pub fn reload(&self, config: Config) -> Result<Reloaded, String> {
         // One reload at a time: each builds on the state the previous one left.
         let restart_only = self.reloading.lock().expect("reload lock");
-        self.reload_locked(&restart_only, config)
+        self.reload_locked(&restart_only, config, false)
     }
 
     /// [`Server::reload`] for a caller that holds the reload lock (`restart_only` is what it
-    /// guards).
+    /// guards); `only_changed` as [`apply_tenants`] takes it.
     fn reload_locked(
         &self,
         restart_only: &RestartOnly,
         config: Config,
+        only_changed: bool,
     ) -> Result<Reloaded, String> {
         let not_applied = restart_only.differences(&config.server);
         let old = self.shared.live.read().expect("live lock").clone();
-        let live = apply_tenants(&self.rt, config, Some(&old), self.work)?;
+        let live = apply_tenants(&self.rt, config, Some(&old), self.work, only_changed)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);
         Ok(Reloaded { not_applied })
@@ -509,7 +552,9 @@ impl Server {
         let restart_only = self.reloading.lock().expect("reload lock");
         let config = self.updated_config(name, f)?;
         // The running config with one tenant changed: nothing in it waits for a restart.
-        self.reload_locked(&restart_only, config)
+        // Only what changed is applied again: the other tenants, and what of this one the change
+        // left, keep what the API or a fleet node set on them through the runtime.
+        self.reload_locked(&restart_only, config, true)
             .map(|_| ())
             .map_err(UpdateError::Refused)
     }
