@@ -518,6 +518,7 @@ fn a_deleted_file_nobody_asks_for_again_is_closed() {
     let held = holds_deleted(&path);
     server.drain(Duration::from_millis(100));
     assert!(!held, "the deleted file is still open 15 s later");
+}
 
 /// Once: `update_tenant` read the running config and took the reload lock only to apply its
 /// change, so two admin updates at once (or an update and a SIGHUP reload) read the same
