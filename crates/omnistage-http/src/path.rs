@@ -49,6 +49,8 @@ pub const PATH_SEGMENTS_MAX: usize = 256;
 /// A file found inside a docroot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
+    /// The canonical docroot.
+    pub root: PathBuf,
     /// The canonical path of the file (inside the canonical docroot).
     pub path: PathBuf,
     /// Its length in bytes.
@@ -210,7 +212,7 @@ pub fn resolve(
         if trailing_slash {
             return Err(HttpError::NotFound);
         }
-        return Ok(resolved(canonical, &meta));
+        return Ok(resolved(root, canonical, &meta));
     }
     if !meta.is_dir() {
         return Err(HttpError::NotFound);
@@ -236,13 +238,14 @@ pub fn resolve(
             location.push('/');
             return Err(HttpError::MovedPermanently { location });
         }
-        return Ok(resolved(index, &index_meta));
+        return Ok(resolved(root, index, &index_meta));
     }
     Err(HttpError::NotFound)
 }
 
-fn resolved(path: PathBuf, meta: &fs::Metadata) -> Resolved {
+fn resolved(root: PathBuf, path: PathBuf, meta: &fs::Metadata) -> Resolved {
     Resolved {
+        root,
         path,
         len: meta.len(),
         modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),

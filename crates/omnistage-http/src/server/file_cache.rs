@@ -216,18 +216,138 @@ impl CoreServer {
     }
 }
 
-/// Opens a file to serve; with `direct`, bypassing the page cache (O_DIRECT), falling back to
-/// a normal open where the file system refuses it.
-pub(super) fn open_file(path: &std::path::Path, direct: bool) -> std::io::Result<File> {
-    if direct {
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
-            return Ok(f);
+/// A file opened to serve, with its length and modification time read from the open
+/// descriptor: the path may name another file by then (an atomic deploy's rename), and the
+/// entry must describe the bytes it will send.
+pub(super) struct Opened {
+    pub(super) file: File,
+    pub(super) len: u64,
+    pub(super) modified: SystemTime,
+}
+
+/// Opens `path` (canonical, inside the canonical docroot `root`, as `path::resolve` checked
+/// it) to serve it; with `direct`, bypassing the page cache (O_DIRECT) where the file system
+/// allows it.
+///
+/// The check and the open are apart in time, so the open itself must hold what the check
+/// found: it resolves the path relative to `root` with `openat2(RESOLVE_BENEATH |
+/// RESOLVE_NO_MAGICLINKS)`, so a directory or the file swapped for a symlink in between
+/// cannot lead out of the docroot (to another tenant's files); it does not block
+/// (O_NONBLOCK), so a FIFO swapped in cannot hold the worker, whose every tenant would wait;
+/// and it refuses what is not a regular file. On a kernel without `openat2` (before 5.6) the
+/// last component is opened with O_NOFOLLOW (a directory swapped higher up is then not
+/// caught).
+pub(super) fn open_beneath(
+    root: &std::path::Path,
+    path: &std::path::Path,
+    direct: bool,
+) -> std::io::Result<Opened> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let not_found = || std::io::Error::from(std::io::ErrorKind::NotFound);
+    let relative = path.strip_prefix(root).map_err(|_| not_found())?;
+    let dir = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let open = |flags: OFlags| match rustix::fs::openat2(
+        &dir,
+        relative,
+        flags,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+    ) {
+        Err(rustix::io::Errno::NOSYS) => {
+            rustix::fs::open(path, flags | OFlags::NOFOLLOW, Mode::empty())
+        }
+        other => other,
+    };
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY;
+    let fd = match direct {
+        true => open(flags | OFlags::DIRECT).or_else(|_| open(flags))?,
+        false => open(flags)?,
+    };
+    let file = File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(not_found());
+    }
+    Ok(Opened {
+        len: meta.len(),
+        modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        file,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::open_beneath;
+    use std::path::Path;
+    use std::time::Duration;
+
+    /// `open_beneath` on its own thread: a FIFO opened without O_NONBLOCK would block it
+    /// until a writer came, so a hang fails the test instead of holding it forever.
+    fn open_within_5_s(root: &Path, path: &Path) -> std::io::Result<u64> {
+        let (root, path) = (root.to_path_buf(), path.to_path_buf());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_beneath(&root, &path, false).map(|o| o.len));
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the open returned (a FIFO did not block it)")
+    }
+
+    #[test]
+    fn opens_a_regular_file_inside_the_root_with_its_own_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/f.txt"), b"12345").unwrap();
+        assert_eq!(open_within_5_s(&root, &root.join("sub/f.txt")).unwrap(), 5);
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("p.bin"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        assert!(open_within_5_s(&root, &root.join("p.bin")).is_err());
+    }
+
+    #[test]
+    fn symlinks_swapped_in_cannot_lead_out_of_the_root() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret.txt"), b"another tenant's").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        // What `resolve` checked were a directory and a file; both are symlinks out by the
+        // time of the open.
+        std::os::unix::fs::symlink(outside.path(), root.join("sub")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret.txt"), root.join("secret.txt"))
+            .unwrap();
+        for path in [root.join("sub/secret.txt"), root.join("secret.txt")] {
+            assert!(
+                std::fs::File::open(&path).is_ok(),
+                "a plain open (the old code) follows {path:?} out"
+            );
+            assert!(
+                open_within_5_s(&root, &path).is_err(),
+                "{path:?} was opened outside the root"
+            );
         }
     }
-    File::open(path)
+
+    #[test]
+    fn a_path_outside_the_root_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        assert!(open_within_5_s(&root.join("sub"), &root).is_err());
+    }
 }

@@ -5,7 +5,7 @@
 
 use super::conn::{answer_error, answer_status, close, drive, finish, recycle, Body, Source, Step};
 use super::core_server::{with_core, CoreServer};
-use super::file_cache::{open_file, CachedFile, CACHE_FILE_BYTES_MAX, FILE_CACHE_TTL_NS};
+use super::file_cache::{open_beneath, CachedFile, CACHE_FILE_BYTES_MAX, FILE_CACHE_TTL_NS};
 use crate::cond::RangeOutcome;
 use crate::request::{Method, Request};
 use crate::synthetic::Synthetic;
@@ -214,8 +214,9 @@ fn serve_with(
             }
         };
         let direct = cs.live.config.server.disk_direct && cs.shared.disk.get().is_some();
-        let file = match open_file(&resolved.path, direct) {
-            Ok(f) => f,
+        // The length and mtime are the descriptor's, not those `resolve` read from the path.
+        let opened = match open_beneath(&resolved.root, &resolved.path, direct) {
+            Ok(o) => o,
             Err(_) => return answer_error(ctx, cs, key, req, &HttpError::NotFound, keep),
         };
         if !cs.files.contains_key(cache_key) {
@@ -223,7 +224,7 @@ fn serve_with(
         }
         // The cached bytes stay valid while the file's length and mtime do.
         let content = match cs.files.get(cache_key) {
-            Some(old) if old.len == resolved.len && old.modified == resolved.modified => {
+            Some(old) if old.len == opened.len && old.modified == opened.modified => {
                 old.content.clone()
             }
             _ => {
@@ -232,11 +233,11 @@ fn serve_with(
             }
         };
         let entry = CachedFile {
-            file: Arc::new(file),
-            len: resolved.len,
-            modified: resolved.modified,
-            etag: cond::etag(resolved.len, resolved.modified).into(),
-            last_modified: cond::last_modified(resolved.modified).into(),
+            file: Arc::new(opened.file),
+            len: opened.len,
+            modified: opened.modified,
+            etag: cond::etag(opened.len, opened.modified).into(),
+            last_modified: cond::last_modified(opened.modified).into(),
             content_type: crate::mime::content_type(&resolved.path),
             expires_ns: now_ns + FILE_CACHE_TTL_NS,
             content,
