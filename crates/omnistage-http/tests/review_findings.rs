@@ -659,3 +659,62 @@ fn a_tenant_update_leaves_the_other_tenants_as_they_run() {
     server.reload(server.config()).unwrap();
     assert!(matches!(rt.admission(work, a), Some(Predicate::P90 { .. })));
 }
+
+/// Once: a miss of a file the cache takes (up to 1 MiB) was read whole by the worker even with
+/// a disk stage, so a cold file held the worker (and every tenant on its core) for the device,
+/// and its bytes escaped the tenant's disk share and `disk_bytes`. Now the worker reads it only
+/// if the page cache has it all (`RWF_NOWAIT`), else the disk stage does; the next request,
+/// the pages resident, caches it.
+#[test]
+fn a_cold_file_the_cache_would_take_is_read_by_the_disk_stage() {
+    use rustix::io::{preadv2, ReadWriteFlags};
+    const LEN: usize = 512 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cold.bin");
+    std::fs::write(&path, vec![b'c'; LEN]).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    let mut probe = [0u8; 1];
+    let resident = preadv2(
+        &f,
+        &mut [std::io::IoSliceMut::new(&mut probe)],
+        (LEN - 1) as u64,
+        ReadWriteFlags::NOWAIT,
+    )
+    .is_ok();
+    if resident {
+        // tmpfs (or a kernel that keeps the pages): nothing is cold here to test with.
+        eprintln!(
+            "skipped: {} keeps the file in memory after DONTNEED",
+            path.display()
+        );
+        return;
+    }
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\ncache_bytes_max = 4194304\ndisk_threads = 2\n\n\
+         [[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.write_all(b"GET /cold.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut s).contains("200"));
+    let after_cold = (server.disk_bytes()[0].1, server.cache_bytes()[0].1);
+    s.write_all(b"GET /cold.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut s).contains("200"));
+    let after_warm = (server.disk_bytes()[0].1, server.cache_bytes()[0].1);
+    server.drain(Duration::from_millis(100));
+    assert_eq!(
+        after_cold,
+        (LEN as u64, 0),
+        "the cold read went through the disk stage (disk bytes, cache bytes)"
+    );
+    assert_eq!(
+        after_warm,
+        (LEN as u64, LEN as u64),
+        "the resident file was read by the worker and cached"
+    );
+}

@@ -330,16 +330,23 @@ fn serve_with(
         // every time).
         if cacheable && cs.cache_make_room(flen as usize, cache_key.0) {
             let mut all = vec![0; flen as usize];
-            if file.read_exact_at(&mut all, 0).is_err() {
-                close(ctx, cs, key);
-                return Step::Closed;
+            match read_resident(&file, &mut all, disk_stage) {
+                Ok(true) => {
+                    let bytes = Bytes::from(all);
+                    if let Some(f) = cs.files.get_mut(cache_key) {
+                        f.content = Some(bytes.clone());
+                        cs.cache_account(cache_key.0, bytes.len() as isize);
+                    }
+                    content = Some(bytes);
+                }
+                // Not all in the page cache: served uncached below, through the disk stage
+                // (charged to the tenant's disk share there); cached once it is resident.
+                Ok(false) => {}
+                Err(_) => {
+                    close(ctx, cs, key);
+                    return Step::Closed;
+                }
             }
-            let bytes = Bytes::from(all);
-            if let Some(f) = cs.files.get_mut(cache_key) {
-                f.content = Some(bytes.clone());
-                cs.cache_account(cache_key.0, bytes.len() as isize);
-            }
-            content = Some(bytes);
         }
     }
     let c = cs.conn(key).expect("live");
@@ -379,4 +386,35 @@ fn serve_with(
         }
     }
     finish(ctx, cs, key, req, status, len)
+}
+
+/// Reads all of `file` into `buf` (its length) on the worker: only from the page cache when
+/// a disk stage can take the read instead (`preadv2(RWF_NOWAIT)`: false, nothing promised in
+/// `buf`, as soon as a page would wait for the device), else as it comes. Why: a cold file
+/// read here would hold the worker, and every tenant on its core, for the device's latency,
+/// and its bytes would escape the tenant's `disk_cap`. A file system that cannot say (no
+/// RWF_NOWAIT for buffered reads) is read as it comes.
+fn read_resident(file: &std::fs::File, buf: &mut [u8], may_defer: bool) -> std::io::Result<bool> {
+    use rustix::io::{preadv2, Errno, ReadWriteFlags};
+    if !may_defer {
+        file.read_exact_at(buf, 0)?;
+        return Ok(true);
+    }
+    let mut done = 0;
+    // Each round reads at least one byte or ends: bounded by the buffer's length.
+    while done < buf.len() {
+        let slice = &mut [std::io::IoSliceMut::new(&mut buf[done..])];
+        match preadv2(file, slice, done as u64, ReadWriteFlags::NOWAIT) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(Errno::AGAIN) => return Ok(false),
+            Err(Errno::INTR) => {}
+            Err(Errno::OPNOTSUPP | Errno::INVAL | Errno::NOSYS) => {
+                file.read_exact_at(&mut buf[done..], done as u64)?;
+                return Ok(true);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(true)
 }
