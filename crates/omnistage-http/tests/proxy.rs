@@ -1128,3 +1128,36 @@ fn proxied_requests_do_not_pile_up_timers() {
         "{pending} timers pending after {REQUESTS} proxied requests"
     );
 }
+
+/// Once: a server that closed a connection without answering (here the backend's handler for
+/// `/crash` "crashes") was backed off as if it had refused the connect, doubling with each
+/// such request: any client could answer every tenant of a one-server upstream 502 for up to
+/// 30 s. Now only that request fails.
+#[test]
+fn a_request_the_backend_drops_does_not_take_the_server_away() {
+    let b = Backend::start(|r, w, seen| {
+        while let Some(req) = read_request(r) {
+            let crash = req.head.starts_with("GET /crash");
+            seen.lock().unwrap().push(req);
+            if crash {
+                return; // closes without a byte
+            }
+            if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let p = Proxy::start(&[b.addr], "", "", "");
+    for _ in 0..3 {
+        let r = exchange(&p, b"GET /crash HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        assert_eq!(r.status, 502);
+    }
+    let r = exchange(&p, b"GET /ok HTTP/1.1\r\nHost: a.test\r\n\r\n");
+    assert_eq!(
+        r.status, 200,
+        "the server was put away for the others' requests"
+    );
+    assert_eq!(r.body, b"ok\n");
+}

@@ -1040,7 +1040,11 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
             }
             retry_or_fail(ctx, cs, key, 502);
         } else if !resp_seen {
-            proxy_failed_server(cs, up_i, server, now);
+            // The server took the connection and closed it (or reset it) without answering:
+            // this request failed, not the server. No back-off: it is for servers that refuse
+            // or time out a connect, and here any client could set one off (a request that
+            // crashes the backend's handler, an upload the backend refuses by closing), taking
+            // the upstream away from every tenant for up to 30 s.
             fail(ctx, cs, key, 502);
         } else {
             // Closed mid-body: the client's connection closes after what it was sent.
@@ -1056,10 +1060,6 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
         m.ended = true;
     }
     m
-}
-
-fn proxy_failed_server(cs: &mut CoreServer, up_i: usize, server: usize, now: u64) {
-    cs.proxy.upstreams[up_i].failed(server, now);
 }
 
 fn key_matches(c: &Conn, key: u64) -> bool {

@@ -138,9 +138,15 @@ impl UpstreamCore {
         Some(best)
     }
 
-    /// A server refused, timed out or failed a request: skip it for a back-off.
+    /// A server refused or timed out a connect: skip it for a back-off, doubled from the last
+    /// one. Failures while it is already backing off (the other connects that were out at
+    /// once) do not double it again: a burst of requests to a server that just went down is
+    /// one failure, not a 30 s one.
     pub(super) fn failed(&mut self, server: usize, now_ns: u64) {
         if let Some(s) = self.servers.get_mut(server) {
+            if now_ns < s.fail_until_ns {
+                return;
+            }
             s.backoff_ns = (s.backoff_ns * 2).clamp(BACKOFF_MIN_NS, BACKOFF_MAX_NS);
             s.fail_until_ns = now_ns + s.backoff_ns;
         }
@@ -300,5 +306,46 @@ impl ProxyCore {
         let c = self.conns[slot].take();
         self.free.push(slot as u32);
         c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn upstream(servers: usize) -> UpstreamCore {
+        let config = UpstreamConfig {
+            name: "app".into(),
+            servers: (0..servers)
+                .map(|i| SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16)))
+                .collect(),
+            concurrency_max: 16,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(30),
+            idle_connections_max: 4,
+            fair: true,
+        };
+        UpstreamCore::new(&config, 1)
+    }
+
+    /// Once: every failure doubled the back-off, so the connects that were out together when
+    /// a server went down (five at once) put it away for 16–30 s instead of 1 s.
+    #[test]
+    fn failures_while_backing_off_do_not_double_the_back_off() {
+        let mut u = upstream(1);
+        let t0 = 5_000_000_000;
+        for _ in 0..5 {
+            u.failed(0, t0);
+        }
+        assert_eq!(u.servers[0].fail_until_ns, t0 + BACKOFF_MIN_NS);
+        assert_eq!(u.choose(t0 + BACKOFF_MIN_NS - 1), None, "backing off");
+        assert_eq!(u.choose(t0 + BACKOFF_MIN_NS), Some(0), "back after 1 s");
+        // A failure after the back-off ran out doubles it; a response resets it.
+        let t1 = t0 + BACKOFF_MIN_NS;
+        u.failed(0, t1);
+        assert_eq!(u.servers[0].fail_until_ns, t1 + 2 * BACKOFF_MIN_NS);
+        u.succeeded(0);
+        assert_eq!(u.choose(t1), Some(0));
     }
 }
