@@ -260,6 +260,13 @@ impl ChunkedDecoder {
                     if n > CHUNK_LINE_BYTES_MAX {
                         return Err("chunk size line too long");
                     }
+                    // httparse takes any byte in an extension, a bare LF included, which a
+                    // peer that ends lines at LF reads as the end of the line: the two would
+                    // disagree on where the body ends (request smuggling). RFC 9112 allows no
+                    // control characters there (the line ends with the CRLF httparse checked).
+                    if input[..n - 2].iter().any(|&b| is_ctl(b)) {
+                        return Err("control character in a chunk size line");
+                    }
                     if size == 0 {
                         self.state = ChunkState::Trailer;
                     } else {
@@ -307,6 +314,12 @@ impl ChunkedDecoder {
                 if self.trailer_bytes > TRAILER_BYTES_MAX {
                     return Err("trailers too long");
                 }
+                // A trailer is a field line: a bare LF in it would end it early for a peer
+                // that ends lines at LF (the next bytes then read as a request or a response).
+                let line = &input[..end];
+                if end > 0 && (line.iter().any(|&b| is_ctl(b)) || !line.contains(&b':')) {
+                    return Err("invalid trailer line");
+                }
                 if end == 0 {
                     self.state = ChunkState::Done;
                     return Ok(ChunkStep {
@@ -319,6 +332,43 @@ impl ChunkedDecoder {
             }
         }
     }
+}
+
+impl ChunkedDecoder {
+    /// [`ChunkedDecoder::step`], appending to `out` the element in its plain form: the size in
+    /// lowercase hex without extensions, the data, the CRLFs, the last chunk, and no trailers.
+    /// What goes on is then what this decoder read, whatever a lenient reader downstream would
+    /// make of the original bytes (nginx re-frames a chunked request body the same way). Never
+    /// more bytes than `step` consumed (no leading zeros, extensions or trailers are added).
+    pub fn step_plain(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<ChunkStep, &'static str> {
+        let before = self.state;
+        let s = self.step(input)?;
+        if s.consumed == 0 && !s.done {
+            return Ok(s);
+        }
+        match before {
+            ChunkState::Size if self.state == ChunkState::Data => {
+                use std::io::Write as _;
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "{:x}\r\n", self.remaining);
+            }
+            ChunkState::Size => out.extend_from_slice(b"0\r\n"),
+            ChunkState::Data => out.extend_from_slice(&input[s.data.clone()]),
+            ChunkState::DataCrlf => out.extend_from_slice(b"\r\n"),
+            ChunkState::Trailer if s.done => out.extend_from_slice(b"\r\n"),
+            ChunkState::Trailer | ChunkState::Done => {}
+        }
+        Ok(s)
+    }
+}
+
+/// A control character as RFC 9110 counts them, less HTAB (which field values may hold).
+fn is_ctl(b: u8) -> bool {
+    (b < 0x20 && b != b'\t') || b == 0x7f
 }
 
 /// The origin-form of a request target: an absolute-form `http://host/path?q` becomes
@@ -595,6 +645,57 @@ mod tests {
             trailers.extend_from_slice(b"X-Trailer: 123456\r\n");
         }
         assert!(dechunk(&trailers, 100_000).is_err());
+    }
+
+    /// Once: httparse takes any byte in a chunk extension, a bare LF included, and a trailer
+    /// line was any bytes up to CRLF: a backend that ends lines at LF read the bytes after the
+    /// LF as a second request the proxy never saw (CVE-2025-22871's proxy and Go pair).
+    #[test]
+    fn chunk_lines_a_lenient_reader_would_split_are_refused() {
+        for body in [
+            &b"4;\nGET /smuggled HTTP/1.1\r\nabcd\r\n0\r\n\r\n"[..],
+            b"4;a=\x01\r\nabcd\r\n0\r\n\r\n",
+            b"4\r\nabcd\r\n0\r\nX: 1\nGET /smuggled HTTP/1.1\r\n\r\n",
+            b"4\r\nabcd\r\n0\r\nnot a field\r\n\r\n",
+        ] {
+            assert!(
+                dechunk(body, 100).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        // Tabs and spaces in extensions and trailers are fine.
+        let ok = b"4 ;\tx=\"y\"\r\nabcd\r\n0\r\nX-T:\t1\r\n\r\n";
+        assert_eq!(dechunk(ok, 100).unwrap().0, b"abcd");
+    }
+
+    /// `step_plain` writes what the decoder read in the plain form, in any split: sizes
+    /// without leading zeros or extensions, no trailers, and never more than it consumed.
+    #[test]
+    fn step_plain_reframes_what_it_reads() {
+        let body = b"005;ext=1\r\nhello\r\n6\r\n world\r\n0;last\r\nX-T: 1\r\n\r\nNEXT";
+        for split in [1, 2, 3, 7, 100] {
+            let mut d = ChunkedDecoder::default();
+            let mut out = Vec::new();
+            let (mut pos, mut avail) = (0, split.min(body.len()));
+            loop {
+                let before = out.len();
+                let s = d.step_plain(&body[pos..avail], &mut out).unwrap();
+                assert!(out.len() - before <= s.consumed.max(2), "split {split}");
+                pos += s.consumed;
+                if s.done {
+                    break;
+                }
+                if s.consumed == 0 {
+                    avail = (avail + split).min(body.len());
+                }
+            }
+            assert_eq!(pos, body.len() - 4, "split {split}");
+            assert_eq!(
+                out, b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+                "split {split}"
+            );
+        }
     }
 
     fn request(b: &[u8]) -> Request {

@@ -1161,3 +1161,50 @@ fn a_request_the_backend_drops_does_not_take_the_server_away() {
     );
     assert_eq!(r.body, b"ok\n");
 }
+
+/// Once: the proxy copied a chunked request body's framing to the backend as it came, and
+/// its decoder (httparse) took a bare LF inside a chunk extension, or inside a trailer line,
+/// as part of the line: a backend that ends lines at LF (as this test's backend does, and Go's
+/// before 1.23.8) read the bytes after the LF as a second request the proxy never saw,
+/// without its prefix, forwarding headers, slot or accounting. Now such lines are refused
+/// (400) and the body goes on re-framed.
+#[test]
+fn a_chunked_body_cannot_smuggle_a_request_past_the_proxy() {
+    let b = Backend::echo();
+    let p = Proxy::start(&[b.addr], "", "", "");
+    let smuggled = "GET /smuggled HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    // In an extension: the backend sees the size line end at the LF.
+    let tail = format!("0\r\n\r\n{smuggled}");
+    let by_extension = format!(
+        "40;\n{}\r\n{}{tail}\r\n0\r\n\r\n",
+        "x".repeat(tail.len()),
+        "y".repeat(64 - tail.len())
+    );
+    // In a trailer: the backend sees the trailers end at the LF.
+    let by_trailer = format!("4\r\nabcd\r\n0\r\nX: 1\n\r\n{smuggled}");
+    for body in [by_extension, by_trailer] {
+        let raw = format!(
+            "POST /up HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n{body}"
+        );
+        let s = p.connect();
+        (&s).write_all(raw.as_bytes()).unwrap();
+        let mut r = BufReader::new(&s);
+        let status = read_response(&mut r, false).map(|r| r.status);
+        assert_eq!(status, Some(400), "the malformed body is refused");
+    }
+    // A well-formed body with an extension and a trailer still goes through, re-framed.
+    let r = exchange(
+        &p,
+        b"POST /up HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n\
+          004;e=1\r\nabcd\r\n0\r\nX-T: 1\r\n\r\n",
+    );
+    assert_eq!((r.status, r.body), (200, b"got 4 bytes\n".to_vec()));
+    let seen = b.seen();
+    assert!(
+        seen.iter().all(|s| !s.head.starts_with("GET /smuggled")),
+        "the backend saw a request the proxy never did: {:?}",
+        seen.iter()
+            .map(|s| s.head.lines().next())
+            .collect::<Vec<_>>()
+    );
+}

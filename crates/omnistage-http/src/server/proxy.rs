@@ -888,17 +888,20 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
             }
             BodyFraming::Chunked => {
                 let avail = input.len().min(room);
-                match p.body_chunks.step(&input[..avail]) {
+                // Re-framed, not copied: the backend reads the body exactly as this decoder
+                // did (see `ChunkedDecoder::step_plain`).
+                let out_len = u.out.len();
+                match p.body_chunks.step_plain(&input[..avail], &mut u.out) {
                     Ok(s) => {
                         if s.consumed == 0 && !s.done {
                             break;
                         }
                         p.body_forwarded += s.data.len() as u64;
                         if p.body_forwarded > body_max {
+                            u.out.truncate(out_len);
                             bad_body = true;
                             break;
                         }
-                        u.out.extend_from_slice(&input[..s.consumed]);
                         taken += s.consumed;
                         p.body_done = s.done;
                         m.progress = true;
