@@ -718,3 +718,51 @@ fn a_cold_file_the_cache_would_take_is_read_by_the_disk_stage() {
         "the resident file was read by the worker and cached"
     );
 }
+
+/// Once: the 503 a refused request gets (its tenant's admission, a full queue, a fleet cap)
+/// carried its body after a HEAD too, on a connection kept alive: the client read that body
+/// as the start of its next response.
+#[test]
+fn an_overload_answer_to_head_has_no_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let rt = server.runtime();
+    let t = rt.activity_id("/tenants/t").unwrap();
+    // One request, then no more (a rate of one per ~17 minutes).
+    rt.set_admission(
+        server.work_stage(),
+        t,
+        Some(Predicate::TokenBucket {
+            rate_per_s: 0.001,
+            burst: 1,
+        }),
+    )
+    .unwrap();
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.write_all(
+        b"GET /_bytes?n=1 HTTP/1.1\r\nHost: x\r\n\r\n\
+          HEAD /_bytes?n=1 HTTP/1.1\r\nHost: x\r\n\r\n\
+          GET /_bytes?n=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .unwrap();
+    assert!(read_response(&mut s).starts_with("HTTP/1.1 200"));
+    // The HEAD's answer: a head only (its Content-Length describes the GET's body).
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 503"));
+    let third = read_response(&mut s);
+    server.drain(Duration::from_millis(100));
+    assert!(
+        third.starts_with("HTTP/1.1 503"),
+        "the next response starts with {third:?}"
+    );
+}

@@ -567,10 +567,13 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let activity = class
         .and_then(|i| live.classes[t].get(i).copied())
         .unwrap_or(tr.activity);
+    // Read before the request moves into the message: a refusal answers without it, and an
+    // answer to HEAD has no body (one after a kept-alive HEAD is read as the next response).
+    let head_only = request.method == Method::Head;
     // The tenant's fleet caps: a local lease pool, never a round trip to Redis.
     if !tr.fleet.admit() {
         recycle(request);
-        return answer_overload(ctx, cs, key, keep);
+        return answer_overload(ctx, cs, key, keep, head_only);
     }
     let opts = SendOpts {
         activity: Some(activity),
@@ -582,13 +585,17 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             Step::Idle
         }
         Err(SendError::Rejected(_)) | Err(SendError::MailboxFull) => {
-            answer_overload(ctx, cs, key, keep)
+            answer_overload(ctx, cs, key, keep, head_only)
         }
         Err(_) => {
             let date = cs.date();
             let c = cs.conn(key).expect("live");
-            c.out
-                .with_head(|b| response::error_response(b, 500, false, &date, &[]));
+            c.out.with_head(|b| {
+                let body_start = response::error_response(b, 500, false, &date, &[]);
+                if head_only {
+                    b.truncate(body_start);
+                }
+            });
             c.closing = true;
             count_status(&cs.shared.stats, 500);
             flush(ctx, cs, key);
@@ -599,11 +606,21 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
 
 /// Overload (an admission gate or a fleet cap said no): 503 + Retry-After at once, cheaply,
 /// in the sender's context.
-fn answer_overload(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, keep: bool) -> Step {
+fn answer_overload(
+    ctx: &mut Ctx<'_>,
+    cs: &mut CoreServer,
+    key: u64,
+    keep: bool,
+    head_only: bool,
+) -> Step {
     let date = cs.date();
     let c = cs.conn(key).expect("live");
     c.out.with_head(|b| {
-        response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)])
+        let body_start =
+            response::error_response(b, 503, keep, &date, &[("Retry-After", RETRY_AFTER_S)]);
+        if head_only {
+            b.truncate(body_start);
+        }
     });
     c.closing |= !keep;
     cs.shared.stats.rejected_503.fetch_add(1, Ordering::Relaxed);
