@@ -766,3 +766,36 @@ fn an_overload_answer_to_head_has_no_body() {
         "the next response starts with {third:?}"
     );
 }
+
+/// Once: the header timeout ran from a request's first byte only for a connection's first
+/// request (its deadline armed at the accept); a later head on a kept-alive connection was
+/// judged only when the keep-alive deadline came, so a slowloris that sent one request first
+/// had `keepalive_timeout` for every later head (here 20 s against 300 ms).
+#[test]
+fn a_slow_second_head_meets_the_header_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nheader_timeout_ms = 300\nkeepalive_timeout_ms = 20000\n\n\
+         [[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.write_all(b"GET /_bytes?n=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    assert!(read_response(&mut s).starts_with("HTTP/1.1 200"));
+    // Past the accept's header deadline, then the start of a head that never ends.
+    std::thread::sleep(Duration::from_millis(400));
+    s.write_all(b"GET /_bytes?n=1 HTTP/1.1\r\nHo").unwrap();
+    // A 408 and a close before the keep-alive timeout: nothing for 10 s (the read's bound,
+    // half the keep-alive timeout) is the old behaviour.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    server.drain(Duration::from_millis(100));
+    assert!(
+        answer.starts_with(b"HTTP/1.1 408"),
+        "answer {:?} (empty: the head was given the keep-alive timeout)",
+        String::from_utf8_lossy(&answer)
+    );
+}

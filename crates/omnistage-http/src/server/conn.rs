@@ -206,6 +206,28 @@ pub(super) fn read_more_then(
     key: u64,
     peer_closed: bool,
 ) -> bool {
+    // A later request's head on a kept-alive connection starts the header clock as the first
+    // one's does at the accept. The connection's deadline is then its keep-alive one (from
+    // its last answer), which may be much later: a slow second head was given that long
+    // (nginx-like 10 s / 75 s: 7.5 times the header timeout).
+    let between_requests = cs
+        .conn(key)
+        .is_some_and(|c| c.requests > 0 && c.inbuf.is_empty());
+    let open = read_into_buffer(ctx, cs, key, peer_closed);
+    if open && between_requests {
+        let header_ns = cs.live.config.server.header_timeout.as_nanos() as u64;
+        if let Some(c) = cs.conn(key).filter(|c| !c.inbuf.is_empty()) {
+            let due_ns = c.request_start_ns.saturating_add(header_ns);
+            if c.deadline_ns == 0 || due_ns < c.deadline_ns {
+                super::timer::set_deadline(ctx, cs, key, Kind::Conn, due_ns);
+            }
+        }
+    }
+    open
+}
+
+/// [`read_more_then`]'s reading.
+fn read_into_buffer(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, peer_closed: bool) -> bool {
     match cs.conn(key) {
         // Every later readiness event repeats the FIN; there is nothing more to read.
         Some(c) if c.read_eof => return true,
