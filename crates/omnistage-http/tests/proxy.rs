@@ -1208,3 +1208,62 @@ fn a_chunked_body_cannot_smuggle_a_request_past_the_proxy() {
             .collect::<Vec<_>>()
     );
 }
+
+/// Once: a proxied request with a body waiting in its tenant's queue for a slot was judged
+/// as a client that stopped sending its body (`last_active + keepalive_timeout`), and
+/// answered 408 after that long in the queue; a GET in the same place waited for its slot.
+#[test]
+fn a_post_waiting_for_a_slot_is_not_timed_out_as_a_slow_client() {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = Arc::new(Mutex::new(held));
+    let b = Backend::start(move |r, w, seen| {
+        while let Some(req) = read_request(r) {
+            let body = format!("got {} bytes\n", req.body.len());
+            seen.lock().unwrap().push(req);
+            // Holds each request until the test lets it go (at most 20 s).
+            let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            if w.write_all(resp.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let p = Proxy::start(
+        &[b.addr],
+        "concurrency_max = 1",
+        "",
+        "header_timeout_ms = 300\nkeepalive_timeout_ms = 300",
+    );
+    let stats = || p.server().upstream_stats();
+    let first = p.connect();
+    (&first)
+        .write_all(b"GET /1 HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats().first().map_or(0, |s| s.in_flight) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first request holds the slot"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = p.connect();
+    (&second)
+        .write_all(b"POST /2 HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\n\r\nok")
+        .unwrap();
+    while stats().first().map_or(0, |s| s.queued) < 1 {
+        assert!(Instant::now() < deadline, "the POST waits for the slot");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Three keep-alive timeouts in the queue.
+    std::thread::sleep(Duration::from_millis(900));
+    release.send(()).unwrap();
+    release.send(()).unwrap();
+    let r1 = read_response(&mut BufReader::new(&first), false).map(|r| r.status);
+    let r2 = read_response(&mut BufReader::new(&second), false).map(|r| (r.status, r.body));
+    assert_eq!(r1, Some(200));
+    assert_eq!(r2, Some((200, b"got 2 bytes\n".to_vec())));
+}

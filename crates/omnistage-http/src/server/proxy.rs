@@ -70,6 +70,13 @@ pub(super) enum Phase {
     Active { up: u64 },
 }
 
+impl Proxied {
+    /// On its upstream connection (not waiting for a slot).
+    pub(super) fn is_active(&self) -> bool {
+        matches!(self.phase, Phase::Active { .. })
+    }
+}
+
 /// The response as it comes from the upstream.
 struct Resp {
     status: u16,

@@ -187,9 +187,17 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
             } else if sending {
                 // Bytes wait for the client: it must keep reading.
                 c.last_progress_ns + idle_ns
-            } else if c.proxy.as_ref().is_some_and(|p| !p.body_done) {
-                // Sending a proxied request's body: it must keep sending.
-                c.last_active_ns + idle_ns
+            } else if let Some(p) = c.proxy.as_ref().filter(|p| !p.body_done) {
+                if p.is_active() && c.inbuf.is_empty() {
+                    // Sending a proxied request's body, all it sent taken: it must keep
+                    // sending.
+                    c.last_active_ns + idle_ns
+                } else {
+                    // In its tenant's queue for a slot, or its bytes waiting for the backend
+                    // to take them: the server's wait, not the client's (such a POST was
+                    // answered 408 after `keepalive_timeout` in the queue, where a GET waited).
+                    now + idle_ns
+                }
             } else if c.busy || c.body.is_some() {
                 // The server is working on it (a queued request, a disk read): look again.
                 now + idle_ns
