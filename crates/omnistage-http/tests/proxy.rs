@@ -1267,3 +1267,64 @@ fn a_post_waiting_for_a_slot_is_not_timed_out_as_a_slow_client() {
     assert_eq!(r1, Some(200));
     assert_eq!(r2, Some((200, b"got 2 bytes\n".to_vec())));
 }
+
+/// Once: a reload that raised `concurrency_max` left the requests already queued to the old
+/// limit: each release granted one waiter, so with a queue the number in flight stayed where
+/// it was for as long as the queue was not empty. Now a release hands out every free slot.
+#[test]
+fn a_reload_raising_the_limit_grants_the_waiting_requests() {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = Arc::new(Mutex::new(held));
+    let b = Backend::start(move |r, w, seen| {
+        while let Some(req) = read_request(r) {
+            seen.lock().unwrap().push(req);
+            // Holds each request until the test lets it go (at most 20 s).
+            let _ = held.lock().unwrap().recv_timeout(Duration::from_secs(20));
+            if w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    let p = Proxy::start(&[b.addr], "concurrency_max = 1", "", "");
+    let stats = || p.server().upstream_stats();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let conns: Vec<TcpStream> = (0..4)
+        .map(|i| {
+            let s = p.connect();
+            (&s).write_all(format!("GET /{i} HTTP/1.1\r\nHost: a.test\r\n\r\n").as_bytes())
+                .unwrap();
+            s
+        })
+        .collect();
+    while stats().first().map_or(0, |s| s.queued) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "one request in flight, three queued"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut config = p.server().config();
+    config.upstreams[0].concurrency_max = 4;
+    p.server().reload(config).unwrap();
+    // The first response frees its slot: with the new limit, all three waiters go.
+    release.send(()).unwrap();
+    while b.seen().len() < 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seen = b.seen().len();
+    for _ in 0..3 {
+        release.send(()).unwrap();
+    }
+    for s in &conns {
+        assert_eq!(
+            read_response(&mut BufReader::new(s), false).map(|r| r.status),
+            Some(200)
+        );
+    }
+    assert_eq!(
+        seen, 4,
+        "requests the backend saw with the limit raised to 4"
+    );
+}

@@ -288,7 +288,10 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
     let mut next = cs.proxy.upstreams[p.upstream]
         .slots
         .release(p.activity, held, now);
-    // Bounded: each round grants a slot to a waiter or ends.
+    // Bounded: each round grants a slot to a waiter or ends. Usually one grant (the slot just
+    // freed); after a reload raised `concurrency_max`, every free slot goes to a waiter here
+    // (before, each release granted one, so the queue kept the old limit in flight for as
+    // long as it was not empty).
     while let Some((tenant, waiter)) = next {
         let proxy_stage = cs.stages.proxy;
         let granted = match cs.conn(waiter).and_then(|c| c.proxy.as_mut()) {
@@ -317,7 +320,8 @@ fn release_slot(ctx: &mut Ctx<'_>, cs: &mut CoreServer, p: &Proxied) {
                 )
                 .is_ok();
         if sent {
-            return;
+            next = cs.proxy.upstreams[p.upstream].slots.grant_next(now);
+            continue;
         }
         if granted {
             // The message was refused (the stage refuses none, but a message to an activity
