@@ -799,3 +799,46 @@ fn a_slow_second_head_meets_the_header_timeout() {
         String::from_utf8_lossy(&answer)
     );
 }
+
+/// Once: a connection closed after its answer while its client was still sending (a body the
+/// server refuses) was closed with bytes unread, so the kernel answered the client's next
+/// bytes with a reset: its upload failed with a broken pipe, and a client like curl reports
+/// that rather than the answer. Now the server shuts its side down and reads and drops what
+/// comes until the client closes (nginx's lingering close): the upload goes through, then
+/// the client reads the answer and the server's FIN.
+#[test]
+fn a_refused_upload_gets_its_answer_and_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hello.txt"), b"hello\n").unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    // More than the socket buffers on both sides hold, so the body is still coming when the
+    // server answers.
+    const BODY_BYTES: usize = 16 << 20;
+    let uploader = std::thread::spawn(move || {
+        // A body on a route that takes none: refused with the connection's close.
+        let head =
+            format!("GET /hello.txt HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY_BYTES}\r\n\r\n");
+        writer.write_all(head.as_bytes())?;
+        writer.write_all(&vec![b'u'; BODY_BYTES])?;
+        writer.shutdown(std::net::Shutdown::Write)
+    });
+    // The client reads once it has sent everything, as a client that uploads first does.
+    let sent = uploader.join().unwrap();
+    let mut answer = Vec::new();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let read = s.read_to_end(&mut answer);
+    server.drain(Duration::from_millis(100));
+    assert!(sent.is_ok(), "the upload failed: {sent:?}");
+    assert!(read.is_ok(), "reading the answer: {read:?}");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}

@@ -126,6 +126,8 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 busy: false,
                 closing: false,
                 read_eof: false,
+                lingering_until_ns: 0,
+                linger_on_close: false,
                 request_start_ns: now,
                 last_progress_ns: now,
                 last_active_ns: now,

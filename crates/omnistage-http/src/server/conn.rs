@@ -50,6 +50,14 @@ const OUT_PENDING_BYTES_MAX: usize = 1 << 20;
 /// `Retry-After` seconds sent with 503.
 const RETRY_AFTER_S: &str = "1";
 
+/// Longest a connection closed after its answer keeps reading (and dropping) what its client
+/// still sends ([`linger`]; nginx's `lingering_time` is 30 s with 5 s between reads).
+const LINGER_NS: u64 = 5_000_000_000;
+
+/// Most reads one readiness event of a lingering connection makes (a client sending fast is
+/// read again at its next event, the dispatch stays bounded).
+const LINGER_READS_PER_EVENT_MAX: usize = 64;
+
 /// Generated body bytes for `/_bytes`.
 const PATTERN: &[u8; 64] = b"omnistage-omnistage-omnistage-omnistage-omnistage-omnistage-omn\n";
 
@@ -98,6 +106,13 @@ pub(super) struct Conn {
     /// come yet). What it sent before is still answered, in order, and the connection closes
     /// after the last answer; the socket is not read again.
     pub(super) read_eof: bool,
+    /// Its last answer is out and its write side shut down, and what the client still sends
+    /// is read and dropped until it closes or this time comes (then it is closed): see
+    /// [`linger`]. 0: not lingering.
+    pub(super) lingering_until_ns: u64,
+    /// Its client may still be sending when it closes (a parse error, a body refused or left
+    /// unread): it lingers then, whether or not bytes wait in the socket at that moment.
+    pub(super) linger_on_close: bool,
     /// When the request being received started (its first byte, or the accept).
     pub(super) request_start_ns: u64,
     /// When a write last made progress (or the send stage last offered bytes): a client that
@@ -210,6 +225,11 @@ pub(super) fn read_more_then(
     // one's does at the accept. The connection's deadline is then its keep-alive one (from
     // its last answer), which may be much later: a slow second head was given that long
     // (nginx-like 10 s / 75 s: 7.5 times the header timeout).
+    if cs.conn(key).is_some_and(|c| c.lingering_until_ns != 0) {
+        // Answered and shut down: what comes is dropped (false: nothing more to do with it).
+        linger(ctx, cs, key);
+        return false;
+    }
     let between_requests = cs
         .conn(key)
         .is_some_and(|c| c.requests > 0 && c.inbuf.is_empty());
@@ -294,6 +314,10 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     let scheduled = cs.send.is_some();
     let pool = cs.shared.disk.get().cloned();
     let Some(c) = cs.conn(key) else { return false };
+    if c.lingering_until_ns != 0 {
+        // Everything went out before it began to linger.
+        return false;
+    }
     let pending = !c.out.is_empty() || c.body.is_some();
     if scheduled && pending {
         if let Some(tr) = c.tenant.clone() {
@@ -412,8 +436,72 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         }
     }
     if done {
-        close(ctx, cs, key);
+        linger_or_close(ctx, cs, key);
         return false;
+    }
+    true
+}
+
+/// Ends a connection whose last answer is out. If its client may still be sending (bytes of
+/// it are unread: a body the server refused, pipelined requests after a `close`), the write
+/// side is shut down and the connection lingers, reading and dropping what comes,
+/// until the client closes or [`LINGER_NS`] passes. Closed at once instead, a socket with
+/// unread bytes makes the kernel send a reset, not a FIN, and drop what of the answer it had
+/// not sent: the client saw "connection reset" where the server had answered 400 or 413
+/// (nginx's `lingering_close`).
+fn linger_or_close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
+    let now = ctx.now_ns();
+    let Some(c) = cs.conn(key) else { return };
+    // Only a client with bytes still unread may be sending more (nginx's heuristic too): one
+    // that sent its request and nothing after is closed at once, as before, and holds no place
+    // while it lingers.
+    let mut probe = [0u8; 1];
+    let unread =
+        c.linger_on_close || !c.inbuf.is_empty() || c.stream.peek(&mut probe).is_ok_and(|n| n > 0);
+    if !unread || c.read_eof || c.proxy.is_some() || c.lingering_until_ns != 0 {
+        close(ctx, cs, key);
+        return;
+    }
+    if c.stream.shutdown(std::net::Shutdown::Write).is_err() {
+        close(ctx, cs, key);
+        return;
+    }
+    c.lingering_until_ns = now.saturating_add(LINGER_NS);
+    c.busy = false;
+    pool::give_buf(std::mem::take(&mut c.inbuf));
+    let until = c.lingering_until_ns;
+    super::timer::set_deadline(ctx, cs, key, Kind::Conn, until);
+    // Edge-triggered: what already waits in the socket makes no new event.
+    linger(ctx, cs, key);
+}
+
+/// Reads and drops what a lingering connection's client sends; closes it at its EOF (or an
+/// error). Returns false if it closed.
+fn linger(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
+    let CoreServer { conns, scratch, .. } = &mut *cs;
+    let Some(c) = conns[(key & 0xFFFF_FFFF) as usize].as_mut() else {
+        return false;
+    };
+    debug_assert!(
+        c.lingering_until_ns != 0,
+        "linger on a connection that does not"
+    );
+    // Bounded per event: a client still sending after the last of these reads makes a new
+    // event with its next bytes.
+    for _ in 0..LINGER_READS_PER_EVENT_MAX {
+        match c.stream.read(scratch) {
+            Ok(0) => {
+                close(ctx, cs, key);
+                return false;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => {
+                close(ctx, cs, key);
+                return false;
+            }
+        }
     }
     true
 }
@@ -464,6 +552,9 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let Some(c) = cs.conn(key) else {
         return Step::Closed;
     };
+    if c.lingering_until_ns != 0 {
+        return Step::Closed;
+    }
     if c.answered_all_after_eof() {
         close(ctx, cs, key);
         return Step::Closed;
@@ -494,6 +585,7 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         ParseOutcome::Error(e) => {
             pool::give_buf(std::mem::take(&mut c.inbuf));
             c.closing = true;
+            c.linger_on_close = true;
             let date = cs.date();
             let c = cs.conn(key).expect("live");
             c.out
@@ -532,6 +624,7 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             let c = cs.conn(key).expect("live");
             pool::give_buf(std::mem::take(&mut c.inbuf));
             c.closing = true;
+            c.linger_on_close = true;
             let date = cs.date();
             let c = cs.conn(key).expect("live");
             c.out
@@ -542,10 +635,14 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
             return Step::Closed;
         }
     }
-    // Answered here with a body still unread, the stream is out of step: close after.
+    // Answered here with a body still unread, the stream is out of step: close after (and
+    // linger: the client may still be sending it).
     let keep = request.keep_alive
         && request.body == BodyFraming::None
         && !cs.shared.draining.load(Ordering::Relaxed);
+    if request.body != BodyFraming::None {
+        cs.conn(key).expect("live").linger_on_close = true;
+    }
     let Some(t) = tenant else {
         // No tenant serves this Host here.
         let step = answer_status(ctx, cs, key, &request, 421, keep);

@@ -178,6 +178,16 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
             let shared = cs.shared.clone();
             let held = cs.send.as_ref().is_some_and(|ss| ss.holds(key));
             let Some(c) = cs.conn(key) else { return };
+            if c.lingering_until_ns != 0 {
+                // Lingering after its last answer (`conn::linger_or_close`): its time is up.
+                let until = c.lingering_until_ns;
+                if now < until {
+                    set_deadline(ctx, cs, key, Kind::Conn, until);
+                } else {
+                    close(ctx, cs, key);
+                }
+                return;
+            }
             let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
             let deadline = if sending && held {
                 // Its output waits for its turn under the link's scheduler (a link cap, a
