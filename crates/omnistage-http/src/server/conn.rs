@@ -640,7 +640,7 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
     let keep = request.keep_alive
         && request.body == BodyFraming::None
         && !cs.shared.draining.load(Ordering::Relaxed);
-    if request.body != BodyFraming::None {
+    if request.body != BodyFraming::None && proxied.is_none() {
         cs.conn(key).expect("live").linger_on_close = true;
     }
     let Some(t) = tenant else {
