@@ -842,3 +842,36 @@ fn a_refused_upload_gets_its_answer_and_a_clean_close() {
         String::from_utf8_lossy(&answer)
     );
 }
+
+/// Once: a response streamed in several dispatches yields between them (a continuation
+/// queued in its tenant's activity), and the wait for that turn counted as the client not
+/// reading: under a small CPU cap the turn came after `keepalive_timeout` and a client that
+/// read every byte was closed mid-body, counted as a timeout. The wait is the server's now.
+#[test]
+fn a_body_waiting_for_its_tenants_turn_is_not_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    // 0.5 ms of CPU a second: each dispatch of the body (four 64 KiB chunks) waits tens of
+    // milliseconds for the next, longer than the 20 ms keep-alive timeout.
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\nkeepalive_timeout_ms = 20\nheader_timeout_ms = 5000\n\n\
+         [[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\ncpu_cap = \"0.0005\"\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let n: usize = 2 << 20;
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    // `Connection: close`: the server ends it after the body (an idle keep-alive connection
+    // would meet its 20 ms timeout, rightly, and count).
+    s.write_all(
+        format!("GET /_bytes?n={n} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let got = read_total(&mut s, n + 200, Duration::from_secs(10));
+    let timeouts = server.stats().timeouts.load(Ordering::Relaxed);
+    server.drain(Duration::from_millis(100));
+    assert!(
+        got > n,
+        "closed after {got} of {n} bytes ({timeouts} timeouts)"
+    );
+    assert_eq!(timeouts, 0);
+}

@@ -113,6 +113,9 @@ pub(super) struct Conn {
     /// Its client may still be sending when it closes (a parse error, a body refused or left
     /// unread): it lingers then, whether or not bytes wait in the socket at that moment.
     pub(super) linger_on_close: bool,
+    /// A continuation of it is queued in its activity ([`super::cont::yield_conn`]): its
+    /// output waits for the tenant's turn, which is the server's wait, not the client's.
+    pub(super) yielded: bool,
     /// When the request being received started (its first byte, or the accept).
     pub(super) request_start_ns: u64,
     /// When a write last made progress (or the send stage last offered bytes): a client that

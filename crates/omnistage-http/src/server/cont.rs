@@ -17,19 +17,30 @@ pub(super) struct Cont {
 }
 
 /// Asks the cont stage to continue this connection later, in its activity.
-pub(super) fn yield_conn(ctx: &mut Ctx<'_>, cs: &CoreServer, key: u64, activity: ActivityId) {
+pub(super) fn yield_conn(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, activity: ActivityId) {
     let opts = SendOpts {
         activity: Some(activity),
         ..Default::default()
     };
     // Refused only past 2^24 queued continuations (far above any connection limit); then the
     // connection's no-progress deadline closes it rather than leaving it stalled.
-    let _ = ctx.send_with(&cs.stages.cont, opts, Cont { key });
+    if ctx.send_with(&cs.stages.cont, opts, Cont { key }).is_ok() {
+        if let Some(c) = cs.conn(key) {
+            c.yielded = true;
+        }
+    }
 }
 
 pub(super) fn on_cont(ctx: &mut Ctx<'_>, Cont { key }: Cont) {
     with_core(|cs| {
         cs.refresh();
+        let now = ctx.now_ns();
+        if let Some(c) = cs.conn(key).filter(|c| c.yielded) {
+            // Its turn: the time its output waited for it was the server's, and the client's
+            // no-progress clock starts from here.
+            c.yielded = false;
+            c.last_progress_ns = now;
+        }
         // A TLS handshake whose ClientHello is in goes on here, in the tenant's activity.
         if cs.conn(key).is_some_and(|c| tls::awaiting(c)) && !read_more(ctx, cs, key) {
             return;

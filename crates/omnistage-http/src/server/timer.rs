@@ -189,10 +189,11 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
                 return;
             }
             let sending = c.sending() || c.body.as_ref().is_some_and(|b| !b.in_flight);
-            let deadline = if sending && held {
+            let deadline = if sending && (held || c.yielded) {
                 // Its output waits for its turn under the link's scheduler (a link cap, a
-                // tenant's small share): the server holds the bytes, the client is not to
-                // blame. Its clock restarts when the send stage offers them.
+                // tenant's small share) or for its tenant's CPU turn (a continuation queued):
+                // the server holds the bytes, the client is not to blame. Its clock restarts
+                // when the send stage offers them, or the continuation runs.
                 now + idle_ns
             } else if sending {
                 // Bytes wait for the client: it must keep reading.
