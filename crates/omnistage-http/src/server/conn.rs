@@ -224,15 +224,15 @@ pub(super) fn read_more_then(
     key: u64,
     peer_closed: bool,
 ) -> bool {
-    // A later request's head on a kept-alive connection starts the header clock as the first
-    // one's does at the accept. The connection's deadline is then its keep-alive one (from
-    // its last answer), which may be much later: a slow second head was given that long
-    // (nginx-like 10 s / 75 s: 7.5 times the header timeout).
     if cs.conn(key).is_some_and(|c| c.lingering_until_ns != 0) {
         // Answered and shut down: what comes is dropped (false: nothing more to do with it).
         linger(ctx, cs, key);
         return false;
     }
+    // A later request's head on a kept-alive connection starts the header clock as the first
+    // one's does at the accept. The connection's deadline is then its keep-alive one (from
+    // its last answer), which may be much later: a slow second head was given that long
+    // (nginx-like 10 s / 75 s: 7.5 times the header timeout).
     let between_requests = cs
         .conn(key)
         .is_some_and(|c| c.requests > 0 && c.inbuf.is_empty());

@@ -234,9 +234,9 @@ pub(super) struct Opened {
 /// RESOLVE_NO_MAGICLINKS)`, so a directory or the file swapped for a symlink in between
 /// cannot lead out of the docroot (to another tenant's files); it does not block
 /// (O_NONBLOCK), so a FIFO swapped in cannot hold the worker, whose every tenant would wait;
-/// and it refuses what is not a regular file. On a kernel without `openat2` (before 5.6) the
-/// last component is opened with O_NOFOLLOW (a directory swapped higher up is then not
-/// caught).
+/// and it refuses what is not a regular file. On a kernel without `openat2` (before 5.6), or
+/// under a seccomp filter that refuses it, the last component is opened with O_NOFOLLOW (a
+/// directory swapped higher up is then not caught).
 pub(super) fn open_beneath(
     root: &std::path::Path,
     path: &std::path::Path,
@@ -257,7 +257,9 @@ pub(super) fn open_beneath(
         Mode::empty(),
         ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
     ) {
-        Err(rustix::io::Errno::NOSYS) => {
+        // No openat2 in this kernel, or a seccomp filter that refuses it (container runtimes
+        // older than it answer ENOSYS or EPERM).
+        Err(rustix::io::Errno::NOSYS | rustix::io::Errno::PERM) => {
             rustix::fs::open(path, flags | OFlags::NOFOLLOW, Mode::empty())
         }
         other => other,
