@@ -20,6 +20,30 @@ fn start(toml: &str) -> Server {
     .unwrap()
 }
 
+/// A server with one synthetic tenant `t` whose work stage admits one request and then
+/// refuses the next (a token bucket of one request per ~17 minutes): stands in for a p90
+/// controller that has cut the tenant's rate, or a full queue.
+fn start_with_a_gate_that_admits_one() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let rt = server.runtime();
+    let t = rt.activity_id("/tenants/t").unwrap();
+    rt.set_admission(
+        server.work_stage(),
+        t,
+        Some(Predicate::TokenBucket {
+            rate_per_s: 0.001,
+            burst: 1,
+        }),
+    )
+    .unwrap();
+    (server, dir)
+}
+
 /// Reads until `want` bytes arrived, the peer closed, or `stall` passes without a byte.
 fn read_total(s: &mut TcpStream, want: usize, stall: Duration) -> usize {
     s.set_read_timeout(Some(stall)).unwrap();
@@ -39,24 +63,7 @@ fn read_total(s: &mut TcpStream, want: usize, stall: Duration) -> usize {
 /// the streamed body stops for good; the deadline timer re-arms forever because `body` is Some.
 #[test]
 fn a_streamed_body_continues_when_the_work_gate_refuses() {
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
-        dir.path().display()
-    );
-    let server = start(&toml);
-    let rt = server.runtime();
-    let t = rt.activity_id("/tenants/t").unwrap();
-    // Stands in for a p90 controller that has cut the tenant's rate (or a full queue).
-    rt.set_admission(
-        server.work_stage(),
-        t,
-        Some(Predicate::TokenBucket {
-            rate_per_s: 0.001,
-            burst: 1,
-        }),
-    )
-    .unwrap();
+    let (server, _dir) = start_with_a_gate_that_admits_one();
     let n: usize = 8 << 20;
     let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
     write!(s, "GET /_bytes?n={n} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -724,24 +731,7 @@ fn a_cold_file_the_cache_would_take_is_read_by_the_disk_stage() {
 /// as the start of its next response.
 #[test]
 fn an_overload_answer_to_head_has_no_body() {
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nsynthetic = true\n",
-        dir.path().display()
-    );
-    let server = start(&toml);
-    let rt = server.runtime();
-    let t = rt.activity_id("/tenants/t").unwrap();
-    // One request, then no more (a rate of one per ~17 minutes).
-    rt.set_admission(
-        server.work_stage(),
-        t,
-        Some(Predicate::TokenBucket {
-            rate_per_s: 0.001,
-            burst: 1,
-        }),
-    )
-    .unwrap();
+    let (server, _dir) = start_with_a_gate_that_admits_one();
     let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
     s.write_all(
         b"GET /_bytes?n=1 HTTP/1.1\r\nHost: x\r\n\r\n\
