@@ -331,7 +331,8 @@ pub fn config(data: &[u8]) {
 /// (its length inside the bytes and the head limit, a status of three digits, no body for a
 /// HEAD request), or refused (502 and the upstream connection closed: a defined state); a
 /// chunked body is then walked in pieces of any size, each step consuming only bytes it was
-/// given, its data inside them, until done, refused, or out of bytes.
+/// given, its data inside them, until done, refused, or out of bytes; once done, its plain form
+/// (what the proxy sends a request body on as) is no longer and decodes to the same data.
 pub fn upstream(data: &[u8]) {
     let (control, rest) = match data.split_first() {
         Some((&b, rest)) => (b, rest),
@@ -356,9 +357,13 @@ pub fn upstream(data: &[u8]) {
     let mut decoder = ChunkedDecoder::default();
     let mut body = &rest[head.head_len..];
     let mut window = piece.min(body.len());
+    // The body re-framed as the proxy sends a request body on (`step_plain`), the data it
+    // carries, and the bytes consumed: once done, the plain form is no longer than what was
+    // consumed and decodes, in one piece, to the same data.
+    let (mut plain, mut data, mut consumed) = (Vec::new(), Vec::new(), 0);
     // Every step either consumes a byte, grows the window or ends: bounded by twice the bytes.
     for _ in 0..=2 * body.len() + 2 {
-        let step = match decoder.step(&body[..window]) {
+        let step = match decoder.step_plain(&body[..window], &mut plain) {
             Ok(step) => step,
             Err(_) => return,
         };
@@ -368,9 +373,29 @@ pub fn upstream(data: &[u8]) {
             step.consumed
         );
         assert!(step.data.end <= step.consumed, "data {:?}", step.data);
+        data.extend_from_slice(&body[step.data.clone()]);
+        consumed += step.consumed;
         if step.done {
             assert!(decoder.is_done());
-            return;
+            assert!(
+                plain.len() <= consumed,
+                "{} plain of {consumed}",
+                plain.len()
+            );
+            let mut again = ChunkedDecoder::default();
+            let (mut at, mut redecoded) = (0, Vec::new());
+            for _ in 0..=2 * plain.len() + 2 {
+                let s = again.step(&plain[at..]).expect("the plain form decodes");
+                redecoded.extend_from_slice(&plain[at..][s.data.clone()]);
+                at += s.consumed;
+                if s.done {
+                    assert_eq!(at, plain.len(), "the plain form ends where it is done");
+                    assert_eq!(redecoded, data, "the plain form carries the same data");
+                    return;
+                }
+                assert!(s.consumed > 0, "the plain form is whole");
+            }
+            panic!("the plain form did not end");
         }
         body = &body[step.consumed..];
         if step.consumed == 0 {
