@@ -455,13 +455,17 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
 fn linger_or_close(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let now = ctx.now_ns();
     let Some(c) = cs.conn(key) else { return };
+    if c.read_eof || c.proxy.is_some() || c.lingering_until_ns != 0 {
+        close(ctx, cs, key);
+        return;
+    }
     // Only a client with bytes still unread may be sending more (nginx's heuristic too): one
     // that sent its request and nothing after is closed at once, as before, and holds no place
-    // while it lingers.
+    // while it lingers. The socket is peeked (a system call) only when nothing cheaper says.
     let mut probe = [0u8; 1];
     let unread =
         c.linger_on_close || !c.inbuf.is_empty() || c.stream.peek(&mut probe).is_ok_and(|n| n > 0);
-    if !unread || c.read_eof || c.proxy.is_some() || c.lingering_until_ns != 0 {
+    if !unread {
         close(ctx, cs, key);
         return;
     }
