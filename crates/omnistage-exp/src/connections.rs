@@ -74,6 +74,10 @@ struct Level {
     /// kernel did in the thread's time: on loopback, the receipt of what it sent).
     server_user_us_per_req: Option<f64>,
     server_system_us_per_req: Option<f64>,
+    /// TCP segments without data (pure ACKs, SYN-ACKs, FINs) the server sent per response in
+    /// the active run's measured window, as the load generator's sockets received them
+    /// (`TCP_INFO`); `None` where the kernel does not give them.
+    server_segments_without_data_per_response: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -110,6 +114,13 @@ struct Report {
     /// The same ratio for nginx, measured beside it.
     nginx_cpu_per_req_ratio: Option<f64>,
     nginx_cpu_per_req_ratios: Vec<f64>,
+    /// Where a rise is: the same ratio of the user time alone (the server's own code) and of
+    /// the system time alone (the kernel's work in its thread, the network's included), per
+    /// server, medians over rounds.
+    user_per_req_ratio: Option<f64>,
+    system_per_req_ratio: Option<f64>,
+    nginx_user_per_req_ratio: Option<f64>,
+    nginx_system_per_req_ratio: Option<f64>,
     /// nginx's resident memory at start per connection of `worker_connections`, KiB (the
     /// slope of its "before" readings over the levels): memory it holds for every connection
     /// slot, used or not, that its per-idle-connection figure does not include.
@@ -402,6 +413,9 @@ fn measure(
         server_cpu_us_per_req,
         server_user_us_per_req: per_req.map(|(u, _)| u),
         server_system_us_per_req: per_req.map(|(_, s)| s),
+        server_segments_without_data_per_response: j["server_segments"]
+            ["without_data_per_response"]
+            .as_f64(),
     })
 }
 
@@ -687,6 +701,10 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
     let ng: Vec<&Level> = levels.iter().filter(|l| l.server == "nginx").collect();
     let nginx_cpu_per_req_ratios = paired("nginx", |l| l.server_cpu_us_per_req);
     let nginx_cpu_per_req_ratio = median_of(&nginx_cpu_per_req_ratios);
+    let user_per_req_ratio = median_of(&paired("omnistage", |l| l.server_user_us_per_req));
+    let system_per_req_ratio = median_of(&paired("omnistage", |l| l.server_system_us_per_req));
+    let nginx_user_per_req_ratio = median_of(&paired("nginx", |l| l.server_user_us_per_req));
+    let nginx_system_per_req_ratio = median_of(&paired("nginx", |l| l.server_system_us_per_req));
     let nginx_kib_per_slot_at_start = match (ng.first(), ng.last()) {
         (Some(f), Some(l)) if l.connections > f.connections => Some(
             (l.rss_before_kib as f64 - f.rss_before_kib as f64)
@@ -722,6 +740,10 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         cpu_per_req_ratios,
         nginx_cpu_per_req_ratio,
         nginx_cpu_per_req_ratios,
+        user_per_req_ratio,
+        system_per_req_ratio,
+        nginx_user_per_req_ratio,
+        nginx_system_per_req_ratio,
         nginx_kib_per_slot_at_start,
         goal_met,
     };
@@ -735,6 +757,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         "errors",
         "server CPU µs / req",
         "(user + sys)",
+        "server's segments without data / response",
         "RSS before MiB",
         "RSS idle MiB",
         "KiB / idle conn",
@@ -759,6 +782,8 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
                 (Some(u), Some(s)) => format!("{u:.1} + {s:.1}"),
                 _ => "–".into(),
             },
+            l.server_segments_without_data_per_response
+                .map_or_else(|| "–".into(), |g| format!("{g:.2}")),
             format!("{:.1}", l.rss_before_kib as f64 / 1024.0),
             format!("{:.1}", l.rss_idle_kib as f64 / 1024.0),
             format!("{:.2}", l.kib_per_idle_connection),
@@ -811,6 +836,27 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         ),
         _ => "Throughput ratio: needs two levels.".into(),
     });
+    if let (Some(u), Some(s)) = (r.user_per_req_ratio, r.system_per_req_ratio) {
+        let segments = |server: &str| {
+            let at = |pick: fn(&[&Level]) -> Option<f64>| {
+                let of: Vec<&Level> = r.levels.iter().filter(|l| l.server == server).collect();
+                pick(&of).map_or("–".to_string(), |g| format!("{g:.2}"))
+            };
+            format!(
+                "{} at the smallest level, {} at the largest",
+                at(|v| v.first()?.server_segments_without_data_per_response),
+                at(|v| v.last()?.server_segments_without_data_per_response)
+            )
+        };
+        let ratio = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.2}×"));
+        notes.push(format!(
+            "Where the CPU per request goes from the smallest level to the largest: omnistage's user time (its own code) {u:.2}×,              its system time (the kernel's work in its thread, the network's included) {s:.2}×; nginx's {} and {}.              Segments without data the server sent per response, read from the load generator's sockets (TCP_INFO): omnistage {}; nginx {}.              On loopback each segment a server sends is received in the server's own time, and a request answered later than              the kernel's delayed-ACK timeout (40 ms at least) gets a pure ACK before its response.",
+            ratio(r.nginx_user_per_req_ratio),
+            ratio(r.nginx_system_per_req_ratio),
+            segments("omnistage"),
+            segments("nginx"),
+        ));
+    }
     if let Some(m) = r.memory_ratio_vs_nginx {
         notes.push(format!(
             "Memory: omnistage holds {m:.2}× nginx's resident memory per idle connection at the largest level (goal ≤ 1.00: {}).",

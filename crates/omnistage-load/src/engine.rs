@@ -26,6 +26,7 @@
 use crate::args::Plan;
 use crate::mix::{Mix, Pacing};
 use crate::parse::{Feed, Response, ResponseReader};
+use crate::segments::{self, SegmentTotals, SegmentsIn};
 use crate::stats::{classify, Outcome, TenantStats};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
@@ -113,6 +114,8 @@ pub(crate) struct ThreadResult {
     pub stats: Vec<Option<TenantStats>>,
     /// When the thread stopped (at most the deadline).
     pub finished: Instant,
+    /// Segments its streams received in the measured window.
+    pub segments: SegmentTotals,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +167,9 @@ struct Conn {
     /// and the kernel's latest receive stamp on its response (ns since the epoch; 0: none).
     sent_ns: u64,
     received_ns: u64,
+    /// The stream's segment counters when the measured window began (zero for a stream
+    /// opened in it): see [`crate::segments`].
+    segments_base: SegmentsIn,
 }
 
 /// Per-tenant data a thread needs to build requests and pace them.
@@ -192,6 +198,11 @@ struct Worker<'r, 'p> {
     rng: SmallRng,
     /// Slots not yet Done.
     active: usize,
+    /// The measured window has begun: every open stream's `segments_base` was read.
+    segments_counting: bool,
+    /// Segments received in the measured window by streams closed in it, and (at the end)
+    /// by those still open.
+    segments: SegmentTotals,
 }
 
 /// Runs one generator thread over `slots` ((tenant, slot) pairs) until the deadline or until
@@ -208,9 +219,11 @@ pub(crate) fn run_thread(
     w.event_loop()?;
     let finished = Instant::now().min(run.end);
     w.count_unfinished();
+    w.finish_counting_segments();
     Ok(ThreadResult {
         stats: w.stats,
         finished,
+        segments: w.segments,
     })
 }
 
@@ -262,6 +275,7 @@ impl<'r, 'p> Worker<'r, 'p> {
                     reader: ResponseReader::new(),
                     sent_ns: 0,
                     received_ns: 0,
+                    segments_base: SegmentsIn::default(),
                 };
                 if let Pacing::Open { rate_per_s } = plan.tenants[tenant].pacing {
                     c.due = scheduled(
@@ -289,6 +303,8 @@ impl<'r, 'p> Worker<'r, 'p> {
             rerun: Vec::new(),
             read_buf: vec![0; READ_BUFFER_BYTES],
             rng: SmallRng::seed_from_u64(seed),
+            segments_counting: false,
+            segments: SegmentTotals::default(),
         })
     }
 
@@ -321,6 +337,9 @@ impl<'r, 'p> Worker<'r, 'p> {
             let now = Instant::now();
             if now >= self.run.end || self.active == 0 {
                 return Ok(());
+            }
+            if !self.segments_counting && now >= self.run.measure_start {
+                self.begin_counting_segments();
             }
             let mut wake = self.run.end.min(next_sweep);
             if let Some(Reverse((t, _))) = self.timers.peek() {
@@ -433,6 +452,7 @@ impl<'r, 'p> Worker<'r, 'p> {
         }
         let c = &mut self.conns[idx];
         c.stream = Some(stream);
+        c.segments_base = SegmentsIn::default();
         c.phase = Phase::Connecting;
         c.since = now;
     }
@@ -486,6 +506,9 @@ impl<'r, 'p> Worker<'r, 'p> {
     fn close_stream(&mut self, idx: usize) {
         let c = &mut self.conns[idx];
         if let Some(mut s) = c.stream.take() {
+            if self.segments_counting {
+                count_segments(&mut self.segments, &s, c.segments_base);
+            }
             let _ = self.poll.registry().deregister(&mut s);
         }
         c.phase = Phase::Disconnected;
@@ -754,6 +777,32 @@ impl<'r, 'p> Worker<'r, 'p> {
         self.reconnect(idx, now);
     }
 
+    /// At the start of the measured window: reads every open stream's segment counters.
+    fn begin_counting_segments(&mut self) {
+        self.segments_counting = true;
+        for c in &mut self.conns {
+            if let Some(s) = &c.stream {
+                match segments::read(s) {
+                    Some(base) => c.segments_base = base,
+                    // Counted as unread at the end (its counters then fail the same way).
+                    None => c.segments_base = SegmentsIn::default(),
+                }
+            }
+        }
+    }
+
+    /// At the deadline: adds what the streams still open received in the window.
+    fn finish_counting_segments(&mut self) {
+        if !self.segments_counting {
+            return;
+        }
+        for c in &self.conns {
+            if let Some(s) = &c.stream {
+                count_segments(&mut self.segments, s, c.segments_base);
+            }
+        }
+    }
+
     /// At the deadline: counts requests in flight, and open-loop requests that were due by the
     /// deadline but not sent (capped by what is left of the tenant's budget).
     fn count_unfinished(&mut self) {
@@ -794,6 +843,14 @@ impl<'r, 'p> Worker<'r, 'p> {
             let unfinished = in_flight[tenant] + backlog[tenant].min(left);
             self.stats(tenant).unfinished += unfinished;
         }
+    }
+}
+
+/// Adds what `s` received since `base` to `totals` (or counts it unread).
+fn count_segments(totals: &mut SegmentTotals, s: &TcpStream, base: SegmentsIn) {
+    match segments::read(s) {
+        Some(now) => totals.add(now.since(base)),
+        None => totals.unread += 1,
     }
 }
 

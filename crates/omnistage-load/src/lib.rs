@@ -39,10 +39,11 @@ pub mod stats;
 
 mod affinity;
 mod engine;
+mod segments;
 mod stamps;
 
 pub use args::LoadArgs;
-pub use report::{format_table, print_table, Report, TenantReport, WindowReport};
+pub use report::{format_table, print_table, Report, ServerSegments, TenantReport, WindowReport};
 pub use stats::{client_counts, jain_index, ClientCounts, ErrorCounts};
 
 use engine::{Budget, Run, ThreadResult};
@@ -111,9 +112,11 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         .map(|t| TenantStats::new(t.connections))
         .collect();
     let mut finished = measure_start;
+    let mut segments = segments::SegmentTotals::default();
     for r in results {
         let r = r?;
         finished = finished.max(r.finished);
+        segments.merge(&r.segments);
         for (acc, s) in per_tenant.iter_mut().zip(&r.stats) {
             if let Some(s) = s {
                 acc.merge(s);
@@ -157,6 +160,17 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         &total,
         seconds,
     );
+    let server_segments = segments::read_anywhere().then(|| {
+        let per_response =
+            |x: u64| (total.responses > 0).then(|| x as f64 / total.responses as f64);
+        ServerSegments {
+            data: segments.data,
+            without_data: segments.without_data,
+            data_per_response: per_response(segments.data),
+            without_data_per_response: per_response(segments.without_data),
+            unread_sockets: segments.unread,
+        }
+    });
     Ok(Report {
         addr: plan.addr.to_string(),
         threads: plan.threads,
@@ -167,6 +181,7 @@ pub fn run(args: &LoadArgs) -> Result<Report, String> {
         total,
         client_jain: client_requests.jain,
         client_requests,
+        server_segments,
     })
 }
 

@@ -30,6 +30,25 @@ pub struct Report {
     pub client_jain: Option<f64>,
     /// Successful responses per client slot: fewest, median, most, and slots with none.
     pub client_requests: ClientCounts,
+    /// TCP segments the server sent to the generator's sockets in the measured window, read
+    /// from the sockets' `TCP_INFO` (`null` where the kernel does not give them).
+    pub server_segments: Option<ServerSegments>,
+}
+
+/// The server's TCP segments as this generator's sockets received them in the measured
+/// window (see the `segments` module: on loopback each costs the server system time).
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerSegments {
+    /// Segments carrying data.
+    pub data: u64,
+    /// Segments without data: pure ACKs (a request the server answered later than the
+    /// kernel's delayed-ACK timeout gets one), and the SYN-ACKs and FINs of connections.
+    pub without_data: u64,
+    /// Per complete response (any status) in the window; `null` when there was none.
+    pub data_per_response: Option<f64>,
+    pub without_data_per_response: Option<f64>,
+    /// Sockets whose counters could not be read (not in the sums).
+    pub unread_sockets: u64,
 }
 
 /// One window's figures for one tenant (`--window-ms`): what completed in it.
@@ -296,6 +315,20 @@ pub fn format_table(r: &Report) -> String {
         c.requests_max,
         c.starved
     );
+    if let Some(g) = &r.server_segments {
+        let per = |x: Option<f64>| x.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+        let _ = writeln!(
+            out,
+            "server's TCP segments (TCP_INFO of these sockets): per response {} with data, {} without (pure ACKs, SYN-ACKs, FINs){}",
+            per(g.data_per_response),
+            per(g.without_data_per_response),
+            if g.unread_sockets > 0 {
+                format!(" | {} sockets unread", g.unread_sockets)
+            } else {
+                String::new()
+            }
+        );
+    }
     out
 }
 
@@ -340,6 +373,7 @@ mod tests {
             total: tenant_report(meta("total"), &stats, 1.0),
             client_jain: None,
             client_requests: ClientCounts::default(),
+            server_segments: None,
         }
     }
 
@@ -352,5 +386,23 @@ mod tests {
         );
         let t = format_table(&report(None));
         assert!(!t.contains("send→kernel"), "{t}");
+    }
+
+    #[test]
+    fn the_table_shows_the_servers_segments_when_counted() {
+        let mut r = report(None);
+        assert!(!format_table(&r).contains("TCP segments"));
+        r.server_segments = Some(ServerSegments {
+            data: 10,
+            without_data: 5,
+            data_per_response: Some(1.0),
+            without_data_per_response: Some(0.5),
+            unread_sockets: 0,
+        });
+        let t = format_table(&r);
+        assert!(
+            t.contains("per response 1.00 with data, 0.50 without"),
+            "{t}"
+        );
     }
 }

@@ -556,8 +556,13 @@ fn report_json_and_table() {
     }
     assert_eq!(t["mix"], "bytes=10");
     assert_eq!(srv.seen.paths.lock().unwrap().get("/_bytes?n=10"), Some(&3));
+    // Each of the 3 responses came in at least one segment with data, counted on the
+    // generator's own sockets (the window holds them all: no warmup).
+    let g = r.server_segments.as_ref().expect("TCP_INFO on Linux");
+    assert!(g.data >= 3 && g.unread_sockets == 0, "{g:?}");
     let table = omnistage_load::format_table(&r);
-    assert!(table.lines().count() == 5, "{table}");
+    assert!(table.lines().count() == 6, "{table}");
+    assert!(table.contains("server's TCP segments"), "{table}");
     assert!(table.contains("clients: 1"), "{table}");
     assert!(table.contains("total"));
 }
