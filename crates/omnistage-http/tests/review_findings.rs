@@ -833,6 +833,48 @@ fn a_refused_upload_gets_its_answer_and_a_clean_close() {
     );
 }
 
+/// The same under a net cap, where the answer goes out through the send scheduler's pump: the
+/// pump ended a closing connection with a bare close (no lingering), so after one answered
+/// request (which gives the connection its tenant, and the pump its bytes) the refused upload
+/// was reset again.
+#[test]
+fn a_refused_upload_under_a_net_cap_gets_its_answer_and_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hello.txt"), b"hello\n").unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"t\"\ndocroot = '{}'\nnet_cap = \"100MB/s\"\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = s.read(&mut first).unwrap();
+    assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+    let mut writer = s.try_clone().unwrap();
+    const BODY_BYTES: usize = 16 << 20;
+    let uploader = std::thread::spawn(move || {
+        let head =
+            format!("GET /hello.txt HTTP/1.1\r\nHost: x\r\nContent-Length: {BODY_BYTES}\r\n\r\n");
+        writer.write_all(head.as_bytes())?;
+        writer.write_all(&vec![b'u'; BODY_BYTES])?;
+        writer.shutdown(std::net::Shutdown::Write)
+    });
+    let sent = uploader.join().unwrap();
+    let mut answer = Vec::new();
+    let read = s.read_to_end(&mut answer);
+    server.drain(Duration::from_millis(100));
+    assert!(sent.is_ok(), "the upload failed: {sent:?}");
+    assert!(read.is_ok(), "reading the answer: {read:?}");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
 /// Once: a response streamed in several dispatches yields between them (a continuation
 /// queued in its tenant's activity), and the wait for that turn counted as the client not
 /// reading: under a small CPU cap the turn came after `keepalive_timeout` and a client that

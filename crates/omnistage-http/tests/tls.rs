@@ -692,3 +692,88 @@ fn tls_under_a_net_cap_is_shaped_and_intact() {
     }
     assert!(bytes_out() - before >= 2 * want.len() as u64);
 }
+
+/// A TLS client that reads nothing for a while (a small receive buffer): its answer, handed
+/// whole to rustls, waits there for the socket. When the client then sends close_notify and
+/// its FIN, the records rustls still holds, and the server's close_notify after them, go out
+/// before the close: the client gets every byte and a clean end.
+#[test]
+fn a_client_that_half_closes_while_its_answer_waits_in_rustls_gets_every_byte() {
+    const ANSWER_BYTES: usize = 60_000;
+    let fx = Fixture::new();
+    let want: Vec<u8> = (0..ANSWER_BYTES).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(fx.www().join("sixty.bin"), &want).unwrap();
+    let ts = TestServer::start(&fx.config("", None));
+    let cfg = client_config(&[&fx.a], &[&rustls::version::TLS13], &[b"http/1.1"]);
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    // Small, so that the server's socket fills long before the answer is out.
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(&ts.tls.into()).unwrap();
+    let sock: TcpStream = sock.into();
+    sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let name = ServerName::try_from("a.test".to_string()).unwrap();
+    let mut s = StreamOwned::new(ClientConnection::new(cfg, name).unwrap(), sock);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock).unwrap();
+    }
+    s.write_all(b"GET /sixty.bin HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        .unwrap();
+    s.flush().unwrap();
+    // The server hands the answer to rustls and blocks on the full socket.
+    std::thread::sleep(Duration::from_millis(200));
+    s.conn.send_close_notify();
+    s.flush().unwrap();
+    s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    // The server reads the FIN while records wait in rustls.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        match s.read(&mut chunk) {
+            Ok(0) => break Ok(()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => break Err(e),
+        }
+    };
+    let got = buf.len();
+    assert!(end.is_ok(), "after {got} bytes: {end:?}");
+    let (status, body) = read_response(&mut &[][..], &mut buf);
+    assert_eq!(status, 200);
+    assert!(body == want, "the body differs ({} bytes)", body.len());
+}
+
+/// A `Connection: close` answer over TLS from a tenant with a net cap (its bytes go out through
+/// the send scheduler) ends with the server's close_notify, and nothing of it is lost.
+#[test]
+fn a_closing_tls_answer_under_a_net_cap_ends_with_close_notify() {
+    let fx = Fixture::new();
+    let text = fx
+        .config("", None)
+        .replace("name = \"a\"\n", "name = \"a\"\nnet_cap = \"200MB/s\"\n");
+    let ts = TestServer::start(&text);
+    let cfg = client_config(&[&fx.a], &[&rustls::version::TLS13], &[b"http/1.1"]);
+    for path in ["/hello.txt", "/big.bin"] {
+        let mut s = tls_connect(ts.tls, cfg.clone(), "a.test").expect("handshake");
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        s.flush().unwrap();
+        let mut buf = Vec::new();
+        let (status, body) = read_response(&mut s, &mut buf);
+        assert_eq!(status, 200, "{path}");
+        let want = if path == "/big.bin" {
+            big_content()
+        } else {
+            HELLO.to_vec()
+        };
+        assert!(body == want, "{path}: the body differs");
+        let mut rest = Vec::new();
+        let end = s.read_to_end(&mut rest);
+        assert!(
+            matches!(end, Ok(0)),
+            "{path}: {end:?}: no close_notify after the answer"
+        );
+    }
+}

@@ -563,8 +563,13 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         return Step::Closed;
     }
     if c.answered_all_after_eof() {
-        close(ctx, cs, key);
-        return Step::Closed;
+        // Through `flush`, not a bare close: over TLS, records rustls still holds and its
+        // close_notify go out first (a client that half-closed waits for both).
+        return if flush(ctx, cs, key) {
+            Step::Idle
+        } else {
+            Step::Closed
+        };
     }
     if c.busy
         || c.closing

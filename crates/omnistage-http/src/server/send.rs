@@ -338,7 +338,9 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
             if !sent.more {
                 let Some(c) = cs.conn(key) else { continue };
                 if c.closing {
-                    close(ctx, cs, key);
+                    // As the direct path ends it (`flush`): records rustls still holds and its
+                    // close_notify go out, and a client still sending gets a lingering close.
+                    super::conn::flush(ctx, cs, key);
                 } else {
                     // Output done: its next pipelined request, in its own activity.
                     let activity = c.activity;

@@ -465,9 +465,13 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
         let c = cs.conn(key).expect("live");
         c.read_eof = true;
         // As on plaintext (`read_more_then`): a proxied request is abandoned.
-        if c.answered_all_after_eof() || c.proxy.is_some() {
+        if c.proxy.is_some() {
             close(ctx, cs, key);
             return false;
+        }
+        if c.answered_all_after_eof() {
+            // Records rustls still holds, then its close_notify, go out before the close.
+            return super::conn::flush(ctx, cs, key);
         }
         return true;
     }
