@@ -777,3 +777,56 @@ fn a_closing_tls_answer_under_a_net_cap_ends_with_close_notify() {
         );
     }
 }
+
+/// A backend that answers every connection's first request with `head_and_part` and then
+/// resets the connection (SO_LINGER 0): a response cut mid-body.
+fn cutting_backend(head_and_part: &'static [u8]) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk) {
+                        Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                        _ => return,
+                    }
+                }
+                let _ = s.write_all(head_and_part);
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            });
+        }
+    });
+    addr
+}
+
+/// A proxied response whose end is marked only by the close (no length, no chunks) and whose
+/// backend resets mid-body: over TLS, the missing close_notify is the only way the client can
+/// tell it was cut. The server took the reset for the end of the body and ended the
+/// connection with close_notify, so the cut response read as complete.
+#[test]
+fn a_proxied_response_cut_by_a_reset_ends_without_close_notify() {
+    let fx = Fixture::new();
+    let up = cutting_backend(b"HTTP/1.0 200 OK\r\n\r\npartial");
+    let ts = TestServer::start(&proxied_config(&fx, up, ""));
+    let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+    write!(s, "GET /x HTTP/1.0\r\nHost: a.test\r\n\r\n").unwrap();
+    s.flush().unwrap();
+    let mut got = Vec::new();
+    let end = s.read_to_end(&mut got);
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+        "{text}"
+    );
+    assert!(
+        matches!(&end, Err(e) if e.kind() == ErrorKind::UnexpectedEof),
+        "{end:?}: the cut response ended as if complete"
+    );
+}

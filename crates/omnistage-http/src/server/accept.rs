@@ -128,6 +128,7 @@ pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
                 read_eof: false,
                 lingering_until_ns: 0,
                 linger_on_close: false,
+                cut: false,
                 yielded: false,
                 request_start_ns: now,
                 last_progress_ns: now,

@@ -113,6 +113,9 @@ pub(super) struct Conn {
     /// Its client may still be sending when it closes (a parse error, a body refused or left
     /// unread): it lingers then, whether or not bytes wait in the socket at that moment.
     pub(super) linger_on_close: bool,
+    /// Its response was cut (the proxy lost the backend mid-response): it closes without TLS
+    /// close_notify, the one sign of the cut a client reading until the close has.
+    pub(super) cut: bool,
     /// A continuation of it is queued in its activity ([`super::cont::yield_conn`]): its
     /// output waits for the tenant's turn, which is the server's wait, not the client's.
     pub(super) yielded: bool,
@@ -425,7 +428,7 @@ pub(super) fn flush(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
     if let Some(t) = &mut c.tls {
         // Records rustls still holds (and, when closing, its close_notify) go out before the
         // connection is closed.
-        if done {
+        if done && !c.cut {
             t.close_notify();
         }
         match t.push(&mut c.stream) {

@@ -654,8 +654,10 @@ pub(super) fn fail(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, status: u16
     let Some(c) = cs.conn(key) else { return };
     if p.resp.is_some() {
         // Part of the response went out: the client must see it cut, never complete (its
-        // length or chunked framing says so when the connection closes after it).
+        // length or chunked framing says so when the connection closes after it; over TLS,
+        // so does the missing close_notify, which is all a body read until the close has).
         c.closing = true;
+        c.cut = true;
         c.busy = false;
         flush(ctx, cs, key);
         return;
@@ -968,6 +970,8 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
     }
     // 3. The response, within the window.
     let mut eof = false;
+    // The backend's connection failed (a reset): not the end of a body read until the close.
+    let mut read_failed = false;
     let mut fwd = Fwd::default();
     if u.state == UpState::Busy && !up_failed {
         // Bounded: each round reads (up to a scratch buffer) or ends; the window bounds the
@@ -1006,7 +1010,10 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
                     break;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => eof = true,
+                Err(_) => {
+                    eof = true;
+                    read_failed = true;
+                }
             }
         }
     }
@@ -1044,7 +1051,7 @@ fn pump_once(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Moved {
     }
     if up_failed || eof {
         m.ended = true;
-        if until_close && eof {
+        if until_close && eof && !read_failed {
             complete(ctx, cs, key);
         } else if reused_fresh {
             // A pooled connection the server had closed: once more on a new one.
