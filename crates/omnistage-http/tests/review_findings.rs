@@ -907,3 +907,49 @@ fn a_body_waiting_for_its_tenants_turn_is_not_timed_out() {
     );
     assert_eq!(timeouts, 0);
 }
+
+/// Once: a pipelined request for another tenant, parsed while the answer before it was still
+/// going out, moved the connection to the new tenant at once, and the rest of the previous
+/// tenant's answer went out under the new tenant's node and cap and was charged to it. Now
+/// the request waits until the answers before it are out.
+#[test]
+fn a_pipelined_request_for_another_tenant_leaves_the_previous_answer_to_its_tenant() {
+    const BIG_BYTES: usize = 400_000;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("big.bin"), vec![b'a'; BIG_BYTES]).unwrap();
+    std::fs::write(dir.path().join("small.txt"), b"b\n").unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 1\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{0}'\nnet_cap = \"2MB/s\"\n\n\
+         [[tenant]]\nname = \"b\"\nhosts = [\"b.test\"]\ndocroot = '{0}'\n",
+        dir.path().display()
+    );
+    let server = start(&toml);
+    let rt = server.runtime();
+    let bytes_out = |path: &str| -> u64 {
+        let id = rt.activity_id(path).expect("tenant");
+        rt.snapshot()
+            .rows
+            .iter()
+            .filter(|r| r.activity == id)
+            .map(|r| r.bytes_out)
+            .sum()
+    };
+    let (a0, b0) = (bytes_out("/tenants/a"), bytes_out("/tenants/b"));
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.write_all(
+        b"GET /big.bin HTTP/1.1\r\nHost: a.test\r\n\r\nGET /small.txt HTTP/1.1\r\nHost: b.test\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let got = read_total(&mut s, BIG_BYTES + 2 + 300, Duration::from_secs(10));
+    assert!(got >= BIG_BYTES + 2, "read {got}");
+    // The ledger's byte counts are published by the worker: wait for them (bounded).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while bytes_out("/tenants/a") - a0 < BIG_BYTES as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (a, b) = (bytes_out("/tenants/a") - a0, bytes_out("/tenants/b") - b0);
+    server.drain(Duration::from_millis(100));
+    assert!(a >= BIG_BYTES as u64, "a was charged {a} bytes, b {b}");
+    assert!(b < 1000, "b was charged {b} bytes of a's answer");
+}

@@ -611,6 +611,23 @@ pub(super) fn step(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> Step {
         }
         ParseOutcome::Complete { request, consumed } => (request, consumed),
     };
+    if c.tenant.is_some() && c.sending() {
+        // A pipelined request for another tenant waits, unconsumed, until the answers before
+        // it are out (the end of that output drives this connection again): the bytes still
+        // queued are the previous tenant's, to go out under its node and cap and be charged
+        // to it, which moving the connection to the new tenant now would undo.
+        let (prev, local) = (c.tenant.clone(), c.local);
+        let live = cs.live.clone();
+        let next = live
+            .config
+            .tenant_for(request.host(), local)
+            .map(|t| &live.tenants[t]);
+        if !matches!((&prev, next), (Some(p), Some(n)) if Arc::ptr_eq(p, n)) {
+            recycle(request);
+            return Step::Idle;
+        }
+    }
+    let c = cs.conn(key).expect("live");
     c.inbuf.drain(..consumed);
     if c.inbuf.is_empty() {
         // Idle until the next request: the buffer goes back to the pool.
