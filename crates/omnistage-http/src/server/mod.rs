@@ -60,6 +60,7 @@ mod fleet;
 mod output;
 mod pool;
 mod proxy;
+mod relay;
 mod send;
 mod send_sched;
 mod shared;
