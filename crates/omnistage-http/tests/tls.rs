@@ -830,3 +830,43 @@ fn a_proxied_response_cut_by_a_reset_ends_without_close_notify() {
         "{end:?}: the cut response ended as if complete"
     );
 }
+
+/// A client resumes its TLS session (no full handshake: no certificate signature, no key
+/// exchange of the server's) on a new connection, and still after a reload of the same
+/// certificates: the reload built new rustls configs, each with a session store of its own,
+/// and every client's next handshake was a full one again.
+#[test]
+fn a_tls_session_is_resumed_across_a_reload() {
+    let fx = Fixture::new();
+    let text = fx.config("", None);
+    let ts = TestServer::start(&text);
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
+        // One client config: its session cache carries the session to the next connection.
+        let cfg = client_config(&[&fx.a], versions, &[b"http/1.1"]);
+        let kind = |reload: bool| {
+            if reload {
+                ts.server()
+                    .reload(parse_config(&text).unwrap())
+                    .expect("reload");
+            }
+            let mut s = tls_connect(ts.tls, cfg.clone(), "a.test").expect("handshake");
+            // Reading the answer also takes in the server's session tickets (TLS 1.3).
+            assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+            s.conn.handshake_kind()
+        };
+        assert_eq!(kind(false), Some(rustls::HandshakeKind::Full));
+        assert_eq!(
+            kind(false),
+            Some(rustls::HandshakeKind::Resumed),
+            "{versions:?}"
+        );
+        assert_eq!(
+            kind(true),
+            Some(rustls::HandshakeKind::Resumed),
+            "after a reload, {versions:?}"
+        );
+    }
+}

@@ -210,7 +210,7 @@ pub(super) fn apply_tenants(
 ) -> Result<Live, String> {
     // First, before anything changes: a certificate that does not load refuses the whole
     // configuration, and the old one keeps serving.
-    let tls = TlsConfigs::load(&config)?;
+    let tls = TlsConfigs::load(&config, old.and_then(|o| o.tls.as_deref()))?;
     if rt.activity_id("/tenants").is_none() {
         rt.create_activity("/tenants", ActivitySpec::default())
             .map_err(|e| e.to_string())?;

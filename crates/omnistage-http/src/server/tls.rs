@@ -25,7 +25,7 @@ use omnistage::activity::INFRA;
 use omnistage::exec::Ctx;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{Accepted, Acceptor};
+use rustls::server::{Accepted, Acceptor, ServerSessionMemoryCache, StoresServerSessions};
 use rustls::{ServerConfig, ServerConnection};
 use std::fs::File;
 use std::io::{IoSlice, Read, Write};
@@ -45,17 +45,32 @@ const TLS_SENDABLE_BYTES_MAX: usize = 64 * 1024;
 /// Plaintext of a file segment encrypted per call (one TLS record's worth).
 const FILE_CHUNK_BYTES: usize = 16 * 1024;
 
+/// TLS sessions the server remembers for resumption (all certificates together; rustls
+/// resumes a session only for the same server name and cipher suite). An entry is a few
+/// hundred bytes, so this is a few MiB at most; nginx's usual `ssl_session_cache
+/// shared:SSL:10m` holds about 40,000. rustls's default, 256 per config, is gone in a moment
+/// on a busy server.
+const TLS_SESSIONS_MAX: usize = 20_480;
+
 /// The certificates of a configuration, each as a rustls server config: the default one and,
 /// per tenant (config order), its own or the default.
 pub(super) struct TlsConfigs {
     default: Arc<ServerConfig>,
     tenants: Vec<Arc<ServerConfig>>,
+    /// The session store every config here shares, handed on to the configs of the next
+    /// reload: a reload that changed no certificate must not turn every client's next
+    /// handshake into a full one (a burst of key exchanges and signatures).
+    sessions: Arc<dyn StoresServerSessions>,
 }
 
 impl TlsConfigs {
     /// Loads the certificates `config` names; `None` when it has no TLS listener. An error names
     /// the file and what is wrong with it.
-    pub(super) fn load(config: &Config) -> Result<Option<Arc<TlsConfigs>>, String> {
+    /// `before`: the configs this replaces, whose session store the new ones keep.
+    pub(super) fn load(
+        config: &Config,
+        before: Option<&TlsConfigs>,
+    ) -> Result<Option<Arc<TlsConfigs>>, String> {
         let s = &config.server;
         if s.listen_tls.is_empty() {
             return Ok(None);
@@ -63,17 +78,24 @@ impl TlsConfigs {
         let (Some(cert), Some(key)) = (&s.tls_cert, &s.tls_key) else {
             return Err("listen_tls needs tls_cert and tls_key".into());
         };
-        let default = server_config(cert, key)?;
+        let sessions = before.map_or_else(
+            || ServerSessionMemoryCache::new(TLS_SESSIONS_MAX) as Arc<dyn StoresServerSessions>,
+            |b| b.sessions.clone(),
+        );
+        let default = server_config(cert, key, &sessions)?;
         let mut tenants = Vec::with_capacity(config.tenants.len());
         for t in &config.tenants {
             tenants.push(match (&t.tls_cert, &t.tls_key) {
-                (Some(c), Some(k)) => {
-                    server_config(c, k).map_err(|e| format!("tenant {:?}: {e}", t.name))?
-                }
+                (Some(c), Some(k)) => server_config(c, k, &sessions)
+                    .map_err(|e| format!("tenant {:?}: {e}", t.name))?,
                 _ => default.clone(),
             });
         }
-        Ok(Some(Arc::new(TlsConfigs { default, tenants })))
+        Ok(Some(Arc::new(TlsConfigs {
+            default,
+            tenants,
+            sessions,
+        })))
     }
 
     fn for_tenant(&self, tenant: Option<usize>) -> Arc<ServerConfig> {
@@ -99,8 +121,13 @@ fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     Ok(v)
 }
 
-/// One certificate chain and key as a rustls server config: TLS 1.3 and 1.2, ALPN `http/1.1`.
-fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+/// One certificate chain and key as a rustls server config: TLS 1.3 and 1.2, ALPN `http/1.1`,
+/// resuming sessions from `sessions`.
+fn server_config(
+    cert: &Path,
+    key: &Path,
+    sessions: &Arc<dyn StoresServerSessions>,
+) -> Result<Arc<ServerConfig>, String> {
     let cert_pem = read_pem(cert, "tls_cert")?;
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<Result<_, _>>()
@@ -128,6 +155,7 @@ fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
             )
         })?;
     sc.alpn_protocols = vec![b"http/1.1".to_vec()];
+    sc.session_storage = sessions.clone();
     Ok(Arc::new(sc))
 }
 
