@@ -870,3 +870,24 @@ fn a_tls_session_is_resumed_across_a_reload() {
         );
     }
 }
+
+/// A reload of a file without the TLS listener and its certificates is refused (the listener
+/// changes only on restart, and it keeps serving with the certificates it has); it was applied,
+/// and every handshake on the running TLS listener was closed for want of a certificate.
+#[test]
+fn a_reload_without_the_tls_listener_keeps_it_serving() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\n",
+        fx.www().display()
+    );
+    let e = ts
+        .server()
+        .reload(parse_config(&text).unwrap())
+        .expect_err("no certificate for the running TLS listener");
+    assert!(e.contains("tls_cert"), "{e}");
+    let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("the TLS listener still serves");
+    assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+}

@@ -522,6 +522,13 @@ impl Server {
         only_changed: bool,
     ) -> Result<Reloaded, String> {
         let not_applied = restart_only.differences(&config.server);
+        let mut config = config;
+        if config.server.listen_tls.is_empty() && !restart_only.listen_tls.is_empty() {
+            // The TLS listeners keep running (they change only on restart) and need their
+            // certificates: a file without them is refused, not applied with every handshake
+            // then closed for want of a certificate.
+            config.server.listen_tls = restart_only.listen_tls.clone();
+        }
         let old = self.shared.live.read().expect("live lock").clone();
         let live = apply_tenants(&self.rt, config, Some(&old), self.work, only_changed)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
