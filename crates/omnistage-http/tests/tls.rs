@@ -147,6 +147,7 @@ impl TestServer {
                 "errors" => s.tls_handshake_errors.load(Ordering::Relaxed),
                 "eof" => s.tls_handshake_eof.load(Ordering::Relaxed),
                 "timeouts" => s.tls_handshake_timeouts.load(Ordering::Relaxed),
+                "record_errors" => s.tls_record_errors.load(Ordering::Relaxed),
                 "handshakes" => s.tls_handshakes.load(Ordering::Relaxed),
                 _ => unreachable!("a counter of this test"),
             };
@@ -890,4 +891,24 @@ fn a_reload_without_the_tls_listener_keeps_it_serving() {
     let cfg = client_config(&[&fx.a], rustls::ALL_VERSIONS, &[b"http/1.1"]);
     let mut s = tls_connect(ts.tls, cfg, "a.test").expect("the TLS listener still serves");
     assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+}
+
+/// A record that fails to decrypt after the handshake closes the connection and is counted as
+/// a record error, not as a refused handshake (it was counted among the handshake errors).
+#[test]
+fn a_bad_record_after_the_handshake_is_counted_apart() {
+    let fx = Fixture::new();
+    let ts = TestServer::start(&fx.config("", None));
+    let cfg = client_config(&[&fx.a], &[&rustls::version::TLS13], &[b"http/1.1"]);
+    let mut s = tls_connect(ts.tls, cfg, "a.test").expect("handshake");
+    assert_eq!(get(&mut s, "a.test", "/hello.txt"), (200, HELLO.to_vec()));
+    ts.wait_counter("handshakes", 1);
+    // An application-data record of 32 bytes that no key made: its tag cannot match.
+    let mut record = vec![0x17, 0x03, 0x03, 0x00, 0x20];
+    record.extend_from_slice(&[0x5a; 32]);
+    s.sock.write_all(&record).unwrap();
+    assert!(closed_by_server(&mut s.sock), "the server closes it");
+    ts.wait_counter("record_errors", 1);
+    let stats = ts.server().stats();
+    assert_eq!(stats.tls_handshake_errors.load(Ordering::Relaxed), 0);
 }

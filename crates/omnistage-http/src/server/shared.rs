@@ -44,6 +44,9 @@ pub struct ServerStats {
     pub tls_handshake_eof: AtomicU64,
     /// TLS handshakes closed by the header timeout (slow or stalled).
     pub tls_handshake_timeouts: AtomicU64,
+    /// TLS connections closed on a bad record after their handshake (a decrypt or MAC
+    /// failure, a protocol error).
+    pub tls_record_errors: AtomicU64,
 }
 
 impl ServerStats {
@@ -90,6 +93,11 @@ impl ServerStats {
                 "omnistage_http_tls_handshake_timeouts",
                 "TLS handshakes closed by the header timeout (slow or stalled).",
                 get(&self.tls_handshake_timeouts),
+            ),
+            (
+                "omnistage_http_tls_record_errors",
+                "TLS connections closed on a bad record after the handshake (decrypt or MAC failure, protocol error).",
+                get(&self.tls_record_errors),
             ),
         ]
     }

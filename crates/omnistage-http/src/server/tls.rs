@@ -293,6 +293,8 @@ impl Sink for TlsSink<'_> {
 enum Outcome {
     Garbage,
     Truncated,
+    /// A bad record after the handshake (a decrypt or MAC failure, a protocol error).
+    BadRecord,
 }
 
 fn count(cs: &CoreServer, o: Outcome) {
@@ -300,6 +302,7 @@ fn count(cs: &CoreServer, o: Outcome) {
     match o {
         Outcome::Garbage => stats.tls_handshake_errors.fetch_add(1, Ordering::Relaxed),
         Outcome::Truncated => stats.tls_handshake_eof.fetch_add(1, Ordering::Relaxed),
+        Outcome::BadRecord => stats.tls_record_errors.fetch_add(1, Ordering::Relaxed),
     };
 }
 
@@ -452,7 +455,11 @@ pub(super) fn read(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) -> bool {
             }
             Ok(_) => {
                 if conn.process_new_packets().is_err() {
-                    failed = Some(Outcome::Garbage);
+                    failed = Some(if conn.is_handshaking() {
+                        Outcome::Garbage
+                    } else {
+                        Outcome::BadRecord
+                    });
                     // The alert rustls queued goes out, as far as the socket takes it.
                     let _ = push(conn, &mut c.stream);
                     closed = true;
