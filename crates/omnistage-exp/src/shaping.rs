@@ -278,7 +278,7 @@ fn point(
 /// of 1 ms of the rate, the first three are 1.03× the rate.
 fn within_grain(p: &Point, ratio: f64, late: Duration) -> bool {
     let rate = p.rate_mb_per_s * 1e6;
-    let grain = omnistage_http::server::leaky_grain_bytes(rate as u64) as f64;
+    let grain = omnistage_http::server::net_cap_grain_bytes(rate as u64) as f64;
     let catch_up = Duration::from_nanos(LEAKY_CATCH_UP_NS);
     ratio <= 1.0 + (grain + rate * (catch_up + late).as_secs_f64()) / (rate * TICK.as_secs_f64())
 }
@@ -336,7 +336,7 @@ fn download(
         .min(omnistage_http::synthetic::BYTES_N_MAX);
     let p = point(kind, a.download_rate, conns, body, repeat, a)?;
     let over = match kind {
-        "leaky" => omnistage_http::server::leaky_grain_bytes(rate as u64),
+        "leaky" => omnistage_http::server::net_cap_grain_bytes(rate as u64),
         _ => omnistage_http::server::net_cap_burst_bytes(rate as u64),
     } as f64;
     let allowance_ratio = over / (rate * a.common.seconds);

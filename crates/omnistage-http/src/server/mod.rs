@@ -72,7 +72,7 @@ mod upstream_pool;
 mod work;
 
 pub use fleet::{FleetHooks, FleetStatus, FleetTenantStatus, LeasePool};
-pub use send_sched::{leaky_grain_bytes, net_cap_burst_bytes};
+pub use send_sched::{net_cap_burst_bytes, net_cap_grain_bytes};
 pub use shared::{ServerOptions, ServerStats};
 pub use tenants::{FleetTenant, Reloaded, UpdateError};
 pub use upstream_pool::UpstreamTenantStats;

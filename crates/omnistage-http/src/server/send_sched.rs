@@ -100,13 +100,17 @@ pub(super) fn bucket(kind: ShaperKind, rate_per_s: u64) -> ShaperSpec {
         kind,
         rate_per_s,
         burst: net_cap_burst_bytes(rate_per_s),
-        // A leaky bucket sends in grains of 1 ms of its rate (at most a quantum, at least
-        // 1 KiB): the send stage writes no more than the bucket holds, so no 100 ms window
-        // carries more than the rate and one grain, and the tenant is woken ≤ ~1,000 times/s.
-        grain: match kind {
-            ShaperKind::Leaky => leaky_grain_bytes(rate_per_s),
-            ShaperKind::Token => 0,
-        },
+        // Either kind sends in grains of 1 ms of its rate (at most a quantum, at least 1 KiB):
+        // the send stage writes no more than the bucket holds, so a leaky bucket's 100 ms
+        // window carries no more than the rate and one grain, and a drained bucket of either
+        // kind wakes its tenant (or the link) ≤ ~1,000 times/s. A token bucket needs the grain
+        // too: charges are whole bytes but refills are fractional, so after the send stage takes
+        // the whole bytes a drained bucket holds, it keeps a fraction of a byte, which is a
+        // positive balance; without a grain the next pick found no whole byte, wrote one byte
+        // anyway, and throttled for ~1e9/rate ns: hundreds of thousands of one-byte writes
+        // and timers a second in `/infra`. Its bound is unchanged (`rate·T + burst`: the burst
+        // is at least a quantum, so nothing is lost waiting for a grain).
+        grain: net_cap_grain_bytes(rate_per_s),
     }
 }
 
@@ -117,16 +121,19 @@ pub fn net_cap_burst_bytes(rate_per_s: u64) -> u64 {
     (rate_per_s / 100).max(SEND_QUANTUM_BYTES as u64)
 }
 
-/// The grain in which a tenant's leaky `net_cap` of `rate_per_s` sends (see [`bucket`]): what
-/// one 100 ms window may carry beyond the rate.
-pub fn leaky_grain_bytes(rate_per_s: u64) -> u64 {
-    (rate_per_s / LEAKY_GRAINS_PER_S).clamp(LEAKY_GRAIN_MIN_BYTES, SEND_QUANTUM_BYTES as u64)
+/// The grain in which a `net_cap` (or the link cap) of `rate_per_s` sends once its bucket is
+/// drained (see [`bucket`]): the least one write takes, and, for a leaky bucket, what one
+/// 100 ms window may carry beyond the rate.
+pub fn net_cap_grain_bytes(rate_per_s: u64) -> u64 {
+    (rate_per_s / NET_CAP_GRAINS_PER_S).clamp(NET_CAP_GRAIN_MIN_BYTES, SEND_QUANTUM_BYTES as u64)
 }
 
-/// A leaky-capped tenant's bytes go out in grains of `rate / LEAKY_GRAINS_PER_S`...
-const LEAKY_GRAINS_PER_S: u64 = 1000;
-/// ...and at least this many bytes (a smaller write costs more in syscalls than it smooths).
-const LEAKY_GRAIN_MIN_BYTES: u64 = 1024;
+/// A capped tenant's (or link's) bytes go out in grains of `rate / NET_CAP_GRAINS_PER_S`...
+const NET_CAP_GRAINS_PER_S: u64 = 1000;
+/// ...and at least this many bytes: a smaller write costs more in syscalls than it smooths, and
+/// is well below a TCP segment's payload (about 1,448 bytes on Ethernet), so each one would go
+/// out as a short segment of its own (the sockets have `TCP_NODELAY`).
+const NET_CAP_GRAIN_MIN_BYTES: u64 = 1024;
 
 impl SendSched {
     /// A scheduler with only the link node (bytes as costs) and no tenants yet.
@@ -405,6 +412,100 @@ mod tests {
     /// Pops every live connection, in queue order.
     fn drain(ss: &mut SendSched, leaf: NodeId) -> Vec<u64> {
         std::iter::from_fn(|| ss.pop_queued(leaf)).collect()
+    }
+
+    /// One backlogged connection under a bucket of `kind` at `rate` B/s, on the tenant's node or
+    /// (`on_link`) the link's, driven for one simulated second as the pump drives it: pick,
+    /// write what the buckets on its path hold (at most a quantum, at least one byte), charge;
+    /// when nothing is eligible the clock moves to the next decision plus 5 µs (a timer that
+    /// fires late, as timers do). Returns each write's bytes.
+    fn drive_one_second(kind: ShaperKind, rate: u64, on_link: bool) -> Vec<u64> {
+        let mut ss = SendSched::empty();
+        let node = ss
+            .tree
+            .add_interior(ss.link, ClientParams::default(), PolicyKind::Sfq)
+            .unwrap();
+        let shaped = if on_link { ss.link } else { node };
+        ss.tree
+            .set_shaper(shaped, Some(bucket(kind, rate)), 0)
+            .unwrap();
+        let leaf = ss.tree.add_leaf(node, ClientParams::default()).unwrap();
+        ss.tree.leaf_ready(leaf, 0);
+        let (mut now, mut writes) = (0u64, Vec::new());
+        while now < 1_000_000_000 {
+            let Some(l) = ss.tree.pick(now) else {
+                let d = ss.tree.next_decision_ns(now).expect("backlogged");
+                now += d + 5_000;
+                continue;
+            };
+            let n = ss
+                .tree
+                .shaped_room(l, now)
+                .map_or(SEND_QUANTUM_BYTES as u64, |r| {
+                    r.min(SEND_QUANTUM_BYTES as u64).max(1)
+                });
+            ss.tree.charge(l, n, true, now);
+            writes.push(n);
+            // Hundreds of thousands of writes is the failure this guards against; stop early.
+            if writes.len() > 100_000 {
+                break;
+            }
+        }
+        writes
+    }
+
+    /// A drained bucket sends in grains, not in one-byte writes on nanosecond timers, and still
+    /// at its rate. Token buckets (a tenant's default `cap_kind`, and always the link's) kept a
+    /// fraction of a byte after each write, which made them eligible with no whole byte to
+    /// send: a one-byte write, then a timer of ~1e9/rate ns, over and over. The least write
+    /// asserted is 1 KiB, the send stage's smallest grain (at 8 MB/s its grain is 1 ms of the
+    /// rate, 8,000 bytes, so about 1,000 writes once the burst is spent); the leaky bucket,
+    /// which already had its grain, is held to the same and is unchanged.
+    #[test]
+    fn a_drained_bucket_sends_in_grains_at_its_rate() {
+        let rate = 8_000_000u64;
+        let burst = net_cap_burst_bytes(rate);
+        for (kind, on_link) in [
+            (ShaperKind::Token, false),
+            (ShaperKind::Token, true),
+            (ShaperKind::Leaky, false),
+        ] {
+            let writes = drive_one_second(kind, rate, on_link);
+            let what = format!(
+                "{kind:?} on the {}",
+                if on_link { "link" } else { "tenant" }
+            );
+            let small = writes.iter().filter(|&&n| n < 1024).count();
+            assert_eq!(
+                small,
+                0,
+                "{what}: {small} writes under 1 KiB of {}",
+                writes.len()
+            );
+            // One write per millisecond of the rate, plus the burst's quanta.
+            let picks_max = 1000 + burst / SEND_QUANTUM_BYTES as u64 + 2;
+            assert!(
+                writes.len() as u64 <= picks_max,
+                "{what}: {} writes in a second (at most {picks_max})",
+                writes.len()
+            );
+            // The rate is kept: never more than a second of it and the burst (a token bucket's;
+            // a leaky one has none), and no less than that minus a grain and a late timer.
+            let sent: u64 = writes.iter().sum();
+            let allowed = rate
+                + match kind {
+                    ShaperKind::Token => burst,
+                    ShaperKind::Leaky => 0,
+                };
+            assert!(
+                sent <= allowed,
+                "{what}: {sent} B in a second, over {allowed}"
+            );
+            assert!(
+                sent + rate / 100 >= allowed,
+                "{what}: {sent} B in a second, under {allowed} by more than 1 %"
+            );
+        }
     }
 
     #[test]

@@ -36,12 +36,18 @@ pub struct ShaperSpec {
     pub rate_per_s: u64,
     /// Bucket depth in cost units (token bucket only).
     pub burst: u64,
-    /// Leaky bucket only: it admits work once it holds this many units (0: any positive
-    /// balance), at most what it may bank while backlogged. A caller that knows its cost in
-    /// advance and takes no more than [`Shaper::available`] then never goes into debt and sends
-    /// in grains of this size: over any window `T` at most `rate * T + grain` (plus the catch-up
-    /// allowance after a late wake-up), instead of `rate * T + c_max` with a debt of one whole
-    /// chunk. The grain bounds how often the node is woken: about `rate / grain` times a second.
+    /// The bucket admits work once it holds this many units (0: any positive balance), at most
+    /// what it may bank (a token bucket's burst; a leaky bucket's catch-up allowance while
+    /// backlogged). A caller that knows its cost in advance and takes no more than
+    /// [`Shaper::available`] then never goes into debt and sends in grains of at least this
+    /// size. A leaky bucket then gets over any window `T` at most `rate * T + grain` (plus the
+    /// catch-up allowance after a late wake-up), instead of `rate * T + c_max` with a debt of
+    /// one whole chunk; a token bucket keeps its bound (`rate * T + burst`: the grain only
+    /// delays admission, and a bucket at least a grain deep loses nothing waiting for one).
+    /// Either way the grain bounds how often the node is woken once drained: about
+    /// `rate / grain` times a second. Without one, a drained bucket's caller that takes the
+    /// whole units available leaves a fraction of a unit behind, which is eligible, so its next
+    /// pick finds no whole unit to take.
     #[serde(default)]
     pub grain: u64,
 }
@@ -68,7 +74,7 @@ impl ShaperSpec {
             grain: 0,
         }
     }
-    /// The same leaky bucket admitting work in grains of `grain` units (see [`ShaperSpec::grain`]).
+    /// The same bucket admitting work in grains of `grain` units (see [`ShaperSpec::grain`]).
     pub fn with_grain(self, grain: u64) -> Self {
         ShaperSpec { grain, ..self }
     }
@@ -217,13 +223,12 @@ impl Shaper {
     pub fn eligible_at(&mut self, now_ns: u64) -> u64 {
         self.refill(now_ns);
         self.idle = false;
-        // What the bucket must hold to admit work: one unit-ns, or a leaky bucket's grain (never
-        // more than it may bank, or it would never admit anything).
-        let need = match self.spec.kind {
-            ShaperKind::Leaky if self.spec.grain > 0 => {
-                (i128::from(self.spec.grain) * NS_PER_S).min(self.depth())
-            }
-            _ => 1,
+        // What the bucket must hold to admit work: one unit-ns, or its grain (never more than
+        // it may bank, or it would never admit anything; never less than one unit-ns, the
+        // positive balance of a bucket without a grain).
+        let need = match self.spec.grain {
+            0 => 1,
+            grain => (i128::from(grain) * NS_PER_S).min(self.depth()).max(1),
         };
         if self.balance >= need {
             return now_ns;
@@ -457,6 +462,35 @@ mod tests {
             .with_grain(BURST_MAX + 1)
             .validate()
             .is_err());
+    }
+
+    /// A token bucket with a grain, drained by a caller that takes exactly the whole units
+    /// available: it admits its node again only once it holds a grain (without one, the
+    /// fraction of a unit left behind by a whole-unit charge made it eligible with nothing to
+    /// take). The rate is unchanged: the burst, then the rate, never in debt.
+    #[test]
+    fn token_grain_admits_whole_grains_at_the_rate() {
+        const MS: u64 = 1_000_000;
+        // 1,000,000 units/s (1 per µs), burst 10,000, grain 1,000.
+        let mut s = Shaper::new(ShaperSpec::token(1_000_000, 10_000).with_grain(1000), 0);
+        let (mut now, mut sent, mut takes) = (0u64, 0u64, 0u64);
+        while now < 100 * MS {
+            let at = s.eligible_at(now);
+            // Woken 1.5 µs after the bucket allows (a fraction of a unit beyond the grain).
+            now = if at > now { at + 1_500 } else { now };
+            let take = s.available(now).min(4096);
+            assert!(take >= 1000, "a whole grain at {now}: {take}");
+            s.charge(take, now);
+            sent += take;
+            takes += 1;
+            assert!(s.state().0 >= 0, "never in debt");
+            assert!(sent <= 10_000 + now / 1000, "sent {sent} by {now} ns");
+        }
+        assert!(
+            sent + 1000 >= 10_000 + now / 1000,
+            "sent {sent} by {now} ns"
+        );
+        assert!(takes <= 100 + 3, "{takes} takes in 100 ms");
     }
 
     #[test]
