@@ -7,7 +7,7 @@ use super::conn::{close, fill_pattern, Conn, Source, FLOW_CHUNK_BYTES};
 use super::cont::yield_conn;
 use super::core_server::{with_core, CoreServer};
 use super::disk::{submit_read, ChunkRead};
-use super::send_sched::{SEND_PICKS_PER_DISPATCH, SEND_QUANTUM_BYTES};
+use super::send_sched::{Sent, SEND_PICKS_PER_DISPATCH, SEND_QUANTUM_BYTES};
 use super::tenants::TenantRuntime;
 use crate::config::SendOrder;
 use omnistage::activity::INFRA;
@@ -100,19 +100,6 @@ pub(super) fn schedule_send(
 /// Bytes of a connection's output still to send: what is queued plus the rest of its body.
 pub(super) fn remaining_bytes(c: &mut Conn) -> u64 {
     c.out.pending() as u64 + c.body.as_ref().map_or(0, |b| b.remaining)
-}
-
-/// What one pick of the send scheduler did with a connection.
-struct Sent {
-    pub(super) bytes: usize,
-    /// Output still pending.
-    pub(super) more: bool,
-    /// The socket said `WouldBlock`.
-    pub(super) blocked: bool,
-    /// The connection failed and must be closed.
-    pub(super) failed: bool,
-    /// Waiting for the disk stage to bring the next chunk.
-    pub(super) waiting: bool,
 }
 
 /// Writes up to `max_bytes` (at most one quantum) of a connection's pending output (response
@@ -281,29 +268,12 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
                     (r.min(SEND_QUANTUM_BYTES as u64) as usize).max(1)
                 });
             let sent = send_some(ctx, cs, key, max_bytes);
-            let still = sent.more && !sent.blocked && !sent.failed && !sent.waiting;
             let remaining = match cs.conn(key) {
-                Some(c) if ordered && still => remaining_bytes(c),
+                Some(c) if ordered && sent.goes_on() => remaining_bytes(c),
                 _ => 0,
             };
             let ss = cs.send.as_mut().expect("checked");
-            if ordered {
-                if still {
-                    ss.enqueue(leaf, key, remaining);
-                }
-                if let Some(q) = ss.queues.get_mut(&leaf) {
-                    q.sent_bytes += sent.bytes as u64;
-                }
-                let backlogged = ss.queue_live(leaf) > 0;
-                ss.tree
-                    .charge(leaf, sent.bytes.max(1) as u64, backlogged, now);
-            } else {
-                ss.tree.charge(leaf, sent.bytes.max(1) as u64, still, now);
-            }
-            if !sent.more {
-                // The response is done: the next one arrives afresh.
-                ss.arrivals.remove(&key);
-            }
+            ss.settle_pick(leaf, key, ordered, &sent, remaining, now);
             // The tenant's backlog on the link, for the fleet layer: whether its node (the
             // leaf's parent) still has output waiting on this core after the pick.
             let tenant_node = ss.tree.parent(leaf);

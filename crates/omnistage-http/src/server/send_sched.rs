@@ -55,6 +55,27 @@ pub(super) struct SendSched {
     pub(super) lost_reported: HashMap<NodeId, ShaperLost>,
 }
 
+/// What one pick of the send scheduler did with a connection.
+pub(super) struct Sent {
+    pub(super) bytes: usize,
+    /// Output still pending.
+    pub(super) more: bool,
+    /// The socket said `WouldBlock`.
+    pub(super) blocked: bool,
+    /// The connection failed and must be closed.
+    pub(super) failed: bool,
+    /// Waiting for the disk stage to bring the next chunk.
+    pub(super) waiting: bool,
+}
+
+impl Sent {
+    /// The connection can go on sending at its next turn (it has output and nothing stopped
+    /// it: neither its socket, a failure nor the disk).
+    pub(super) fn goes_on(&self) -> bool {
+        self.more && !self.blocked && !self.failed && !self.waiting
+    }
+}
+
 /// When a response arrived in an ordered queue.
 #[derive(Clone, Copy)]
 pub(super) struct Arrival {
@@ -308,6 +329,40 @@ impl SendSched {
                 q.heap
                     .retain(|Reverse((_, _, e, k))| queued.get(k) == Some(&(leaf, *e)));
             }
+        }
+    }
+
+    /// Settles the pick of `leaf`, which served connection `key` (from its own leaf, or
+    /// `ordered` from its tenant's queue) and did `sent`: puts the connection back in its
+    /// queue if it goes on (with `remaining` bytes left), charges the tree what was written,
+    /// and forgets the connection's arrival once its response is done.
+    pub(super) fn settle_pick(
+        &mut self,
+        leaf: NodeId,
+        key: u64,
+        ordered: bool,
+        sent: &Sent,
+        remaining: u64,
+        now_ns: u64,
+    ) {
+        let still = sent.goes_on();
+        if ordered {
+            if still {
+                self.enqueue(leaf, key, remaining);
+            }
+            if let Some(q) = self.queues.get_mut(&leaf) {
+                q.sent_bytes += sent.bytes as u64;
+            }
+            let backlogged = self.queue_live(leaf) > 0;
+            self.tree
+                .charge(leaf, sent.bytes.max(1) as u64, backlogged, now_ns);
+        } else {
+            self.tree
+                .charge(leaf, sent.bytes.max(1) as u64, still, now_ns);
+        }
+        if !sent.more {
+            // The response is done: the next one arrives afresh.
+            self.arrivals.remove(&key);
         }
     }
 
