@@ -58,7 +58,7 @@ pub(super) struct SendSched {
 /// What one pick of the send scheduler did with a connection.
 pub(super) struct Sent {
     pub(super) bytes: usize,
-    /// Output still pending.
+    /// Output still pending in memory or to be read (false when `waiting`).
     pub(super) more: bool,
     /// The socket said `WouldBlock`.
     pub(super) blocked: bool,
@@ -360,8 +360,10 @@ impl SendSched {
             self.tree
                 .charge(leaf, sent.bytes.max(1) as u64, still, now_ns);
         }
-        if !sent.more {
-            // The response is done: the next one arrives afresh.
+        // The response is done: the next one arrives afresh. One waiting for the disk is not
+        // (`send_some` reports it with `more` false: what is pending is being read): it keeps
+        // its arrival, so the disk's answer puts it back in its place, with its aging.
+        if !sent.more && !sent.waiting {
             self.arrivals.remove(&key);
         }
     }
@@ -595,6 +597,63 @@ mod tests {
         // Blocked on its socket, then back: still first.
         ss.enqueue(leaf, 1, 80);
         assert_eq!(drain(&mut ss, leaf), vec![1, 2]);
+    }
+
+    /// What a pick did, as `send_some` reports it.
+    fn sent(bytes: usize, more: bool, waiting: bool) -> Sent {
+        Sent {
+            bytes,
+            more,
+            blocked: false,
+            failed: false,
+            waiting,
+        }
+    }
+
+    /// A response that waits for the disk keeps its place in its tenant's queue, as one that
+    /// waits for its socket does: `send_some` reports a disk wait with `more` false, and the
+    /// pick's bookkeeping took that for a finished response and forgot its arrival, so the
+    /// disk's answer queued it as a newcomer (FIFO: behind everything queued meanwhile, at
+    /// every 64 KiB chunk; longest first: re-ranked by the bytes left; aging restarted).
+    #[test]
+    fn a_response_waiting_for_the_disk_keeps_its_arrival() {
+        const Q: usize = SEND_QUANTUM_BYTES;
+        for order in [
+            SendOrder::Fifo,
+            SendOrder::ShortestFirst,
+            SendOrder::LongestFirst,
+        ] {
+            let (mut ss, leaf) = sched(order);
+            // Two responses of 100,000 bytes; 1 arrived first.
+            ss.enqueue(leaf, 1, 100_000);
+            ss.enqueue(leaf, 2, 100_000);
+            let before = ss.arrivals[&1];
+            ss.tree.leaf_ready(leaf, 0);
+            assert_eq!(ss.tree.pick(0), Some(leaf));
+            assert_eq!(ss.pop_queued(leaf), Some(1));
+            // It writes a quantum, then its next chunk is read by the disk stage.
+            ss.settle_pick(leaf, 1, true, &sent(Q, false, true), 0, 0);
+            assert!(
+                ss.arrivals.contains_key(&1),
+                "{order:?}: the arrival is forgotten while the response waits for the disk"
+            );
+            // The disk's answer makes it ready again (`schedule_send`).
+            ss.enqueue(leaf, 1, 100_000 - Q as u64);
+            ss.tree.leaf_ready(leaf, 0);
+            let after = ss.arrivals[&1];
+            assert_eq!(
+                (after.seq, after.sent_bytes, after.bytes),
+                (before.seq, before.sent_bytes, before.bytes),
+                "{order:?}"
+            );
+            assert_eq!(drain(&mut ss, leaf), vec![1, 2], "{order:?}");
+            // Done (its last bytes written, nothing pending): the next response arrives afresh.
+            ss.enqueue(leaf, 1, 10);
+            assert_eq!(ss.tree.pick(0), Some(leaf));
+            assert_eq!(ss.pop_queued(leaf), Some(1));
+            ss.settle_pick(leaf, 1, true, &sent(10, false, false), 0, 0);
+            assert!(!ss.arrivals.contains_key(&1), "{order:?}");
+        }
     }
 
     /// Queues one response of `waiting_bytes`, then newcomers of `newcomer_bytes` one at a time,
