@@ -67,7 +67,10 @@ pub(super) fn on_boot(
                     files: HashMap::new(),
                     serve_scratch: ServeScratch::default(),
                     proxy,
-                    send: SendSched::for_config(&shared.live.read().expect("live lock")),
+                    send: SendSched::for_config(
+                        &shared.live.read().expect("live lock"),
+                        ctx.now_ns(),
+                    ),
                     cache_used: 0,
                     cache_by_activity: HashMap::new(),
                     workers: shared.workers,

@@ -916,7 +916,7 @@ pub(super) fn finish_logged(
 
 pub(super) fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
-        cs.refresh();
+        cs.refresh(ctx.now_ns());
         let key = ev.user;
         if cs.conn(key).is_none() {
             return;

@@ -137,8 +137,9 @@ pub(super) fn key_of(slot: u32, generation: u32) -> u64 {
 
 impl CoreServer {
     /// Picks up a reload: the new config and tenants, and an empty file cache (a docroot may
-    /// have changed).
-    pub(super) fn refresh(&mut self) {
+    /// have changed). `now_ns` is the worker's clock (`Ctx::now_ns`): the send scheduler's
+    /// buckets are reconfigured at that time.
+    pub(super) fn refresh(&mut self, now_ns: u64) {
         let v = self.shared.live_version.load(Ordering::Acquire);
         if v != self.live_version {
             // Clear under the old tenants, so each one's count goes back down.
@@ -146,10 +147,7 @@ impl CoreServer {
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
             self.proxy.configure(&self.live.config, self.workers);
-            match &mut self.send {
-                Some(ss) => ss.configure(&self.live, 0),
-                None => self.send = SendSched::for_config(&self.live),
-            }
+            SendSched::follow_reload(&mut self.send, &self.live, now_ns);
         }
         let sv = self.shared.send_version.load(Ordering::Acquire);
         if sv != self.send_version {

@@ -253,7 +253,7 @@ pub(super) fn start(
 /// `http.proxy`: a waiter was granted a slot, or a pump goes on.
 pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key, pump: go_on }: ProxyGo) {
     with_core(|cs| {
-        cs.refresh();
+        cs.refresh(ctx.now_ns());
         if go_on {
             if cs
                 .conn(key)
