@@ -948,3 +948,95 @@ fn batched_polls_keep_the_shares_by_weight() {
         );
     }
 }
+
+/// A remote spawn whose `make` panics ends its task: the handle finishes with `Panicked` and the
+/// task counts as completed. Its future was never installed, so nothing else ever set its
+/// state: the handle stayed running for ever (awaiting it gave `Stopped`) and `completed` never
+/// counted it.
+#[test]
+fn a_remote_spawn_whose_make_panics_ends_its_handle() {
+    let (rt, a, _) = runtime(1, TaskConfig::default());
+    let h = rt
+        .spawn_with(a, Affinity::Any, || -> std::future::Ready<()> {
+            panic!("make panics (expected by the test)")
+        })
+        .unwrap();
+    assert_eq!(join(h), Err(JoinError::Panicked));
+    wait_for("completed to count it", || {
+        let s = rt.task_stats();
+        s.completed == s.spawned
+    });
+    assert_eq!(rt.task_stats().spawned, 1);
+    // The worker goes on.
+    let h = rt.spawn(a, Affinity::Any, async { 2 }).unwrap();
+    assert_eq!(join(h), Ok(2));
+}
+
+/// A remote spawn dropped on its way ends its task: here its activity is removed while the
+/// spawn waits in the core's mailbox (the core is held by a task until then), so the queue for
+/// it cannot be made on the core and the message is dropped. The handle finishes (`Stopped`)
+/// and the task counts as completed; it stayed running for ever.
+#[test]
+fn a_remote_spawn_dropped_on_its_way_ends_its_handle() {
+    let (rt, a, _) = runtime(1, TaskConfig::default());
+    let c = rt.create_activity("/c", ActivitySpec::weight(1)).unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let holder = rt
+        .spawn(a, Affinity::Core(0), async move {
+            started_tx.send(()).unwrap();
+            // Holds the only core until the test has sent and removed.
+            go_rx.recv_timeout(DEADLINE).unwrap();
+        })
+        .unwrap();
+    started_rx.recv_timeout(DEADLINE).unwrap();
+    let h = rt.spawn(c, Affinity::Core(0), async { 3 }).unwrap();
+    rt.remove_activity("/c").unwrap();
+    go_tx.send(()).unwrap();
+    assert_eq!(join(holder), Ok(()));
+    assert_eq!(join(h), Err(JoinError::Stopped));
+    wait_for("completed to count it", || {
+        let s = rt.task_stats();
+        s.completed == s.spawned
+    });
+    assert_eq!(rt.task_stats().spawned, 2);
+}
+
+/// A remote spawn refused at the gate started no task: it counts neither as spawned nor as
+/// completed (its message, handed back, does not end a task).
+#[test]
+fn a_refused_remote_spawn_counts_neither_spawned_nor_completed() {
+    let (rt, a, _) = runtime(
+        1,
+        TaskConfig {
+            stage: StageConfig {
+                queue_limit: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let holder = rt
+        .spawn(a, Affinity::Core(0), async move {
+            started_tx.send(()).unwrap();
+            go_rx.recv_timeout(DEADLINE).unwrap();
+        })
+        .unwrap();
+    started_rx.recv_timeout(DEADLINE).unwrap();
+    // The holder left the queue when it was dispatched: one place, then a refusal.
+    let queued = rt.spawn(a, Affinity::Core(0), async { 4 }).unwrap();
+    assert_eq!(
+        rt.spawn(a, Affinity::Core(0), async { 5 }).err(),
+        Some(SpawnError::Send(SendError::Rejected(
+            RejectReason::QueueFull
+        )))
+    );
+    go_tx.send(()).unwrap();
+    assert_eq!(join(holder), Ok(()));
+    assert_eq!(join(queued), Ok(4));
+    wait_for("both to complete", || rt.task_stats().completed == 2);
+    assert_eq!(rt.task_stats().spawned, 2);
+    assert_eq!(rt.task_stats().completed, 2);
+}

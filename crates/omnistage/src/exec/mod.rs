@@ -450,6 +450,19 @@ impl Shared {
         to: Destination,
         msg: M,
     ) -> Result<(), SendError> {
+        self.send_remote_or_back(core, gate, to, msg)
+            .map_err(|(e, _)| e)
+    }
+
+    /// [`Shared::send_remote`], handing a refused message back (a spawn disarms what its drop
+    /// would otherwise do: end a task that was never started).
+    pub(crate) fn send_remote_or_back<M: Send + 'static>(
+        &self,
+        core: usize,
+        gate: &Arc<Gate>,
+        to: Destination,
+        msg: M,
+    ) -> Result<(), (SendError, M)> {
         let Destination {
             stage,
             activity,
@@ -463,7 +476,7 @@ impl Shared {
             // hold a queue place for its whole delay.
             gate.force_admit(load);
         } else if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
-            return Err(SendError::Rejected(r));
+            return Err((SendError::Rejected(r), msg));
         }
         self.core_pending[core].0.fetch_add(1, Ordering::AcqRel);
         if delayed {
@@ -478,13 +491,17 @@ impl Shared {
             msg,
         });
         let mb = &self.mailboxes[core];
-        if mb.messages.push(boxed).is_err() {
+        if let Err(boxed) = mb.messages.push(boxed) {
             if delayed {
                 gate.delay_end();
             }
             gate.release(load);
             self.core_pending[core].0.fetch_sub(1, Ordering::AcqRel);
-            return Err(SendError::MailboxFull);
+            let back = boxed
+                .into_any()
+                .downcast::<Remote<M>>()
+                .expect("the box made just above");
+            return Err((SendError::MailboxFull, back.msg));
         }
         mb.wake();
         Ok(())

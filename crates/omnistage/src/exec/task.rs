@@ -556,25 +556,65 @@ pub(crate) enum TaskMsg {
 }
 
 pub(crate) struct RemoteSpawn {
-    /// Builds the future on its core (so it need not be `Send` itself).
-    make: Box<dyn FnOnce() -> LocalFuture + Send>,
+    /// Builds the future on its core (so it need not be `Send` itself); taken when it runs.
+    make: Option<Box<dyn FnOnce() -> LocalFuture + Send>>,
     header: Arc<Header>,
+    /// Dropped now, this spawn ends its task (and counts it completed): true from its send
+    /// until its task is installed (from then on its polls say how it ended). False for a
+    /// spawn whose send was refused: no task was started.
+    ends_task: bool,
+}
+
+/// A spawn that ends before its task is installed ends its task too: its `make` panicked, its
+/// core had no room, or the message was dropped on the way (the activity's queue could not be
+/// made on the core because the activity was removed meanwhile, the core's timer table was
+/// full, the runtime stopped with it still queued). Without this its join handle stayed
+/// running for ever (`is_finished` false, awaiting it gave `Stopped` even for a panic) and
+/// `completed` never counted it.
+impl Drop for RemoteSpawn {
+    fn drop(&mut self) {
+        if !self.ends_task {
+            return;
+        }
+        // A panic of `make` was marked by the wrapper `send_spawn` made (before the output's
+        // sender was dropped); anything else stopped it, unless it was asked to abort.
+        let end = if self.header.abort.load(Ordering::Acquire) {
+            STATE_ABORTED
+        } else {
+            STATE_DONE
+        };
+        let _ = self.header.state.compare_exchange(
+            STATE_RUNNING,
+            end,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if let Some(shared) = self.header.shared.upgrade() {
+            if let Some(t) = &shared.tasks {
+                t.completed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// The task stage's handler: one poll per message.
 fn run_message(ctx: &mut Ctx<'_>, msg: TaskMsg) {
     let l = match msg {
         TaskMsg::Run(l) => l,
-        TaskMsg::Spawn(r) => {
+        TaskMsg::Spawn(mut r) => {
             let activity = ctx.activity();
-            let future = (r.make)();
+            // A panic here is the task's (the dispatch counts it); `r` ends it as it unwinds.
+            let future = (r.make.take().expect("a spawn is made once"))();
             match with_core(|c| c.install(r.header.clone(), future, activity)) {
-                Some(Ok(l)) => l,
-                // Full: dropped (here, outside the core's borrow), which its join handle sees
-                // as stopped.
+                Some(Ok(l)) => {
+                    r.ends_task = false;
+                    l
+                }
+                // Full: `r` ends it (its join handle sees it stopped), then the future is
+                // dropped (here, outside the core's borrow), which wakes a handle's awaiter.
                 refused => {
+                    drop(r);
                     drop(refused);
-                    r.header.state.store(STATE_DONE, Ordering::Release);
                     return;
                 }
             }
@@ -857,8 +897,24 @@ where
     }
     let header = new_header(shared);
     let (tx, rx) = futures_channel::oneshot::channel();
+    let marks = header.clone();
     let make: Box<dyn FnOnce() -> LocalFuture + Send> = Box::new(move || {
-        let future = make();
+        // A panicking `make` is the task's panic: marked before the output's sender is dropped,
+        // so a handle woken by that drop already reads it.
+        let future = match catch_unwind(AssertUnwindSafe(make)) {
+            Ok(f) => f,
+            Err(panic) => {
+                let _ = marks.state.compare_exchange(
+                    STATE_RUNNING,
+                    STATE_PANICKED,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                drop(tx);
+                resume_unwind(panic);
+            }
+        };
+        drop(marks);
         Box::pin(async move {
             // The handle may be gone (detached): the output is dropped.
             let _ = tx.send(future.await);
@@ -883,12 +939,17 @@ where
         due_ns: now,
     };
     let msg = TaskMsg::Spawn(RemoteSpawn {
-        make,
+        make: Some(make),
         header: header.clone(),
+        ends_task: true,
     });
-    shared
-        .send_remote(core, &gate, dest, msg)
-        .map_err(SpawnError::Send)?;
+    if let Err((e, msg)) = shared.send_remote_or_back(core, &gate, dest, msg) {
+        if let TaskMsg::Spawn(mut r) = msg {
+            // Refused: no task was started, so there is none to end or count.
+            r.ends_task = false;
+        }
+        return Err(SpawnError::Send(e));
+    }
     tasks.spawned.fetch_add(1, Ordering::Relaxed);
     Ok(JoinHandle { rx, header })
 }

@@ -156,6 +156,8 @@ pub(crate) trait Deliver: Send {
     fn due_ns(&self) -> u64;
     /// The message was admitted but will not be delivered: give its places back.
     fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared);
+    /// For a sender whose push was refused, to take its message back.
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 pub(crate) struct Remote<M> {
@@ -197,6 +199,9 @@ impl<M: Send + 'static> Deliver for Remote<M> {
             self.gate.delay_end();
         }
         st.drop_admitted(shared, &self.gate, self.stage);
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
     }
 }
 
