@@ -11,7 +11,7 @@
 use futures_executor::block_on;
 use omnistage::account::ActivityId;
 use omnistage::activity::{ActivitySpec, INFRA};
-use omnistage::admit::RejectReason;
+use omnistage::admit::{RejectReason, SharedQueueLimit};
 use omnistage::exec::{Affinity, Ctx, Runtime, SendError, StageConfig, StageRef};
 use omnistage::task::{self, JoinError, JoinHandle, Reply, SpawnError, TaskConfig};
 use std::cell::Cell;
@@ -1039,4 +1039,47 @@ fn a_refused_remote_spawn_counts_neither_spawned_nor_completed() {
     wait_for("both to complete", || rt.task_stats().completed == 2);
     assert_eq!(rt.task_stats().spawned, 2);
     assert_eq!(rt.task_stats().completed, 2);
+}
+
+/// A local spawn in another activity (`spawn_in`) reserves its place at that activity's gate;
+/// if the activity is removed before the task is first queued, the task goes on in /infra and
+/// that place must be given back. Here the task stage has a shared limit of one message: the
+/// place it kept counted in the stage's occupancy for good, and every later spawn, in any
+/// activity, was refused (`QueueFull`) until restart.
+#[test]
+fn a_local_spawn_into_a_removed_activity_gives_its_place_back() {
+    let (b, a) = Runtime::builder()
+        .workers(1)
+        .tasks(TaskConfig {
+            stage: StageConfig {
+                shared_limit: Some(SharedQueueLimit::new(1, 1).unwrap()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap()
+        .activity("/a", ActivitySpec::weight(1))
+        .unwrap();
+    let (b, c) = b.activity("/c", ActivitySpec::weight(1)).unwrap();
+    let rt = b.start().unwrap();
+    let (spawned_tx, spawned_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let h = rt
+        .spawn(a, Affinity::Any, async move {
+            let child = task::spawn_in(c, async { task::activity() });
+            spawned_tx.send(child.is_ok()).unwrap();
+            // The child is queued once this poll returns: after /c is gone.
+            go_rx.recv_timeout(DEADLINE).unwrap();
+            child.unwrap().await
+        })
+        .unwrap();
+    assert_eq!(spawned_rx.recv_timeout(DEADLINE), Ok(true));
+    rt.remove_activity("/c").unwrap();
+    go_tx.send(()).unwrap();
+    assert_eq!(join(h), Ok(Ok(Some(INFRA))), "the child ran in /infra");
+    wait_for("both to complete", || rt.task_stats().completed == 2);
+    // The stage holds nothing now: a spawn gets the one place.
+    let h = rt.spawn(a, Affinity::Any, async { 6 });
+    assert_eq!(h.as_ref().err(), None);
+    assert_eq!(join(h.unwrap()), Ok(6));
 }

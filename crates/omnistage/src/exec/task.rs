@@ -36,6 +36,7 @@
 //! Timers ([`sleep`], [`timeout`]) and sockets ([`TcpListener`], [`TcpStream`]) live on the
 //! worker's own timers and poller; see `task_io.rs`.
 
+use super::gate::Gate;
 use super::worker::{Control, CoreState};
 use super::{Affinity, Builder, Ctx, Runtime, RuntimeError, SendError, SendOpts, Shared};
 use super::{StageConfig, StageRef};
@@ -270,6 +271,9 @@ struct Slot {
     future: Option<LocalFuture>,
     header: Option<Arc<Header>>,
     waker: Option<Waker>,
+    /// The gate that admitted a local spawn ([`spawn_in`]), until the task's first queueing:
+    /// its place goes with the task to the queue, or is given back if that queue cannot be had.
+    spawn_gate: Option<Arc<Gate>>,
 }
 
 /// A pending sleep (see [`Sleep`]).
@@ -466,15 +470,22 @@ pub(super) fn queue_wakes(st: &mut CoreState, shared: &Shared) -> bool {
     for &entry in &list {
         let admitted = entry & LOC_ADMITTED != 0;
         let l = entry & !LOC_ADMITTED;
-        let Some(activity) = with_core(|c| {
-            let s = c.slots.get(loc_slot(l) as usize)?;
-            (s.generation == loc_gen(l) && s.header.is_some()).then_some(s.activity)
+        let Some((activity, spawn_gate)) = with_core(|c| {
+            let s = c.slots.get_mut(loc_slot(l) as usize)?;
+            (s.generation == loc_gen(l) && s.header.is_some())
+                .then(|| (s.activity, s.spawn_gate.take().filter(|_| admitted)))
         })
         .flatten() else {
             continue;
         };
         if !st.push_forced(shared, stage, activity, TaskMsg::Run(l), admitted) {
-            // Its activity is gone: the task goes on in /infra rather than hang.
+            // Its activity is gone: the task goes on in /infra rather than hang. A new task's
+            // place in its activity's gate (taken by `spawn_in`) is given back: the /infra
+            // queue counts it anew. Kept, it held the gate's and the stage's counts up for
+            // good (with a shared limit, until spawns were refused for everyone).
+            if let Some(gate) = spawn_gate {
+                gate.release(&shared.stages[stage as usize].load);
+            }
             with_core(|c| c.slots[loc_slot(l) as usize].activity = INFRA);
             if !st.push_forced(shared, stage, INFRA, TaskMsg::Run(l), false) {
                 eprintln!(
@@ -722,6 +733,7 @@ impl CoreTasks {
                     future: None,
                     header: None,
                     waker: None,
+                    spawn_gate: None,
                 });
                 // One wake-list entry per task fits without growing (both halves), so a wake
                 // never allocates. A stale entry of a finished task can add one more now and
@@ -740,6 +752,7 @@ impl CoreTasks {
         header.loc.store(l, Ordering::Release);
         header.scheduled.store(true, Ordering::Release);
         s.activity = activity;
+        s.spawn_gate = None;
         s.waker = Some(Waker::from(header.clone()));
         s.header = Some(header);
         s.future = Some(future);
@@ -846,8 +859,14 @@ where
     }
     let header = new_header(&shared);
     let (wrapped, rx) = with_output(future);
-    let installed = with_core(|c| c.install(header.clone(), Box::pin(wrapped), activity))
-        .expect("checked above");
+    let mut gate = Some(gate);
+    let installed = with_core(|c| {
+        let l = c.install(header.clone(), Box::pin(wrapped), activity)?;
+        // The place goes with the task's first wake (`queue_wakes`).
+        c.slots[loc_slot(l) as usize].spawn_gate = gate.take();
+        Ok(l)
+    })
+    .expect("checked above");
     match installed {
         Ok(l) => {
             WAKES.with(|w| w.borrow_mut().list.push(l | LOC_ADMITTED));
@@ -857,7 +876,9 @@ where
         Err((e, future)) => {
             // Dropped outside the core's borrow (see `install`).
             drop(future);
-            gate.release(load);
+            if let Some(gate) = gate {
+                gate.release(load);
+            }
             Err(e)
         }
     }
