@@ -1,13 +1,16 @@
 //! Regressions found in review of the runtime: each test once failed against the code its
 //! comment describes, and guards the fix.
 use omnistage::activity::{ActivitySpec, INFRA};
-use omnistage::exec::{Affinity, Ctx, Runtime, SendError, SendOpts, StageConfig};
+use omnistage::exec::{Affinity, Ctx, Runtime, SendError, SendOpts, StageConfig, StageRef};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+const DEADLINE: Duration = Duration::from_secs(10);
+
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + Duration::from_secs(10);
+    let end = Instant::now() + DEADLINE;
     while !f() {
         assert!(Instant::now() < end, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(1));
@@ -131,4 +134,154 @@ fn a_handler_send_to_a_removed_activity_is_refused_on_a_core_that_knew_it() {
         Err(SendError::NoSuchActivity(r)),
         "send after removal"
     );
+}
+
+/// What the stages of [`HoldRig`] handled, in order: (stage, value).
+type Log = Arc<Mutex<Vec<(&'static str, u32)>>>;
+
+/// One worker with a `tick` stage whose message 0 holds the core (it says so, then waits to be
+/// let go) and whose message n sends n + 1 up to `chain`, and a `probe` stage; both log what
+/// they handle. The test sends to the worker while it is held: its loop's last clock reading
+/// is then older than the stamps of those messages.
+struct HoldRig {
+    rt: Runtime,
+    tick: StageRef<u32>,
+    probe: StageRef<u32>,
+    log: Log,
+    held: Receiver<()>,
+    go: Sender<()>,
+}
+
+impl HoldRig {
+    fn new(bypass: bool, chain: u32) -> Self {
+        let mut b = Runtime::builder().workers(1).bypass(bypass);
+        let log: Log = Arc::default();
+        let (held_tx, held) = channel::<()>();
+        let (go, go_rx) = channel::<()>();
+        let held_tx = Arc::new(Mutex::new(held_tx));
+        let go_rx = Arc::new(Mutex::new(go_rx));
+        let me: Arc<OnceLock<StageRef<u32>>> = Arc::default();
+        let tick = {
+            let (log, me) = (log.clone(), me.clone());
+            b.stage::<u32, _, _>("tick", StageConfig::default(), move |_| {
+                let (log, me) = (log.clone(), me.clone());
+                let (held_tx, go_rx) = (held_tx.clone(), go_rx.clone());
+                move |ctx: &mut Ctx<'_>, n: u32| {
+                    log.lock().unwrap().push(("tick", n));
+                    if n == 0 {
+                        held_tx.lock().unwrap().send(()).unwrap();
+                        go_rx.lock().unwrap().recv_timeout(DEADLINE).unwrap();
+                    }
+                    if n < chain {
+                        ctx.send(me.get().unwrap(), n + 1).unwrap();
+                    }
+                }
+            })
+            .unwrap()
+        };
+        me.set(tick).ok().unwrap();
+        let probe = {
+            let log = log.clone();
+            b.stage::<u32, _, _>("probe", StageConfig::default(), move |_| {
+                let log = log.clone();
+                move |_: &mut Ctx<'_>, v: u32| log.lock().unwrap().push(("probe", v))
+            })
+            .unwrap()
+        };
+        let rt = b.start().unwrap();
+        HoldRig {
+            rt,
+            tick,
+            probe,
+            log,
+            held,
+            go,
+        }
+    }
+
+    /// Holds the worker in tick 0.
+    fn hold(&self) {
+        self.rt
+            .send(&self.tick, INFRA, Affinity::Core(0), 0)
+            .unwrap();
+        self.held.recv_timeout(DEADLINE).unwrap();
+    }
+
+    fn release(&self) {
+        self.go.send(()).unwrap();
+    }
+
+    fn probes(&self) -> Vec<u32> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|(s, _)| *s == "probe")
+            .map(|&(_, v)| v)
+            .collect()
+    }
+}
+
+/// The worker loop empties its mailbox before it reads its clock, so a message sent without a
+/// delay by a sender whose clock reading came later than the loop's last one (any message sent
+/// while the worker was busy) went on a timer all the same: a heap push and pop per message,
+/// and dropped, after its sender was told Ok, when the timer table was full. In the bypass,
+/// which reads its clock once every 32 dispatches, it also waited for that reading: here the
+/// probe, sent while tick 0 holds the core, was handled only after about 32 more ticks of the
+/// chain (the ticks are queued behind it in the bypass's FIFO once it is queued). Now a message
+/// without a delay is queued as it is taken from the mailbox: it comes right after tick 1.
+#[test]
+fn a_message_without_a_delay_is_queued_at_once_not_put_on_a_timer() {
+    const CHAIN: u32 = 64;
+    let rig = HoldRig::new(true, CHAIN);
+    rig.hold();
+    rig.rt
+        .send(&rig.probe, INFRA, Affinity::Core(0), 7)
+        .unwrap();
+    rig.release();
+    wait_for("the chain and the probe", || {
+        rig.log.lock().unwrap().len() == CHAIN as usize + 2
+    });
+    let log = rig.log.lock().unwrap().clone();
+    let at = log
+        .iter()
+        .position(|&e| e == ("probe", 7))
+        .expect("the probe was handled");
+    assert!(
+        at <= 2,
+        "the probe was handled after {at} ticks: {:?}",
+        &log[..at + 1]
+    );
+}
+
+/// A message sent with a delay that was due before a message sent after it without one is
+/// still handled first (the order the timer heap gave both when both went through it): a
+/// message without a delay that is queued at once first delivers the timers due by its stamp.
+/// Checked in both loops.
+#[test]
+fn a_delayed_message_due_before_a_later_plain_one_is_still_handled_first() {
+    for bypass in [false, true] {
+        let rig = HoldRig::new(bypass, 0);
+        rig.hold();
+        const DELAY_NS: u64 = 1_000;
+        let soon = SendOpts {
+            activity: Some(INFRA),
+            affinity: Affinity::Core(0),
+            delay_ns: DELAY_NS,
+            ..Default::default()
+        };
+        rig.rt.send_with(&rig.probe, soon, 1).unwrap();
+        // Its due time (at most this reading plus the delay) passes before the plain send's
+        // stamp: a precondition on the clock, waited for, not an assertion on time.
+        let due_by = rig.rt.now_ns() + DELAY_NS;
+        let end = Instant::now() + DEADLINE;
+        while rig.rt.now_ns() <= due_by {
+            assert!(Instant::now() < end, "the runtime's clock did not move");
+            std::hint::spin_loop();
+        }
+        rig.rt
+            .send(&rig.probe, INFRA, Affinity::Core(0), 2)
+            .unwrap();
+        rig.release();
+        wait_for("both probes", || rig.probes().len() == 2);
+        assert_eq!(rig.probes(), vec![1, 2], "bypass {bypass}");
+    }
 }
