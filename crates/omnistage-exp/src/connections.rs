@@ -850,7 +850,7 @@ pub fn run(a: ConnectionsArgs) -> Result<(), String> {
         };
         let ratio = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.2}×"));
         notes.push(format!(
-            "Where the CPU per request goes from the smallest level to the largest: omnistage's user time (its own code) {u:.2}×,              its system time (the kernel's work in its thread, the network's included) {s:.2}×; nginx's {} and {}.              Segments without data the server sent per response, read from the load generator's sockets (TCP_INFO): omnistage {}; nginx {}.              On loopback each segment a server sends is received in the server's own time, and a request answered later than              the kernel's delayed-ACK timeout (40 ms at least) gets a pure ACK before its response.",
+            "Where the CPU per request goes from the smallest level to the largest: omnistage's user time (its own code) {u:.2}×, its system time (the kernel's work in its thread, the network's included) {s:.2}×; nginx's {} and {}. Segments without data the server sent per response, read from the load generator's sockets (TCP_INFO): omnistage {}; nginx {}. On loopback each segment a server sends is received in the server's own time, and a request answered later than the kernel's delayed-ACK timeout (40 ms at least) gets a pure ACK before its response.",
             ratio(r.nginx_user_per_req_ratio),
             ratio(r.nginx_system_per_req_ratio),
             segments("omnistage"),
