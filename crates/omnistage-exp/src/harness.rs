@@ -287,15 +287,68 @@ pub fn combine_verdicts(parts: impl IntoIterator<Item = Option<bool>>) -> Option
     }
 }
 
-/// Sum of a load report's errors of every kind.
+/// Sum of a load report's errors of every kind (failed connection attempts included).
 pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
-    let e = &t.errors;
-    e.connect + e.reset + e.timeout + e.rejected_503 + e.http_4xx + e.http_5xx + e.parse
+    t.errors.connect + t.errors.failed_requests()
+}
+
+/// A load report's tenant with nothing measured (every count 0, no latency), for tests to fill.
+#[cfg(test)]
+pub fn tenant_for_test(name: &str) -> omnistage_load::report::TenantReport {
+    omnistage_load::report::TenantReport {
+        name: name.into(),
+        host: format!("{name}.test"),
+        connections: 1,
+        mix: "path=/".into(),
+        pacing: "closed".into(),
+        rate_per_s: None,
+        think_ms: None,
+        requests: 0,
+        responses: 0,
+        req_per_s: 0.0,
+        bytes: 0,
+        bytes_per_s: 0.0,
+        received_bytes: 0,
+        received_bytes_per_s: 0.0,
+        p50_ms: 0.0,
+        p90_ms: 0.0,
+        p99_ms: 0.0,
+        p999_ms: 0.0,
+        max_ms: 0.0,
+        mean_ms: 0.0,
+        kernel_p50_ms: None,
+        kernel_p99_ms: None,
+        errors: omnistage_load::ErrorCounts::default(),
+        retry_after: 0,
+        reconnects: 0,
+        idle_closes: 0,
+        unfinished: 0,
+        windows: Vec::new(),
+        jain_fairness: None,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_of_every_kind_are_counted() {
+        let mut t = tenant_for_test("a");
+        t.errors.http_other = 5;
+        assert_eq!(errors(&t), 5, "a 3xx other than 304 is an error too");
+        t.errors = omnistage_load::ErrorCounts {
+            connect: 1,
+            reset: 2,
+            timeout: 3,
+            rejected_503: 4,
+            http_4xx: 5,
+            http_5xx: 6,
+            http_other: 7,
+            parse: 8,
+        };
+        assert_eq!(errors(&t), 36);
+    }
 
     #[test]
     fn median_odd_even_empty() {
