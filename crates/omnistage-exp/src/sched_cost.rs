@@ -367,12 +367,8 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
             by.push(runtime_rate(true, iters, a.common.seconds)?);
             sc.push(runtime_rate(false, iters, a.common.seconds)?);
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
         let bypass_spread = rounds::relative_spread(&by);
-        let (bypass_per_s, scheduled_per_s) = (median(&mut by), median(&mut sc));
+        let (bypass_per_s, scheduled_per_s) = (rate_median(&by), rate_median(&sc));
         let fraction = 1.0 - scheduled_per_s / bypass_per_s;
         Some(Overhead {
             handler_us: a.handler_us,
@@ -562,4 +558,20 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
             )
         },
     )
+}
+
+/// The median of the rounds' rates (the mean of the middle two for an even count).
+fn rate_median(v: &[f64]) -> f64 {
+    super::harness::median(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rate_median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(rate_median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(rate_median(&[3.0, 1.0, 2.0]), 2.0);
+    }
 }
