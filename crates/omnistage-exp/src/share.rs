@@ -45,11 +45,21 @@ pub fn judge(
     goal_pts: f64,
 ) -> ShareVerdict {
     assert!(targets.len() == ledger.len() && targets.len() == client.len());
+    // The largest error, NaN when a share or target is not a finite number (`f64::max` would
+    // drop a NaN and read it as no error at all) or when there is nothing to judge.
     let max_err = |s: &[f64]| {
         s.iter()
             .zip(targets)
             .map(|(s, t)| ((s - t) * 100.0).abs())
-            .fold(0.0, f64::max)
+            .map(|e| if e.is_finite() { e } else { f64::NAN })
+            .reduce(|a, b| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            })
+            .unwrap_or(f64::NAN)
     };
     let (l, c) = (max_err(ledger), max_err(client));
     let min = completions.iter().copied().min().unwrap_or(0);
@@ -59,6 +69,7 @@ pub fn judge(
         client_max_error_pts: c,
         client_completions_min: min,
         completions_enough: min >= COMPLETIONS_MIN,
+        // A NaN error compares false: not met.
         goal_met: l <= goal_pts && c <= goal_pts,
     }
 }
@@ -101,6 +112,38 @@ mod tests {
         let v = judge(&t, &[0.51, 0.49], &[0.49, 0.51], &[999, 5000], 2.0);
         assert!(v.goal_met && !v.completions_enough);
         assert!(v.note("requests").contains("only 999"));
+    }
+
+    #[test]
+    fn a_share_that_is_not_a_number_is_not_met() {
+        let v = judge(
+            &[0.5, 0.5],
+            &[f64::NAN, f64::NAN],
+            &[0.5, 0.5],
+            &[5000, 5000],
+            1.0,
+        );
+        assert!(!v.goal_met, "a NaN share is no error of 0");
+        assert!(v.ledger_max_error_pts.is_nan());
+        let v = judge(
+            &[0.5, 0.5],
+            &[0.5, 0.5],
+            &[0.5, f64::INFINITY],
+            &[5000, 5000],
+            1.0,
+        );
+        assert!(!v.goal_met);
+        // One NaN among finite errors is not hidden by them either.
+        let v = judge(
+            &[0.5, 0.5],
+            &[0.5, f64::NAN],
+            &[0.5, 0.5],
+            &[5000, 5000],
+            1.0,
+        );
+        assert!(!v.goal_met);
+        // Nothing to judge is not met.
+        assert!(!judge(&[], &[], &[], &[], 1.0).goal_met);
     }
 
     #[test]
