@@ -62,8 +62,7 @@ struct FileResult {
     /// The bypass's own run-to-run spread, (max − min) / median of its rounds.
     bypass_spread: f64,
     /// Met when fraction + paired spread ≤ the goal, missed when fraction − paired spread >
-    /// the goal, `None` (inconclusive) otherwise or when |fraction| is inside the paired
-    /// spread, whatever the sign of the difference.
+    /// the goal, `None` (inconclusive) when fraction ± paired spread holds the goal.
     goal_met: Option<bool>,
 }
 
@@ -261,7 +260,7 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
             match f.goal_met {
                 Some(true) => "met",
                 Some(false) => "not met",
-                None => "inconclusive (inside the pairs' spread)",
+                None => "inconclusive (3 % inside overhead ± half-range)",
             }
             .into(),
         ]);
@@ -291,8 +290,8 @@ pub fn run(a: OverheadArgs) -> Result<(), String> {
              The overhead judged is the median over repeats of each pair's (scheduled − bypass) / bypass: pairing takes out \
              the host's slow drift, which on a shared VM moves both modes by more than the overhead sought (the bypass's \
              own spread is shown beside it, and the overhead of the two modes' medians). Goal: overhead ≤ 3 %, judged against \
-             half the pairs' range: a difference inside it is inconclusive whatever its sign; otherwise met when overhead + \
-             half-range ≤ 3 %, missed when overhead − half-range > 3 %, inconclusive otherwise.",
+             half the pairs' range: met when overhead + half-range ≤ 3 %, missed when overhead − half-range > 3 %, \
+             inconclusive when 3 % lies between the two, whatever the overhead's sign.",
             r.wake_credit_us, a.common.repeats, a.common.seconds
         ), BYPASS_STILL_DOES.into()],
         tables: vec![

@@ -143,17 +143,18 @@ pub fn compare(ours: &[f64], base: &[f64], higher_is_better: bool) -> Verdict {
 
 /// Judges a measured relative cost `fraction` (e.g. +0.02 = 2 % more than the baseline) against
 /// a goal of at most `goal`, given the baseline's own run-to-run spread relative to its median
-/// (`spread`, e.g. 0.05). A difference inside the spread (|fraction| ≤ spread) is `None`
-/// (inconclusive) whatever its sign; otherwise met when even `fraction + spread` is inside the
-/// goal, missed when even `fraction − spread` is outside it, inconclusive in between.
+/// (`spread`, e.g. 0.05): the cost is known only to lie in `fraction ± spread`, so the goal is
+/// met when even `fraction + spread` is inside it, missed when even `fraction − spread` is
+/// outside it, and `None` (inconclusive) when the interval holds the bound, whatever the sign
+/// of `fraction` (design.md, "Symmetric verdicts"). An interval that holds 0 but lies wholly
+/// under the bound (0.5 % ± 1.5 % against 3 %) meets it: the question is the bound, not
+/// whether there is a difference.
 pub fn within_goal(fraction: f64, spread: f64, goal: f64) -> Option<bool> {
-    if !fraction.is_finite() || !spread.is_finite() {
+    if !fraction.is_finite() || !spread.is_finite() || !goal.is_finite() {
         return None;
     }
     let spread = spread.abs();
-    if fraction.abs() <= spread {
-        None
-    } else if fraction + spread <= goal {
+    if fraction + spread <= goal {
         Some(true)
     } else if fraction - spread > goal {
         Some(false)
@@ -189,14 +190,23 @@ mod tests {
 
     #[test]
     fn bounded_goals_are_judged_by_the_interval() {
-        // 0.69 % with a 10 % spread: inconclusive, as is −8.4 % with the same spread.
+        // 0.69 % with a 10 % spread: inconclusive (up to 10.69 %); −8.4 % with the same
+        // spread is at most 1.6 %: met.
         assert_eq!(within_goal(0.0069, 0.10, 0.03), None);
-        assert_eq!(within_goal(-0.084, 0.10, 0.03), None);
+        assert_eq!(within_goal(-0.084, 0.10, 0.03), Some(true));
         assert_eq!(within_goal(-0.084, 0.05, 0.03), Some(true));
         assert_eq!(within_goal(0.015, 0.01, 0.03), Some(true));
         assert_eq!(within_goal(0.025, 0.01, 0.03), None);
         assert_eq!(within_goal(0.10, 0.05, 0.03), Some(false));
         assert_eq!(within_goal(0.0, f64::INFINITY, 0.03), None);
+        // A cost whose whole interval lies inside the bound meets it, even when the interval
+        // holds 0 (0.5 % ± 1.5 % is at most 2 %), as −2 % ± 1.5 % does.
+        assert_eq!(within_goal(0.005, 0.015, 0.03), Some(true));
+        assert_eq!(within_goal(-0.02, 0.015, 0.03), Some(true));
+        // An interval that holds the bound is inconclusive, whichever side the cost is on.
+        assert_eq!(within_goal(0.02, 0.015, 0.03), None);
+        assert_eq!(within_goal(0.04, 0.015, 0.03), None);
+        assert_eq!(within_goal(0.05, 0.015, 0.03), Some(false));
         assert_eq!(relative_spread(&[9.0, 10.0, 11.0]), 0.2);
         assert!(relative_spread(&[1.0]).is_infinite());
     }

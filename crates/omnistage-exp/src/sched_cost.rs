@@ -468,9 +468,9 @@ pub fn run(a: SchedCostArgs) -> Result<(), String> {
         notes.push(format!(
             "A {} µs handler through the whole runtime (1 worker), median of {} alternating \
                  rounds of {} s: bypass {:.0}/s, scheduled and accounted {:.0}/s, overhead {:.2} % \
-                 against the bypass's run-to-run spread of {:.1} % (goal ≤ 3 %; a difference \
-                 inside the spread is inconclusive whatever its sign, otherwise met when \
-                 overhead + spread ≤ 3 %, missed when overhead − spread > 3 %): {}.",
+                 against the bypass's run-to-run spread of {:.1} % (goal ≤ 3 %: met when \
+                 overhead + spread ≤ 3 %, missed when overhead − spread > 3 %, inconclusive \
+                 when 3 % lies between the two, whatever the overhead's sign): {}.",
             o.handler_us,
             o.rounds,
             o.seconds_per_round,
