@@ -75,7 +75,8 @@ struct Run {
     phases: Vec<PhaseLoad>,
     windows: Vec<Window>,
     /// Seconds from the step up to the start of the first window from which every later
-    /// spike window has its server-side p90 under the target (`null`: never).
+    /// spike window completed requests with its server-side p90 under the target (`null`:
+    /// never; a window that completed nothing is a stall, not under the target).
     settle_after_step_up_s: Option<f64>,
     /// The same after the step down, over the last phase.
     settle_after_step_down_s: Option<f64>,
@@ -551,7 +552,7 @@ pub fn run(a: SpikeArgs) -> Result<(), String> {
              answered at once with 503 + Retry-After; it counts in the 503 fraction and in the gate's rejections. No \
              request is dropped after it was queued, so every admitted request is served and counts in the p90. \
              The settle time is strict: from the first window after which *every* spike window is under the target \
-             (a single late window over it moves it to the end); the first window under the target came {first} after \
+             (a single late window over it, or one in which nothing completed, moves it to the end); the first window under the target came {first} after \
              the step in the median run.",
              f = r.runs[0].queue_bound_fraction.map(|f| f.to_string()).unwrap_or_else(|| "(none)".into()),
              first = opt(r.runs[0].first_under_target_after_step_up_s)),

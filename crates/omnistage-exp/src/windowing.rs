@@ -47,11 +47,21 @@ impl Windowed for ClientWindow {
 /// placed `offset_s` after the start of the experiment's run (where the load's measured
 /// window began). The p90 of several tenants together is not kept per window, so with more
 /// than one tenant the largest tenant p90 stands for the window (an upper bound).
+///
+/// Every whole window of the measured window is here: the generator keeps a window only once
+/// something arrives in it, so windows at the end in which nothing arrived (a stall) are
+/// absent from its report; they come back as windows that completed nothing.
 pub fn client_windows(r: &LoadReport, offset_s: f64) -> Vec<ClientWindow> {
-    let Some(dt) = r.window_s else {
+    let Some(dt) = r.window_s.filter(|dt| *dt > 0.0) else {
         return Vec::new();
     };
-    let n = r.tenants.iter().map(|t| t.windows.len()).max().unwrap_or(0);
+    let whole = if r.seconds.is_finite() && r.seconds > 0.0 {
+        (r.seconds / dt + 1e-9).floor() as usize
+    } else {
+        0
+    };
+    let kept = r.tenants.iter().map(|t| t.windows.len()).max().unwrap_or(0);
+    let n = kept.max(whole);
     (0..n)
         .map(|i| {
             let ws: Vec<_> = r.tenants.iter().filter_map(|t| t.windows.get(i)).collect();
@@ -78,7 +88,9 @@ fn inside<W: Windowed>(windows: &[W], dt: f64, from: f64, to: f64) -> impl Itera
 }
 
 /// Seconds after `from` until the start of the first window in `(from, to)` from which every
-/// later window with completions has p90 ≤ `target_ms` (`None`: the last one is over).
+/// later window completed something with p90 ≤ `target_ms` (`None`: the last one is over, or
+/// completed nothing). A window in which nothing completed is a stall, not a window under the
+/// target: its p90 is not 0.
 pub fn settle<W: Windowed>(
     windows: &[W],
     dt: f64,
@@ -90,8 +102,8 @@ pub fn settle<W: Windowed>(
     let mut settle_at = None;
     for w in in_range.iter().rev() {
         match w.p90_ms() {
-            Some(p) if p > target_ms => break,
-            _ => settle_at = Some(w.end_s() - dt),
+            Some(p) if p <= target_ms => settle_at = Some(w.end_s() - dt),
+            _ => break,
         }
     }
     settle_at.map(|t| (t - from).max(0.0))
@@ -145,8 +157,11 @@ mod tests {
             w(4.0, None, 0.0),
             w(5.0, Some(9.0), 0.0),
         ];
-        // From 0: window 2 is over 10 ms, so settling starts with window 3 (at 2 s).
-        assert_eq!(settle(&ws, 1.0, 0.0, 10.0, 10.0), Some(2.0));
+        // From 0: window 4 completed nothing (a stall, not a window under the target), so
+        // settling starts with window 5 (at 4 s).
+        assert_eq!(settle(&ws, 1.0, 0.0, 10.0, 10.0), Some(4.0));
+        // Up to window 3: window 2 is over 10 ms, so settling starts with window 3 (at 2 s).
+        assert_eq!(settle(&ws, 1.0, 0.0, 3.0, 10.0), Some(2.0));
         // A last window over the target: never settled.
         assert_eq!(settle(&ws, 1.0, 0.0, 10.0, 8.0), None);
         // Rejections stop from window 4 (starting at 3 s).
@@ -154,5 +169,52 @@ mod tests {
         assert_eq!(totals(&ws, 1.0, 1.0, 3.0), (20, 7));
         assert_eq!(p99_max_ms(&ws), Some(100.0));
         assert_eq!(p99_max_ms(&ws[3..4]), None);
+    }
+
+    #[test]
+    fn a_stall_at_the_end_is_not_settled() {
+        let ws = vec![
+            w(1.0, Some(5.0), 0.0),
+            w(2.0, Some(50.0), 0.0),
+            w(3.0, None, 0.0),
+        ];
+        assert_eq!(settle(&ws, 1.0, 0.0, 3.0, 10.0), None);
+    }
+
+    #[test]
+    fn the_clients_windows_run_to_the_end_of_the_measured_window() {
+        // The generator keeps no window in which nothing arrived at all: the last two of five
+        // (a stall) are absent from its report, and come back here as empty windows.
+        let mut t = crate::harness::tenant_for_test("a");
+        t.windows = (0..3)
+            .map(|index| omnistage_load::WindowReport {
+                index,
+                requests: 10,
+                rejected_503: 0,
+                received_bytes: 100,
+                p50_ms: Some(1.0),
+                p90_ms: Some(5.0),
+                p99_ms: Some(9.0),
+            })
+            .collect();
+        let r = LoadReport {
+            addr: "127.0.0.1:1".into(),
+            threads: 1,
+            seconds: 5.0,
+            warmup_s: 0.0,
+            window_s: Some(1.0),
+            tenants: vec![t.clone()],
+            total: t,
+            client_jain: None,
+            client_requests: omnistage_load::ClientCounts::default(),
+            server_segments: None,
+        };
+        let ws = client_windows(&r, 10.0);
+        assert_eq!(ws.len(), 5);
+        assert_eq!(ws[4].t_s, 15.0);
+        assert_eq!((ws[4].completed, ws[4].p90_ms), (0, None));
+        // So the stall is not read as settled.
+        assert_eq!(settle(&ws, 1.0, 10.0, 15.0, 10.0), None);
+        assert_eq!(settle(&ws, 1.0, 10.0, 13.0, 10.0), Some(0.0));
     }
 }
