@@ -416,21 +416,33 @@ pub fn run(a: AllArgs) -> Result<(), String> {
             seed_number: "a's p99 flooded <= 1.5x alone, no errors, backend busy",
             ours: |j| {
                 let row = |name: &str| {
+                    let ms = |x: &Value, p: &str| {
+                        x.pointer(p)
+                            .and_then(Value::as_f64)
+                            .map_or("no answers".to_string(), |v| format!("{v:.1} ms"))
+                    };
+                    let unanswered = |x: &Value| match x["a_unanswered_repeats"].as_u64() {
+                        Some(n) if n > 0 => format!(", {n} repeat(s) in which a got no answer"),
+                        _ => String::new(),
+                    };
                     j["verdicts"]
                         .as_array()
                         .and_then(|v| v.iter().find(|x| x["server"] == name))
                         .map(|x| match x["p99_ratio"].as_f64() {
                             Some(r) => format!(
-                                "{name}: a p99 {:.1} → {:.1} ms ({r:.2}×), a errors {}, backend in flight {:.1}",
+                                "{name}: a p99 {:.1} → {:.1} ms ({r:.2}×), a errors {}{}, backend in flight {:.1}",
                                 f(x, "/a_p99_alone_ms"),
                                 f(x, "/a_p99_flood_ms"),
                                 x["a_errors"],
+                                unanswered(x),
                                 f(x, "/backend_in_flight_mean")
                             ),
                             None => format!(
-                                "{name}: a p99 {:.1} ms alone, no answers while b floods ({} errors), backend in flight {:.1}",
-                                f(x, "/a_p99_alone_ms"),
+                                "{name}: a p99 alone {}, while b floods {} ({} errors{}), backend in flight {:.1}",
+                                ms(x, "/a_p99_alone_ms"),
+                                ms(x, "/a_p99_flood_ms"),
                                 x["a_errors"],
+                                unanswered(x),
                                 f(x, "/backend_in_flight_mean")
                             ),
                         })

@@ -78,7 +78,7 @@ struct ClassPhase {
 /// The phase with both classes as the load generator saw it.
 #[derive(Serialize)]
 struct ClientPhase {
-    /// The high class's end-to-end p90, ms.
+    /// The high class's end-to-end p90, ms (`null`: not run, or no request succeeded).
     high_p90_ms: Option<f64>,
     high_completed: u64,
     high_reject_fraction: f64,
@@ -306,7 +306,7 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
         a.common.seconds,
     );
     let client_both = ClientPhase {
-        high_p90_ms: high_r.as_ref().map(|r| r.total.p90_ms),
+        high_p90_ms: high_r.as_ref().and_then(answered_p90),
         high_completed: high_r.as_ref().map_or(0, |r| r.total.requests),
         high_reject_fraction: high_r.as_ref().map(frac).unwrap_or(0.0),
         low_completed: low_ok,
@@ -326,6 +326,12 @@ fn one_run(a: &ClassesArgs, think_ms: f64, priorities: bool) -> Result<Run, Stri
         ],
         windows,
     })
+}
+
+/// The clients' p90 over the whole run; None when no request succeeded (the report's 0 is
+/// not a latency, and would pass any target).
+fn answered_p90(r: &omnistage_load::report::Report) -> Option<f64> {
+    (r.total.requests > 0).then_some(r.total.p90_ms)
 }
 
 pub fn run(a: ClassesArgs) -> Result<(), String> {
@@ -521,4 +527,21 @@ pub fn run(a: ClassesArgs) -> Result<(), String> {
             &rejects,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_class_without_answers_has_no_p90() {
+        // The high class got nothing: the report's p90 of 0 is no latency under the target.
+        let t = harness::tenant_for_test("high");
+        let r = harness::report_for_test(vec![t.clone()], t, 10.0);
+        assert_eq!(answered_p90(&r), None);
+        let mut t = harness::tenant_for_test("high");
+        (t.requests, t.p90_ms) = (500, 12.0);
+        let r = harness::report_for_test(vec![t.clone()], t, 10.0);
+        assert_eq!(answered_p90(&r), Some(12.0));
+    }
 }

@@ -328,6 +328,27 @@ pub fn tenant_for_test(name: &str) -> omnistage_load::report::TenantReport {
     }
 }
 
+/// A load report of `tenants` (their `total` as given), over `seconds`, for tests.
+#[cfg(test)]
+pub fn report_for_test(
+    tenants: Vec<omnistage_load::report::TenantReport>,
+    total: omnistage_load::report::TenantReport,
+    seconds: f64,
+) -> omnistage_load::report::Report {
+    omnistage_load::report::Report {
+        addr: "127.0.0.1:1".into(),
+        threads: 1,
+        seconds,
+        warmup_s: 0.0,
+        window_s: None,
+        tenants,
+        total,
+        client_jain: None,
+        client_requests: omnistage_load::ClientCounts::default(),
+        server_segments: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,11 +82,15 @@ struct Row {
 #[derive(Serialize)]
 struct Verdict {
     server: &'static str,
-    a_p99_alone_ms: f64,
-    /// None when a got no answer at all while b flooded (every request refused or failed).
+    /// Median over the repeats in which a got answers alone; None when it got none in any.
+    a_p99_alone_ms: Option<f64>,
+    /// Median over the repeats in which a got answers while b flooded; None when it got none
+    /// in any (every request refused or failed).
     a_p99_flood_ms: Option<f64>,
     /// None then too: a p99 of nothing is not 0 ms, and the ratio would read as a win.
     p99_ratio: Option<f64>,
+    /// Repeats (either phase) in which a got no answer at all: each is a miss.
+    a_unanswered_repeats: usize,
     a_errors: u64,
     backend_in_flight_mean: f64,
     goal_met: bool,
@@ -234,39 +238,10 @@ fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
             }
         }
     }
-    let mut verdicts = Vec::new();
-    for server in SERVERS {
-        let of = |ph: Phase| -> Vec<&Row> {
-            rows.iter()
-                .filter(|r| r.server == server && r.phase == ph)
-                .collect()
-        };
-        let (alone, flood) = (of(Phase::Alone), of(Phase::Flood));
-        if alone.is_empty() {
-            continue;
-        }
-        let med = |v: &[&Row], f: fn(&Row) -> f64| {
-            harness::median(&v.iter().map(|r| f(r)).collect::<Vec<f64>>())
-        };
-        let p_alone = med(&alone, |r| r.a_p99_ms);
-        let p_flood = med(&flood, |r| r.a_p99_ms);
-        let busy = med(&flood, |r| r.backend_in_flight_mean);
-        let a_errors: u64 = alone.iter().chain(&flood).map(|r| r.a_errors).sum();
-        let answered = |v: &[&Row]| v.iter().any(|r| r.a_req_per_s > 0.0);
-        let p_flood = answered(&flood).then_some(p_flood);
-        let ratio = flood_ratio(answered(&alone).then_some(p_alone), p_flood);
-        verdicts.push(Verdict {
-            server,
-            a_p99_alone_ms: p_alone,
-            a_p99_flood_ms: p_flood,
-            p99_ratio: ratio,
-            a_errors,
-            backend_in_flight_mean: busy,
-            goal_met: ratio.is_some_and(|r| r <= GOAL_P99_RATIO)
-                && a_errors == 0
-                && busy >= GOAL_BUSY_FRACTION * SLOTS as f64,
-        });
-    }
+    let verdicts: Vec<Verdict> = SERVERS
+        .iter()
+        .filter_map(|&server| judge(server, &rows))
+        .collect();
     let goal_met = verdicts
         .iter()
         .find(|v| v.server == "omnistage fair")
@@ -285,6 +260,54 @@ fn measure(a: &SharedBackendArgs, dir: &Path) -> Result<Report, String> {
         peer_cpus,
         nginx_note,
         goal_met,
+    })
+}
+
+/// The verdict on `server` from its rows (None when it did not run). A repeat in which a got
+/// no answer has no p99 (its report's 0 would read as the fastest repeat): the medians are
+/// over the answered repeats only, and such a repeat is a miss of its own, as adversary's
+/// unanswered rounds are.
+fn judge(server: &'static str, rows: &[Row]) -> Option<Verdict> {
+    let of = |ph: Phase| -> Vec<&Row> {
+        rows.iter()
+            .filter(|r| r.server == server && r.phase == ph)
+            .collect()
+    };
+    let (alone, flood) = (of(Phase::Alone), of(Phase::Flood));
+    if alone.is_empty() {
+        return None;
+    }
+    let answered = |r: &Row| r.a_req_per_s > 0.0;
+    let p99 = |v: &[&Row]| {
+        harness::median_of(
+            &v.iter()
+                .filter(|r| answered(r))
+                .map(|r| r.a_p99_ms)
+                .collect::<Vec<f64>>(),
+        )
+    };
+    let (p_alone, p_flood) = (p99(&alone), p99(&flood));
+    let busy = harness::median(
+        &flood
+            .iter()
+            .map(|r| r.backend_in_flight_mean)
+            .collect::<Vec<f64>>(),
+    );
+    let a_errors: u64 = alone.iter().chain(&flood).map(|r| r.a_errors).sum();
+    let a_unanswered_repeats = alone.iter().chain(&flood).filter(|r| !answered(r)).count();
+    let ratio = flood_ratio(p_alone, p_flood);
+    Some(Verdict {
+        server,
+        a_p99_alone_ms: p_alone,
+        a_p99_flood_ms: p_flood,
+        p99_ratio: ratio,
+        a_unanswered_repeats,
+        a_errors,
+        backend_in_flight_mean: busy,
+        goal_met: ratio.is_some_and(|r| r <= GOAL_P99_RATIO)
+            && a_unanswered_repeats == 0
+            && a_errors == 0
+            && busy >= GOAL_BUSY_FRACTION * SLOTS as f64,
     })
 }
 
@@ -335,20 +358,22 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
         "a p99 alone ms",
         "a p99 b flooding ms",
         "ratio (goal ≤ 1.5)",
+        "repeats a got no answer (goal 0)",
         "a errors (goal 0)",
         "backend in flight (goal ≥ 14.4)",
-        "all three",
+        "all",
     ]);
+    let ms = |x: Option<f64>| x.map_or("no answers".into(), |x| format!("{x:.1}"));
     for v in &report.verdicts {
         s.row(vec![
             v.server.into(),
-            format!("{:.1}", v.a_p99_alone_ms),
-            v.a_p99_flood_ms
-                .map_or("no answers".into(), |x| format!("{x:.1}")),
+            ms(v.a_p99_alone_ms),
+            ms(v.a_p99_flood_ms),
             v.p99_ratio.map_or(
                 format!("— (a got no answers: {} errors)", v.a_errors),
                 |x| format!("{x:.2}"),
             ),
+            v.a_unanswered_repeats.to_string(),
             v.a_errors.to_string(),
             format!("{:.1}", v.backend_in_flight_mean),
             if v.goal_met { "yes" } else { "no" }.into(),
@@ -357,7 +382,9 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
     let mut notes = vec![format!(
         "Goals for omnistage with fair = true: a's p99 while b floods ≤ {GOAL_P99_RATIO}× alone, \
          no errors for a, the backend's mean in flight during the flood ≥ {:.0} % of the {SLOTS} \
-         slots (its own count): {}. The other two rows are the baselines the page compares with.",
+         slots (its own count): {}. The other two rows are the baselines the page compares with. \
+         The p99s are medians over the repeats in which a got answers (a repeat without any has \
+         no p99, not one of 0 ms), and a repeat in which a got no answer at all is a miss.",
         GOAL_BUSY_FRACTION * 100.0,
         if report.goal_met { "met" } else { "not met" }
     )];
@@ -422,7 +449,11 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
                 &[
                     (
                         "a alone".into(),
-                        report.verdicts.iter().map(|v| v.a_p99_alone_ms).collect(),
+                        report
+                            .verdicts
+                            .iter()
+                            .map(|v| v.a_p99_alone_ms.unwrap_or(0.0))
+                            .collect(),
                     ),
                     (
                         "b floods".into(),
@@ -440,7 +471,52 @@ fn page(a: &SharedBackendArgs, report: &Report) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::flood_ratio;
+    use super::*;
+
+    fn row(phase: Phase, a_req_per_s: f64, a_p99_ms: f64) -> Row {
+        Row {
+            repeat: 1,
+            server: "omnistage fair",
+            phase,
+            a_req_per_s,
+            a_p50_ms: a_p99_ms / 2.0,
+            a_p99_ms,
+            a_errors: 0,
+            a_502_503: 0,
+            b_req_per_s: 700.0,
+            b_errors: 0,
+            backend_in_flight_mean: 16.0,
+            backend_in_flight_max: 16,
+        }
+    }
+
+    #[test]
+    fn a_repeat_without_answers_is_no_latency() {
+        // a got nothing in the first flood repeat: its 0 ms p99 is not the fastest repeat.
+        let mut rows = vec![row(Phase::Alone, 100.0, 2.0); 3];
+        rows.extend([
+            row(Phase::Flood, 0.0, 0.0),
+            row(Phase::Flood, 100.0, 2.0),
+            row(Phase::Flood, 100.0, 40.0),
+        ]);
+        let v = judge("omnistage fair", &rows).expect("ran");
+        assert_ne!(
+            v.p99_ratio,
+            Some(1.0),
+            "the median of [0, 2, 40] read 0 as a latency"
+        );
+        assert!(!v.goal_met, "a repeat in which a got no answer is a miss");
+        // Every repeat answered: judged on the medians as before.
+        let mut rows = vec![row(Phase::Alone, 100.0, 2.0); 3];
+        rows.extend([
+            row(Phase::Flood, 100.0, 2.0),
+            row(Phase::Flood, 100.0, 2.5),
+            row(Phase::Flood, 100.0, 40.0),
+        ]);
+        let v = judge("omnistage fair", &rows).expect("ran");
+        assert_eq!(v.p99_ratio, Some(1.25));
+        assert!(v.goal_met);
+    }
 
     #[test]
     fn no_answers_is_no_ratio() {

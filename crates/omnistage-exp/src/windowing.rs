@@ -197,18 +197,8 @@ mod tests {
                 p99_ms: Some(9.0),
             })
             .collect();
-        let r = LoadReport {
-            addr: "127.0.0.1:1".into(),
-            threads: 1,
-            seconds: 5.0,
-            warmup_s: 0.0,
-            window_s: Some(1.0),
-            tenants: vec![t.clone()],
-            total: t,
-            client_jain: None,
-            client_requests: omnistage_load::ClientCounts::default(),
-            server_segments: None,
-        };
+        let mut r = crate::harness::report_for_test(vec![t.clone()], t, 5.0);
+        r.window_s = Some(1.0);
         let ws = client_windows(&r, 10.0);
         assert_eq!(ws.len(), 5);
         assert_eq!(ws[4].t_s, 15.0);
