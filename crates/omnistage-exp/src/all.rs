@@ -40,6 +40,15 @@ fn f(v: &Value, ptr: &str) -> f64 {
     v.pointer(ptr).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 
+/// A comparison's verdict word ("better", "worse", "inconclusive"), or why it was not judged.
+fn verdict_word(j: &Value) -> String {
+    match (j["verdict"].as_str(), j["not_judged"].as_str()) {
+        (Some(v), _) => v.to_string(),
+        (None, Some(why)) => format!("not judged: {why}"),
+        (None, None) => "-".to_string(),
+    }
+}
+
 /// A share experiment's row (a [`ShareVerdict`](super::share::ShareVerdict) in its JSON): the
 /// clients' largest error and the ledger's beside it, the goal, and the fewest completions.
 fn share_row(j: &Value) -> Summary {
@@ -310,7 +319,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                             "nginx {} req/s (ratio {:.2}, {}; worker on CPUs {})",
                             spread(j, "/nginx_req_per_s", 0),
                             f(j, "/ratio"),
-                            j["verdict"].as_str().unwrap_or("-"),
+                            verdict_word(j),
                             peer_cpus(j)
                         )
                     } else {
@@ -519,7 +528,7 @@ pub fn run(a: AllArgs) -> Result<(), String> {
                         "Tokio current-thread {} req/s (ratio {:.2}, {}); shares as they come: max distance {:.2} pts; {:.0} ns per poll",
                         spread(j, "/tokio_req_per_s", 0),
                         f(j, "/ratio"),
-                        j["verdict"].as_str().unwrap_or("-"),
+                        verdict_word(j),
                         f(j, "/shares/1/max_err_pts"),
                         f(j, "/per_poll/tokio_ns")
                     )),

@@ -53,15 +53,20 @@ struct Report {
     omnistage_req_per_s: Spread,
     nginx_req_per_s: Option<Spread>,
     ratio: Option<f64>,
-    /// omnistage against nginx's run-to-run spread: better, worse or inconclusive.
+    /// omnistage against nginx's run-to-run spread: better, worse or inconclusive (none
+    /// without nginx, or when not judged).
     verdict: Option<Verdict>,
+    /// Why the rounds were not compared although nginx ran (it served nothing in a round, or
+    /// its clients saw errors).
+    not_judged: Option<String>,
     /// The CPUs nginx's worker was allowed, read from /proc after each round.
     peer_cpus: Vec<String>,
     nginx_tuning: Option<TuningChoice>,
     nginx_note: Option<String>,
     conns: usize,
     file_bytes: usize,
-    /// At least as fast as nginx (the comparison not inconclusive); none without nginx.
+    /// At least as fast as nginx (the comparison not inconclusive); none without nginx, or
+    /// when not judged.
     goal_met: Option<bool>,
 }
 
@@ -169,6 +174,40 @@ fn measure(a: &HttpVsNginxArgs, dir: &Path, root: &Path) -> Result<Report, Strin
         Ok(r)
     })?;
     let rounds: Vec<Round> = runs.into_iter().map(|(_, _, r)| r).collect();
+    let j = judge(&rounds);
+    Ok(Report {
+        experiment: "http-vs-nginx",
+        machine: machine(),
+        seconds_per_round: a.common.seconds,
+        repeats: a.common.repeats,
+        ratio: j.ratio,
+        rounds,
+        omnistage_req_per_s: j.omnistage_req_per_s,
+        nginx_req_per_s: j.nginx_req_per_s,
+        verdict: j.verdict,
+        not_judged: j.not_judged,
+        peer_cpus,
+        nginx_tuning: tuning,
+        nginx_note,
+        conns: a.conns,
+        file_bytes: a.file_bytes,
+        goal_met: j.goal_met,
+    })
+}
+
+/// What the rounds say: the spreads, the ratio of medians, the verdict and the goal.
+struct Judged {
+    omnistage_req_per_s: Spread,
+    nginx_req_per_s: Option<Spread>,
+    ratio: Option<f64>,
+    verdict: Option<Verdict>,
+    not_judged: Option<String>,
+    goal_met: Option<bool>,
+}
+
+/// No verdict without nginx, or when [`rounds::not_judged`] says the rounds cannot be
+/// compared (nginx served nothing in a round, or its clients saw errors).
+fn judge(rounds: &[Round]) -> Judged {
     let of = |name: &str| -> Vec<f64> {
         rounds
             .iter()
@@ -177,30 +216,28 @@ fn measure(a: &HttpVsNginxArgs, dir: &Path, root: &Path) -> Result<Report, Strin
             .collect()
     };
     let (om, ng) = (of("omnistage"), of("nginx"));
+    let nginx_errors: u64 = rounds
+        .iter()
+        .filter(|r| r.server == "nginx")
+        .map(|r| r.errors)
+        .sum();
     let omnistage_req_per_s = Spread::of(&om);
     let nginx_req_per_s = (!ng.is_empty()).then(|| Spread::of(&ng));
-    let verdict = nginx_req_per_s.map(|_| rounds::compare(&om, &ng, true));
-    Ok(Report {
-        experiment: "http-vs-nginx",
-        machine: machine(),
-        seconds_per_round: a.common.seconds,
-        repeats: a.common.repeats,
-        ratio: nginx_req_per_s.map(|n| omnistage_req_per_s.median / n.median),
-        rounds,
+    let not_judged =
+        nginx_req_per_s.and_then(|_| rounds::not_judged(&om, &ng, nginx_errors, "nginx"));
+    let verdict = nginx_req_per_s
+        .filter(|_| not_judged.is_none())
+        .map(|_| rounds::compare(&om, &ng, true));
+    Judged {
+        ratio: nginx_req_per_s
+            .filter(|n| n.median > 0.0)
+            .map(|n| omnistage_req_per_s.median / n.median),
         omnistage_req_per_s,
         nginx_req_per_s,
         verdict,
-        peer_cpus,
-        nginx_tuning: tuning,
-        nginx_note,
-        conns: a.conns,
-        file_bytes: a.file_bytes,
-        goal_met: match verdict {
-            Some(Verdict::Better) => Some(true),
-            Some(Verdict::Worse) => Some(false),
-            _ => None,
-        },
-    })
+        not_judged,
+        goal_met: verdict.and_then(rounds::verdict_met),
+    }
 }
 
 fn page(a: &HttpVsNginxArgs, report: &Report) -> Result<(), String> {
@@ -217,6 +254,13 @@ fn page(a: &HttpVsNginxArgs, report: &Report) -> Result<(), String> {
     }
     let mut notes = Vec::new();
     match (&report.nginx_req_per_s, report.ratio, report.verdict) {
+        (Some(n), _, _) if report.not_judged.is_some() => notes.push(format!(
+            "Median (min–max) over {} rounds: omnistage {} req/s, nginx {} req/s: not judged, {}.",
+            report.repeats,
+            report.omnistage_req_per_s.show(0),
+            n.show(0),
+            report.not_judged.as_deref().unwrap_or("")
+        )),
         (Some(n), Some(ratio), Some(v)) => notes.push(format!(
             "Median (min–max) over {} rounds: omnistage {} req/s, nginx {} req/s, ratio {ratio:.2}: {} \
              (a difference inside nginx's run-to-run range is inconclusive whatever its sign).",
@@ -288,4 +332,36 @@ fn page(a: &HttpVsNginxArgs, report: &Report) -> Result<(), String> {
             )
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rounds_of(om: &[f64], ng: &[f64], ng_errors: u64) -> Vec<Round> {
+        let round = |server: &'static str, req_per_s: f64, errors: u64| Round {
+            round: 1,
+            server,
+            req_per_s,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            errors,
+        };
+        om.iter()
+            .map(|&x| round("omnistage", x, 0))
+            .chain(ng.iter().map(|&x| round("nginx", x, ng_errors)))
+            .collect()
+    }
+
+    #[test]
+    fn a_peer_that_served_nothing_is_not_beaten() {
+        let j = judge(&rounds_of(&[100.0; 3], &[0.0; 3], 0));
+        assert_ne!(j.goal_met, Some(true), "nginx served nothing");
+        assert_eq!(j.verdict, None);
+        let j = judge(&rounds_of(&[100.0; 3], &[50.0, 51.0, 52.0], 1));
+        assert_ne!(j.goal_met, Some(true), "nginx's clients saw an error");
+        // A sound peer: judged as before.
+        let j = judge(&rounds_of(&[100.0; 3], &[50.0, 51.0, 52.0], 0));
+        assert_eq!((j.verdict, j.goal_met), (Some(Verdict::Better), Some(true)));
+    }
 }

@@ -141,6 +141,61 @@ pub fn compare(ours: &[f64], base: &[f64], higher_is_better: bool) -> Verdict {
     }
 }
 
+/// Why the runs of ours cannot be compared with a peer's at all, if they cannot: a side
+/// without runs, a figure that is not a finite number, a run that served nothing (a rate of
+/// 0 makes any ratio to it infinite, or zero, and reads as a result), or a peer whose clients
+/// saw errors (a failing peer is no baseline). The sentence names the peer `peer`.
+pub fn not_judged(ours: &[f64], base: &[f64], base_errors: u64, peer: &str) -> Option<String> {
+    let runs = |v: &[f64]| if v.len() == 1 { "run" } else { "runs" };
+    if ours.is_empty() || base.is_empty() {
+        return Some(format!(
+            "no runs of {}",
+            if ours.is_empty() { "omnistage" } else { peer }
+        ));
+    }
+    if ours.iter().chain(base).any(|x| !x.is_finite()) {
+        return Some("a figure that is not a finite number".into());
+    }
+    for (who, v) in [(peer, base), ("omnistage", ours)] {
+        let idle = v.iter().filter(|&&x| x <= 0.0).count();
+        if idle > 0 {
+            return Some(format!(
+                "{who} served nothing in {idle} of its {} {}",
+                v.len(),
+                runs(v)
+            ));
+        }
+    }
+    if base_errors > 0 {
+        return Some(format!(
+            "{peer}'s clients saw {base_errors} errors (a failing peer is no baseline)"
+        ));
+    }
+    None
+}
+
+/// Judges "ours at least `goal` × the baseline" (larger is better) by the symmetric rule: the
+/// baseline's runs scaled by `goal` are the bar, met when the median of ours is above the bar's
+/// median by more than the bar's run-to-run range, missed when below it by more, `None`
+/// (inconclusive) inside it whatever the sign, with one baseline run (no range), or when
+/// [`not_judged`] gives a reason.
+pub fn at_least(ours: &[f64], base: &[f64], goal: f64) -> Option<bool> {
+    if not_judged(ours, base, 0, "the peer").is_some() || !(goal.is_finite() && goal > 0.0) {
+        return None;
+    }
+    let bar: Vec<f64> = base.iter().map(|b| b * goal).collect();
+    verdict_met(compare(ours, &bar, true))
+}
+
+/// A comparison's verdict as a goal of "better": met, missed, or `None` when inconclusive.
+pub fn verdict_met(v: Verdict) -> Option<bool> {
+    match v {
+        Verdict::Better => Some(true),
+        Verdict::Worse => Some(false),
+        Verdict::Inconclusive => None,
+    }
+}
+
 /// Judges a measured relative cost `fraction` (e.g. +0.02 = 2 % more than the baseline) against
 /// a goal of at most `goal`, given the baseline's own run-to-run spread relative to its median
 /// (`spread`, e.g. 0.05): the cost is known only to lie in `fraction ± spread`, so the goal is
@@ -226,6 +281,38 @@ mod tests {
         let order: Vec<&str> = r.iter().map(|x| x.2.as_str()).collect();
         assert_eq!(order, ["0a", "0b", "1b", "1a", "2a", "2b"]);
         assert!(alternate(2, &["a"], |_, _| Err::<(), _>("no".into())).is_err());
+    }
+
+    #[test]
+    fn a_peer_that_served_nothing_is_no_baseline() {
+        let ours = [100.0, 100.0, 100.0];
+        assert!(not_judged(&ours, &[0.0, 0.0, 0.0], 0, "nginx")
+            .is_some_and(|r| r.contains("nginx served nothing in 3 of its 3 runs")));
+        assert!(not_judged(&ours, &[90.0, 0.0, 95.0], 0, "nginx").is_some());
+        assert!(
+            not_judged(&[0.0, 100.0, 100.0], &[90.0, 91.0, 95.0], 0, "nginx")
+                .is_some_and(|r| r.contains("omnistage served nothing"))
+        );
+        assert!(not_judged(&ours, &[90.0, f64::NAN, 95.0], 0, "nginx").is_some());
+        assert!(not_judged(&ours, &[90.0, 91.0, 95.0], 3, "nginx")
+            .is_some_and(|r| r.contains("3 errors")));
+        assert!(not_judged(&ours, &[], 0, "nginx").is_some());
+        assert_eq!(not_judged(&ours, &[90.0, 91.0, 95.0], 0, "nginx"), None);
+        assert_eq!(at_least(&ours, &[0.0, 0.0, 0.0], 1.0), None);
+    }
+
+    #[test]
+    fn at_least_a_multiple_is_judged_against_the_scaled_range() {
+        // 0.8 × [90, 100, 110] = [72, 80, 88]: range 16 about 80.
+        let base = [90.0, 100.0, 110.0];
+        assert_eq!(at_least(&[97.0], &base, 0.8), Some(true));
+        assert_eq!(at_least(&[95.0], &base, 0.8), None);
+        assert_eq!(at_least(&[65.0], &base, 0.8), None);
+        assert_eq!(at_least(&[63.0], &base, 0.8), Some(false));
+        // Ours just above the bar, inside its range: not met (it was, by the ratio alone).
+        assert_eq!(at_least(&[101.0, 101.0, 101.0], &base, 1.0), None);
+        // One baseline run: no range to judge by.
+        assert_eq!(at_least(&[1000.0], &[100.0], 1.0), None);
     }
 
     #[test]

@@ -94,7 +94,11 @@ struct Compared {
     goal: f64,
     omnistage_cpu_us: Option<f64>,
     nginx_cpu_us: Option<f64>,
+    /// At least `goal` × nginx's median by more than `goal` × nginx's run-to-run range (below
+    /// by more: missed; inside it: `null`, inconclusive).
     goal_met: Option<bool>,
+    /// Why the mode was not compared, if it was not.
+    not_judged: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -110,7 +114,7 @@ struct Report {
     compared: Vec<Compared>,
     peer_cpus: Vec<String>,
     nginx_note: Option<String>,
-    /// Both goals met; none without nginx.
+    /// Both goals met, either missed, or `null` (a mode inconclusive or not judged).
     goal_met: Option<bool>,
 }
 
@@ -437,27 +441,27 @@ fn measure(a: &TlsArgs, dir: &Path) -> Result<Report, String> {
         };
         let rate = |r: &Round| Some(r.per_s);
         let cpu = |r: &Round| r.server_cpu_us;
-        let om = Spread::of(&of("omnistage", rate));
-        let ng = of("nginx", rate);
-        let ng = (!ng.is_empty()).then(|| Spread::of(&ng));
-        let ratio = ng.map(|n| om.median / n.median);
+        let (om, ng) = (of("omnistage", rate), of("nginx", rate));
+        let ng_errors: u64 = rounds_out
+            .iter()
+            .filter(|r| r.server == "nginx" && r.mode == mode)
+            .map(|r| r.errors)
+            .sum();
+        let j = judge_mode(&om, &ng, ng_errors, goal);
         let med = |v: Vec<f64>| harness::median_of(&v);
         compared.push(Compared {
             mode,
-            omnistage_per_s: om,
-            nginx_per_s: ng,
-            ratio,
+            omnistage_per_s: Spread::of(&om),
+            nginx_per_s: (!ng.is_empty()).then(|| Spread::of(&ng)),
+            ratio: j.ratio,
             goal,
             omnistage_cpu_us: med(of("omnistage", cpu)),
             nginx_cpu_us: med(of("nginx", cpu)),
-            goal_met: ratio.map(|r| r >= goal),
+            goal_met: j.goal_met,
+            not_judged: j.not_judged,
         });
     }
-    let goal_met = compared
-        .iter()
-        .map(|c| c.goal_met)
-        .collect::<Option<Vec<bool>>>()
-        .map(|v| v.iter().all(|&m| m));
+    let goal_met = harness::combine_verdicts(compared.iter().map(|c| c.goal_met));
     Ok(Report {
         experiment: "tls",
         machine: machine(),
@@ -472,6 +476,41 @@ fn measure(a: &TlsArgs, dir: &Path) -> Result<Report, String> {
         nginx_note,
         goal_met,
     })
+}
+
+/// One mode's comparison: the ratio of medians, the goal, and why it was not judged.
+struct Judged {
+    ratio: Option<f64>,
+    goal_met: Option<bool>,
+    not_judged: Option<String>,
+}
+
+/// Judges one mode: omnistage's rates `om` against nginx's `ng` (its clients saw `ng_errors`)
+/// for a goal of at least `goal` × nginx's, by the symmetric rule ([`rounds::at_least`]: a
+/// difference from `goal` × nginx inside `goal` × nginx's range is inconclusive). Not judged
+/// without nginx, when a round served nothing or nginx's clients saw errors, or with one nginx
+/// round (no range to judge against).
+fn judge_mode(om: &[f64], ng: &[f64], ng_errors: u64, goal: f64) -> Judged {
+    if ng.is_empty() {
+        return Judged {
+            ratio: None,
+            goal_met: None,
+            not_judged: Some("no nginx".into()),
+        };
+    }
+    let (o, n) = (Spread::of(om), Spread::of(ng));
+    let ratio = (n.median > 0.0).then(|| o.median / n.median);
+    let not_judged = rounds::not_judged(om, ng, ng_errors, "nginx").or_else(|| {
+        (ng.len() < 2).then(|| "one nginx round: no run-to-run range to judge against".into())
+    });
+    Judged {
+        ratio,
+        goal_met: not_judged
+            .is_none()
+            .then(|| rounds::at_least(om, ng, goal))
+            .flatten(),
+        not_judged,
+    }
 }
 
 fn page(a: &TlsArgs, report: &Report) -> Result<(), String> {
@@ -509,8 +548,12 @@ fn page(a: &TlsArgs, report: &Report) -> Result<(), String> {
             c.nginx_per_s.map_or("-".into(), |n| n.show(0)),
             c.ratio.map_or("-".into(), |r| format!("{r:.2}")),
             format!("≥ {:.1}×", c.goal),
-            c.goal_met
-                .map_or("-".into(), |m| if m { "yes" } else { "no" }.into()),
+            match (c.goal_met, &c.not_judged) {
+                (Some(true), _) => "yes".into(),
+                (Some(false), _) => "no".into(),
+                (None, Some(why)) => format!("not judged: {why}"),
+                (None, None) => "inconclusive (inside nginx's range)".into(),
+            },
             format!(
                 "{} / {}",
                 c.omnistage_cpu_us.map_or("-".into(), |v| format!("{v:.1}")),
@@ -520,11 +563,15 @@ fn page(a: &TlsArgs, report: &Report) -> Result<(), String> {
     }
     let mut notes = vec![format!(
         "Goals: keep-alive requests/s ≥ {GOAL_KEEPALIVE:.1}× nginx's and new connections/s ≥ \
-         {GOAL_HANDSHAKES:.1}× nginx's (medians): {}.",
+         {GOAL_HANDSHAKES:.1}× nginx's (medians; a difference from the goal × nginx's median \
+         inside the goal × nginx's run-to-run range is inconclusive whatever its sign, and a \
+         round in which either server served nothing, or nginx's clients saw errors, leaves \
+         the mode not judged): {}.",
         match report.goal_met {
             Some(true) => "met",
             Some(false) => "not met",
-            None => "not judged (no nginx)",
+            None if report.nginx_note.is_some() => "not judged (no nginx)",
+            None => "not judged (a mode inconclusive or not judged: see the summary)",
         }
     )];
     if let Some(n) = &report.nginx_note {
@@ -592,4 +639,38 @@ fn page(a: &TlsArgs, report: &Report) -> Result<(), String> {
             &[("omnistage".into(), om), ("nginx".into(), ng)],
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_that_served_nothing_is_not_beaten() {
+        let j = judge_mode(&[100.0; 3], &[0.0; 3], 0, GOAL_HANDSHAKES);
+        assert_ne!(j.goal_met, Some(true), "nginx served nothing");
+        assert_eq!(j.ratio, None, "a ratio to nothing");
+        let j = judge_mode(&[100.0; 3], &[50.0, 51.0, 52.0], 4, GOAL_KEEPALIVE);
+        assert_ne!(j.goal_met, Some(true), "nginx's clients saw errors");
+    }
+
+    #[test]
+    fn a_ratio_inside_nginx_range_is_inconclusive() {
+        // 1.05× nginx's median, nginx's rounds 90–110: inside its range.
+        let j = judge_mode(
+            &[105.0, 106.0, 104.0],
+            &[100.0, 90.0, 110.0],
+            0,
+            GOAL_KEEPALIVE,
+        );
+        assert_eq!(j.goal_met, None);
+        // Beyond it: met; below 0.8× by more than 0.8 × its range: missed.
+        let j = judge_mode(&[125.0; 3], &[100.0, 90.0, 110.0], 0, GOAL_KEEPALIVE);
+        assert_eq!(j.goal_met, Some(true));
+        let j = judge_mode(&[60.0; 3], &[100.0, 90.0, 110.0], 0, GOAL_HANDSHAKES);
+        assert_eq!(j.goal_met, Some(false));
+        // One nginx round: no range to judge against.
+        let j = judge_mode(&[200.0], &[100.0], 0, GOAL_KEEPALIVE);
+        assert_eq!(j.goal_met, None);
+    }
 }
