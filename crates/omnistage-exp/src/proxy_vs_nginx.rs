@@ -27,9 +27,10 @@ use std::time::Duration;
 
 /// Seconds of load before the measured window.
 const WARMUP_S: f64 = 0.5;
-/// Goal: requests/s at least this × nginx's (medians).
+/// Goal: requests/s at least this × nginx's (medians; judged by [`rounds::compare`], which
+/// holds only for 1.0).
 const GOAL_RATE: f64 = 1.0;
-/// Goal: the proxy's CPU per request at most this × nginx's (medians).
+/// Goal: the proxy's CPU per request at most this × nginx's (medians; likewise 1.0).
 const GOAL_CPU: f64 = 1.0;
 /// The name prefix of omnistage's worker threads (`omnistage-w0`, and the disk pool's, idle here).
 const OMNISTAGE_THREADS: &str = "omnistage-";
@@ -90,11 +91,16 @@ struct Compared {
     omnistage_req_per_s: Spread,
     nginx_req_per_s: Option<Spread>,
     ratio: Option<f64>,
-    /// Requests/s against nginx's run-to-run spread.
+    /// Requests/s against nginx's run-to-run spread (`null` without nginx, or not judged).
     verdict: Option<Verdict>,
     omnistage_cpu_us: Option<f64>,
     nginx_cpu_us: Option<f64>,
     cpu_ratio: Option<f64>,
+    /// CPU per request against nginx's run-to-run spread (lower is better).
+    cpu_verdict: Option<Verdict>,
+    /// Why the mode was not compared although nginx ran (a round that served nothing, or
+    /// nginx's clients seeing errors).
+    not_judged: Option<String>,
     goal_met: Option<bool>,
 }
 
@@ -255,37 +261,10 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
         })?;
         rounds_out.extend(runs.into_iter().map(|(_, _, r)| r));
     }
-    let mut compared = Vec::new();
-    for mode in [Mode::KeepAlive, Mode::PerConnection] {
-        let of = |name: &str, f: fn(&Round) -> Option<f64>| -> Vec<f64> {
-            rounds_out
-                .iter()
-                .filter(|r| r.server == name && r.mode == mode)
-                .filter_map(f)
-                .collect()
-        };
-        let rate = |r: &Round| Some(r.req_per_s);
-        let cpu = |r: &Round| r.proxy_cpu_us_per_request;
-        let (om, ng) = (of("omnistage", rate), of("nginx", rate));
-        let omnistage_req_per_s = Spread::of(&om);
-        let nginx_req_per_s = (!ng.is_empty()).then(|| Spread::of(&ng));
-        let ratio = nginx_req_per_s.map(|n| omnistage_req_per_s.median / n.median);
-        let med = |v: Vec<f64>| harness::median_of(&v);
-        let (oc, nc) = (med(of("omnistage", cpu)), med(of("nginx", cpu)));
-        let cpu_ratio = oc.zip(nc).map(|(o, n)| o / n);
-        let verdict = nginx_req_per_s.map(|_| rounds::compare(&om, &ng, true));
-        compared.push(Compared {
-            mode,
-            omnistage_req_per_s,
-            nginx_req_per_s,
-            ratio,
-            verdict,
-            omnistage_cpu_us: oc,
-            nginx_cpu_us: nc,
-            cpu_ratio,
-            goal_met: mode_goal(ratio, cpu_ratio, verdict),
-        });
-    }
+    let compared: Vec<Compared> = [Mode::KeepAlive, Mode::PerConnection]
+        .into_iter()
+        .map(|mode| judge_mode(&rounds_out, mode))
+        .collect();
     let goal_met = harness::combine_verdicts(compared.iter().map(|c| c.goal_met));
     Ok(Report {
         experiment: "proxy-vs-nginx",
@@ -303,22 +282,63 @@ fn measure(a: &ProxyVsNginxArgs, dir: &Path) -> Result<Report, String> {
     })
 }
 
-/// One mode's goal: `None` without nginx's figures, or when the proxy's rate is below
-/// nginx's by less than nginx's own run-to-run range (`verdict` inconclusive: the rounds cannot
-/// tell the two apart, so "slower" is not established); a CPU ratio above the goal, or a rate
-/// below it beyond that range, is a miss.
-fn mode_goal(ratio: Option<f64>, cpu_ratio: Option<f64>, verdict: Option<Verdict>) -> Option<bool> {
-    let (r, c) = (ratio?, cpu_ratio?);
-    if c > GOAL_CPU {
-        return Some(false);
+/// One mode's figures and goal from the rounds.
+fn judge_mode(rounds_out: &[Round], mode: Mode) -> Compared {
+    let of = |name: &str, f: fn(&Round) -> Option<f64>| -> Vec<f64> {
+        rounds_out
+            .iter()
+            .filter(|r| r.server == name && r.mode == mode)
+            .filter_map(f)
+            .collect()
+    };
+    let rate = |r: &Round| Some(r.req_per_s);
+    let cpu = |r: &Round| r.proxy_cpu_us_per_request;
+    let (om, ng) = (of("omnistage", rate), of("nginx", rate));
+    let (om_cpu, ng_cpu) = (of("omnistage", cpu), of("nginx", cpu));
+    let nginx_errors: u64 = rounds_out
+        .iter()
+        .filter(|r| r.server == "nginx" && r.mode == mode)
+        .map(|r| r.errors)
+        .sum();
+    let omnistage_req_per_s = Spread::of(&om);
+    let nginx_req_per_s = (!ng.is_empty()).then(|| Spread::of(&ng));
+    let not_judged =
+        nginx_req_per_s.and_then(|_| rounds::not_judged(&om, &ng, nginx_errors, "nginx"));
+    let judged = nginx_req_per_s.is_some() && not_judged.is_none();
+    let ratio = nginx_req_per_s
+        .filter(|n| n.median > 0.0)
+        .map(|n| omnistage_req_per_s.median / n.median);
+    let verdict = judged.then(|| rounds::compare(&om, &ng, true));
+    // Lower is better; the CPU figures must be there (and not 0) on both sides.
+    let cpu_verdict = (judged && rounds::not_judged(&om_cpu, &ng_cpu, 0, "nginx").is_none())
+        .then(|| rounds::compare(&om_cpu, &ng_cpu, false));
+    let med = |v: &[f64]| harness::median_of(v);
+    let (oc, nc) = (med(&om_cpu), med(&ng_cpu));
+    Compared {
+        mode,
+        omnistage_req_per_s,
+        nginx_req_per_s,
+        ratio,
+        verdict,
+        omnistage_cpu_us: oc,
+        nginx_cpu_us: nc,
+        cpu_ratio: oc.zip(nc).filter(|(_, n)| *n > 0.0).map(|(o, n)| o / n),
+        cpu_verdict,
+        not_judged,
+        goal_met: mode_goal(verdict, cpu_verdict),
     }
-    if r >= GOAL_RATE {
-        return Some(true);
-    }
-    match verdict {
-        Some(Verdict::Worse) => Some(false),
-        _ => None,
-    }
+}
+
+/// One mode's goal from the two comparisons, each by the symmetric rule: requests/s at least
+/// nginx's (`rate`, higher better) and CPU per request at most nginx's (`cpu`, lower better).
+/// A comparison inside nginx's own run-to-run range is inconclusive whatever its sign (a rate
+/// 0.1 % above nginx's median is no more a win than one 0.1 % below is a loss); either one
+/// beyond it the wrong way is a miss; `None` without nginx's figures.
+fn mode_goal(rate: Option<Verdict>, cpu: Option<Verdict>) -> Option<bool> {
+    harness::combine_verdicts([
+        rate.and_then(rounds::verdict_met),
+        cpu.and_then(rounds::verdict_met),
+    ])
 }
 
 fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
@@ -354,6 +374,7 @@ fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
         "ratio (goal ≥ 1.0)",
         "verdict",
         "CPU µs/req omnistage / nginx (goal ≤ 1.0×)",
+        "CPU verdict",
         "met",
     ]);
     let opt = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
@@ -370,25 +391,30 @@ fn page(a: &ProxyVsNginxArgs, report: &Report) -> Result<(), String> {
                 opt(c.nginx_cpu_us, 1),
                 opt(c.cpu_ratio, 2)
             ),
-            match (c.goal_met, c.nginx_req_per_s) {
-                (Some(m), _) => if m { "yes" } else { "no" }.into(),
-                (None, Some(_)) => "inconclusive".into(),
-                (None, None) => "-".into(),
+            c.cpu_verdict.map_or("-", |v| v.word()).into(),
+            match (c.goal_met, c.nginx_req_per_s, &c.not_judged) {
+                (Some(m), ..) => if m { "yes" } else { "no" }.into(),
+                (None, Some(_), Some(why)) => format!("not judged: {why}"),
+                (None, Some(_), None) => "inconclusive".into(),
+                (None, None, _) => "-".into(),
             },
         ]);
     }
     let mut notes = vec![format!(
         "Goals, in both modes: requests/s ≥ {GOAL_RATE:.1}× nginx's (clients' counts, medians) \
          and the proxy's own CPU per request ≤ {GOAL_CPU:.1}× nginx's (OS clocks, medians): {}. \
-         The verdict column says whether the rate difference is larger than nginx's own \
-         run-to-run range (else inconclusive whatever its sign).",
+         The verdict columns say whether each difference is larger than nginx's own \
+         run-to-run range of that figure: a difference inside it is inconclusive whatever its \
+         sign, so a rate above nginx's or a CPU below it by less than that range meets nothing. \
+         A round in which either proxy served nothing, or nginx's clients saw errors, leaves \
+         the mode not judged.",
         match (report.goal_met, &report.nginx_note) {
             (Some(true), _) => "met",
             (Some(false), _) => "not met",
             (None, Some(_)) => "not judged (no nginx)",
-            (None, None) => {
-                "inconclusive (a rate below nginx's by less than nginx's own run-to-run range)"
-            }
+            (None, None) =>
+                "inconclusive (a difference inside nginx's own run-to-run range, \
+                             or a mode not judged: see the summary)",
         }
     )];
     match &report.nginx_note {
@@ -482,29 +508,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slower_rate_inside_nginx_range_is_not_a_miss() {
-        // At least as fast, CPU within: met, whatever the verdict.
-        assert_eq!(
-            mode_goal(Some(1.07), Some(0.9), Some(Verdict::Inconclusive)),
-            Some(true)
-        );
-        // Slower, but inside nginx's own range: not judged.
-        assert_eq!(
-            mode_goal(Some(0.97), Some(0.9), Some(Verdict::Inconclusive)),
-            None
-        );
+    fn a_difference_inside_nginx_range_is_inconclusive_either_way() {
+        use Verdict::*;
+        // Faster or slower, inside nginx's range, CPU below it: not judged either way.
+        assert_eq!(mode_goal(Some(Inconclusive), Some(Better)), None);
+        // Faster beyond the range, CPU below nginx's beyond its range: met.
+        assert_eq!(mode_goal(Some(Better), Some(Better)), Some(true));
         // Slower beyond that range: missed.
-        assert_eq!(
-            mode_goal(Some(0.80), Some(0.9), Some(Verdict::Worse)),
-            Some(false)
-        );
-        // More CPU per request than nginx: missed even when faster.
-        assert_eq!(
-            mode_goal(Some(1.2), Some(1.1), Some(Verdict::Better)),
-            Some(false)
-        );
+        assert_eq!(mode_goal(Some(Worse), Some(Better)), Some(false));
+        // More CPU per request than nginx beyond its range: missed even when faster.
+        assert_eq!(mode_goal(Some(Better), Some(Worse)), Some(false));
+        // A CPU difference inside nginx's range is no miss (it was, by the ratio alone).
+        assert_eq!(mode_goal(Some(Better), Some(Inconclusive)), None);
         // No nginx: nothing to judge.
-        assert_eq!(mode_goal(None, None, None), None);
+        assert_eq!(mode_goal(None, None), None);
+    }
+
+    fn round(server: &'static str, req_per_s: f64, cpu_us: f64) -> Round {
+        Round {
+            round: 1,
+            mode: Mode::KeepAlive,
+            server,
+            req_per_s,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            errors: 0,
+            proxy_cpu_us_per_request: Some(cpu_us),
+            backend_responses: 1000,
+        }
+    }
+
+    #[test]
+    fn the_rounds_decide_by_nginx_range() {
+        // 1.001× nginx's median, inside its range: no win (mode_goal(Some(1.001), Some(0.9),
+        // Some(Inconclusive)) was Some(true)).
+        let mut rs = vec![
+            round("omnistage", 10_010.0, 9.0),
+            round("omnistage", 10_010.0, 9.0),
+            round("omnistage", 10_010.0, 9.0),
+        ];
+        rs.extend([
+            round("nginx", 9_000.0, 10.0),
+            round("nginx", 10_000.0, 10.0),
+            round("nginx", 11_000.0, 10.0),
+        ]);
+        let c = judge_mode(&rs, Mode::KeepAlive);
+        assert_eq!(c.ratio.map(|r| (r * 1000.0).round()), Some(1001.0));
+        assert_eq!(c.goal_met, None);
+        // nginx serving nothing is no baseline.
+        let mut rs: Vec<Round> = (0..3).map(|_| round("omnistage", 100.0, 9.0)).collect();
+        rs.extend((0..3).map(|_| round("nginx", 0.0, 10.0)));
+        let c = judge_mode(&rs, Mode::KeepAlive);
+        assert_ne!(c.goal_met, Some(true));
+        assert!(c.not_judged.is_some() && c.ratio.is_none());
     }
 
     #[test]
