@@ -224,6 +224,15 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
         }
     }
     let _ = std::fs::remove_dir_all(&root);
+    let rep = judge(runs, &a, warmup_s);
+    let doc = page(&rep, &a);
+    report::emit("priority", &rep, &doc, a.common.json, a.common.out(), |p| {
+        chart(p, &rep)
+    })
+}
+
+/// The goal from the runs (one per order).
+fn judge(runs: Vec<Run>, a: &PriorityArgs, warmup_s: f64) -> Report {
     let small = |name: &str| {
         runs.iter()
             .find(|r| r.order == name)
@@ -234,13 +243,17 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
         small("shortest_first"),
         small("longest_first"),
     );
-    let shortest_first_cuts_small = fifo.zip(sf).map(|(f, s)| s < f);
-    let longest_first_raises_small = fifo.zip(lf).map(|(f, l)| l > f);
+    // A mean of nothing (an order without small-file responses, NaN) is no figure: not
+    // judged, rather than a comparison that is false.
+    let both =
+        |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(a, b)| a.is_finite() && b.is_finite());
+    let shortest_first_cuts_small = both(fifo, sf).map(|(f, s)| s < f);
+    let longest_first_raises_small = both(fifo, lf).map(|(f, l)| l > f);
     let all_at_cap = runs.iter().all(|r| r.achieved_over_cap >= AT_CAP_FRACTION);
     let goal_met = shortest_first_cuts_small
         .zip(longest_first_raises_small)
         .map(|(s, l)| s && l && all_at_cap);
-    let rep = Report {
+    Report {
         experiment: "priority",
         machine: machine(),
         seconds_per_order: a.common.seconds,
@@ -254,11 +267,7 @@ pub fn run(a: PriorityArgs) -> Result<(), String> {
         all_at_cap,
         goal_met,
         peer: "none: nginx has no per-server bandwidth cap or size-based send order to compare",
-    };
-    let doc = page(&rep, &a);
-    report::emit("priority", &rep, &doc, a.common.json, a.common.out(), |p| {
-        chart(p, &rep)
-    })
+    }
 }
 
 fn kib(bytes: usize) -> String {
@@ -334,8 +343,17 @@ fn page(r: &Report, a: &PriorityArgs) -> Doc {
     let verdict = match r.goal_met {
         Some(true) => "**Goal met.**",
         Some(false) => "**Goal not met.**",
-        None => "**Goal not judged** (fifo, shortest_first and longest_first must all run).",
+        None => {
+            "**Goal not judged** (fifo, shortest_first and longest_first must all run, and each \
+             complete small files)."
+        }
     };
+    // The experiment runs each order once: say so rather than invent a spread.
+    let verdict = format!(
+        "{verdict} The comparisons rest on one run per order (this experiment has no repeats): \
+         there is no run-to-run range to judge a difference against, so the means are compared \
+         as measured, and a close call would need repeated runs to be told from noise."
+    );
     let files = FILES
         .iter()
         .map(|&(_, b, c)| format!("{} × {c}", kib(b)))
@@ -504,5 +522,50 @@ mod tests {
         let m = weighted_mean([(1.0, 3), (5.0, 1), (f64::NAN, 0)].into_iter());
         assert!((m - 2.0).abs() < 1e-12);
         assert!(weighted_mean(std::iter::empty()).is_nan());
+    }
+
+    fn run_of(order: &'static str, small_mean_ms: f64) -> Run {
+        Run {
+            order,
+            achieved_bytes_per_s: 32e6,
+            achieved_over_cap: 1.0,
+            load_bytes_per_s: 32e6,
+            requests: 1000,
+            errors: 0,
+            overall_mean_ms: small_mean_ms,
+            small_mean_ms,
+            large_mean_ms: 100.0,
+            buckets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_verdict_says_it_rests_on_one_run() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: PriorityArgs,
+        }
+        let a = <Cli as clap::Parser>::parse_from(["priority"]).a;
+        let runs = vec![
+            run_of("fifo", 128.0),
+            run_of("shortest_first", 2.6),
+            run_of("longest_first", 593.7),
+        ];
+        let r = judge(runs, &a, 1.0);
+        assert_eq!(r.goal_met, Some(true));
+        let intro = page(&r, &a).intro.join(" ");
+        assert!(intro.contains("one run per order"), "{intro}");
+        // An order without small-file responses (mean NaN) is not judged, not a miss.
+        let r = judge(
+            vec![
+                run_of("fifo", f64::NAN),
+                run_of("shortest_first", 2.6),
+                run_of("longest_first", 593.7),
+            ],
+            &a,
+            1.0,
+        );
+        assert_eq!(r.goal_met, None);
     }
 }
