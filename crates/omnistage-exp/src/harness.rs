@@ -287,6 +287,17 @@ pub fn combine_verdicts(parts: impl IntoIterator<Item = Option<bool>>) -> Option
     }
 }
 
+/// Whether a p99 of `requests` completed latencies stands for every request sent, given
+/// `unfinished` requests the load generator left out of it (in flight, or due and not sent, at
+/// the end of the run): at most 1/99 of the completed. Up to that many, the slowest 1 % of all
+/// the requests still holds a completed one, so the p99 of all is a measured latency; past it,
+/// the slowest 1 % may be unfinished requests alone, whose latency nobody measured (an
+/// open-loop client stalled at the end piles them up at its rate, while one answered normally
+/// leaves about rate × latency in flight, far below 1/99 of a run of seconds).
+pub fn p99_stands(requests: u64, unfinished: u64) -> bool {
+    unfinished.saturating_mul(99) <= requests
+}
+
 /// Sum of a load report's errors of every kind (failed connection attempts included).
 pub fn errors(t: &omnistage_load::report::TenantReport) -> u64 {
     t.errors.connect + t.errors.failed_requests()
@@ -323,6 +334,7 @@ pub fn tenant_for_test(name: &str) -> omnistage_load::report::TenantReport {
         reconnects: 0,
         idle_closes: 0,
         unfinished: 0,
+        unfinished_oldest_ms: None,
         windows: Vec::new(),
         jain_fairness: None,
     }
@@ -369,6 +381,14 @@ mod tests {
             parse: 8,
         };
         assert_eq!(errors(&t), 36);
+    }
+
+    #[test]
+    fn a_p99_stands_while_the_unfinished_are_at_most_one_in_99() {
+        assert!(p99_stands(9_900, 100));
+        assert!(!p99_stands(9_900, 101));
+        assert!(p99_stands(0, 0));
+        assert!(!p99_stands(0, 1));
     }
 
     #[test]

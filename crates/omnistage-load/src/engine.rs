@@ -747,7 +747,7 @@ impl<'r, 'p> Worker<'r, 'p> {
                 Outcome::HttpOther => st.errors.http_other += 1,
             }
         } else if now >= self.run.end {
-            self.stats(tenant).unfinished += 1;
+            self.count_one_unfinished(tenant, due);
         }
         let c = &mut self.conns[idx];
         let close = resp.close || c.last_on_conn || c.out_pos < c.out.len();
@@ -762,7 +762,7 @@ impl<'r, 'p> Worker<'r, 'p> {
 
     /// The outstanding request failed; the connection is replaced.
     fn fail(&mut self, idx: usize, kind: Failure, now: Instant) {
-        let tenant = self.conns[idx].tenant;
+        let (tenant, due) = (self.conns[idx].tenant, self.conns[idx].due);
         if self.run.measured(now) {
             let e = &mut self.stats(tenant).errors;
             match kind {
@@ -771,7 +771,7 @@ impl<'r, 'p> Worker<'r, 'p> {
                 Failure::Parse => e.parse += 1,
             }
         } else if now >= self.run.end {
-            self.stats(tenant).unfinished += 1;
+            self.count_one_unfinished(tenant, due);
         }
         self.advance(idx, now);
         self.reconnect(idx, now);
@@ -803,8 +803,23 @@ impl<'r, 'p> Worker<'r, 'p> {
         }
     }
 
+    /// How long a request due at `due` had waited at the deadline, µs.
+    fn age_at_end_us(&self, due: Instant) -> u64 {
+        u64::try_from(self.run.end.saturating_duration_since(due).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Counts one request of `tenant`, intended at `due`, that ended after the deadline.
+    fn count_one_unfinished(&mut self, tenant: usize, due: Instant) {
+        let age = self.age_at_end_us(due);
+        let st = self.stats(tenant);
+        st.unfinished += 1;
+        st.unfinished_oldest_us = st.unfinished_oldest_us.max(age);
+    }
+
     /// At the deadline: counts requests in flight, and open-loop requests that were due by the
-    /// deadline but not sent (capped by what is left of the tenant's budget).
+    /// deadline but not sent (capped by what is left of the tenant's budget), and how long the
+    /// oldest of them had waited (a slot's oldest is the one due at its `due`: the request in
+    /// flight, or the first of its backlog).
     fn count_unfinished(&mut self) {
         let horizon_s = self
             .run
@@ -813,14 +828,21 @@ impl<'r, 'p> Worker<'r, 'p> {
             .as_secs_f64();
         let mut backlog = vec![0u64; self.tenants.len()];
         let mut in_flight = vec![0u64; self.tenants.len()];
+        // The oldest age (µs) among the tenant's requests in flight, and among its backlog.
+        let mut oldest_in_flight = vec![0u64; self.tenants.len()];
+        let mut oldest_backlog = vec![0u64; self.tenants.len()];
         for c in &self.conns {
             if c.phase == Phase::Done {
                 continue;
             }
             let busy = c.phase == Phase::Busy;
+            let age = self.age_at_end_us(c.due);
             in_flight[c.tenant] += u64::from(busy);
+            if busy {
+                oldest_in_flight[c.tenant] = oldest_in_flight[c.tenant].max(age);
+            }
             let t = &self.tenants[c.tenant];
-            backlog[c.tenant] += match t.pacing {
+            let due_unsent = match t.pacing {
                 Pacing::Open { rate_per_s } => {
                     // Schedule entries k with (slot + k*connections)/rate <= horizon.
                     let first = c.seq + u64::from(busy);
@@ -834,14 +856,27 @@ impl<'r, 'p> Worker<'r, 'p> {
                 }
                 Pacing::Closed { .. } => u64::from(!busy && c.due <= self.run.end),
             };
+            backlog[c.tenant] += due_unsent;
+            if due_unsent > 0 && !busy {
+                oldest_backlog[c.tenant] = oldest_backlog[c.tenant].max(age);
+            }
         }
         for tenant in 0..self.tenants.len() {
             if self.stats[tenant].is_none() {
                 continue;
             }
             let left = self.run.budgets[tenant].remaining();
-            let unfinished = in_flight[tenant] + backlog[tenant].min(left);
-            self.stats(tenant).unfinished += unfinished;
+            let unsent = backlog[tenant].min(left);
+            let unfinished = in_flight[tenant] + unsent;
+            let mut oldest = oldest_in_flight[tenant];
+            if unsent > 0 {
+                oldest = oldest.max(oldest_backlog[tenant]);
+            }
+            let st = self.stats(tenant);
+            st.unfinished += unfinished;
+            if unfinished > 0 {
+                st.unfinished_oldest_us = st.unfinished_oldest_us.max(oldest);
+            }
         }
     }
 }

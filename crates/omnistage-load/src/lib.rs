@@ -13,7 +13,8 @@
 //! - **Closed loop** (default, `--think-ms`): one request outstanding per connection; latency runs
 //!   from when the request became due.
 //! - Only the window after `--warmup-s` is recorded; requests in flight (or due and unsent) at the
-//!   deadline are reported as `unfinished`, not dropped silently.
+//!   deadline are reported as `unfinished`, not dropped silently, with how long the oldest of
+//!   them had waited by then (`unfinished_oldest_ms`: a lower bound of a latency no quantile holds).
 //! - Responses are framed properly (status line and headers by `httparse`; Content-Length,
 //!   chunked and close-delimited bodies), and bodies are counted, never buffered.
 //!

@@ -121,6 +121,10 @@ pub struct TenantReport {
     pub idle_closes: u64,
     /// Requests in flight, or due and not yet sent, when the run ended (not in any other count).
     pub unfinished: u64,
+    /// How long the oldest of them had waited by the end of the run, ms from its intended send
+    /// time (`null` when none): a lower bound of its latency, which the latency figures above
+    /// leave out. A server that starves a connection at the end shows it here, not in `max_ms`.
+    pub unfinished_oldest_ms: Option<f64>,
     /// Per window of `--window-ms` from the start of the measured window (empty without).
     pub windows: Vec<WindowReport>,
     /// Jain's fairness index over this tenant's connections, by successful responses per
@@ -196,6 +200,7 @@ pub(crate) fn tenant_report(meta: TenantMeta, s: &TenantStats, seconds: f64) -> 
         reconnects: s.reconnects,
         idle_closes: s.idle_closes,
         unfinished: s.unfinished,
+        unfinished_oldest_ms: (s.unfinished > 0).then(|| us_to_ms(s.unfinished_oldest_us)),
         windows: s
             .windows
             .iter()

@@ -123,6 +123,9 @@ pub struct TenantStats {
     pub idle_closes: u64,
     /// Requests in flight, or due but not yet sent, when the run ended.
     pub unfinished: u64,
+    /// How long the oldest of `unfinished` had waited at the deadline, µs from its intended
+    /// send time (0 when none): a lower bound of a latency that `latency_us` does not hold.
+    pub unfinished_oldest_us: u64,
     /// Successful responses per connection slot (index = slot within the tenant).
     pub ok_per_connection: Vec<u64>,
     /// Per window of `--window-ms` (index = window from the start of the measured window);
@@ -173,6 +176,7 @@ impl TenantStats {
             reconnects: 0,
             idle_closes: 0,
             unfinished: 0,
+            unfinished_oldest_us: 0,
             ok_per_connection: vec![0; connections],
             windows: Vec::new(),
         }
@@ -209,6 +213,7 @@ impl TenantStats {
         self.reconnects += o.reconnects;
         self.idle_closes += o.idle_closes;
         self.unfinished += o.unfinished;
+        self.unfinished_oldest_us = self.unfinished_oldest_us.max(o.unfinished_oldest_us);
         if self.windows.len() < o.windows.len() {
             self.windows.resize_with(o.windows.len(), WindowStats::new);
         }

@@ -325,6 +325,31 @@ fn errors_by_kind() {
 }
 
 #[test]
+fn unfinished_requests_carry_their_age_at_the_deadline() {
+    // The server never answers /hang: at the deadline both open-loop requests due at the start
+    // are still in flight, waiting since the start (their intended time, not their send).
+    let srv = server();
+    let mut a = args(
+        srv.addr,
+        &["--tenant", "h:h:2:path=/hang,rate=10", "--warmup-s", "0"],
+    );
+    a.seconds = 0.5;
+    let r = run(&a).unwrap();
+    let h = tenant(&r, "h");
+    assert_eq!(h.requests, 0);
+    assert!(h.unfinished >= 2, "{h:?}");
+    // Ages are reckoned from the run's start and its deadline, not measured: 500 ms.
+    let oldest = h
+        .unfinished_oldest_ms
+        .expect("unfinished requests have an age");
+    assert!((oldest - 500.0).abs() < 0.01, "{oldest}");
+    assert_eq!(r.total.unfinished_oldest_ms, Some(oldest));
+    // Nothing left over: no age.
+    let r = load(srv.addr, &["--tenant", "a:a:1:path=/ok", "--requests", "3"]);
+    assert_eq!(tenant(&r, "a").unfinished_oldest_ms, None);
+}
+
+#[test]
 fn refused_connections_are_connect_errors() {
     // A port that was just free: nothing listens there.
     let addr = TcpListener::bind("127.0.0.1:0")
@@ -538,6 +563,7 @@ fn report_json_and_table() {
         "reconnects",
         "idle_closes",
         "unfinished",
+        "unfinished_oldest_ms",
         "jain_fairness",
     ] {
         assert!(t.get(k).is_some(), "{k}");

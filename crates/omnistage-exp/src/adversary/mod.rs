@@ -172,6 +172,9 @@ fn victim_of(r: &omnistage_load::report::Report) -> Victim {
         kernel_p99_ms: t.kernel_p99_ms,
         errors: harness::errors(t),
         errors_by_kind: serde_json::to_value(t.errors).unwrap_or_default(),
+        requests: t.requests,
+        unfinished: t.unfinished,
+        unfinished_oldest_ms: t.unfinished_oldest_ms,
     }
 }
 
@@ -606,8 +609,72 @@ fn unanswered_rounds(phases: &[Phase], server: &str) -> usize {
     rounds.len()
 }
 
+/// Whether a phase's p99 stands for what its victim sent ([`harness::p99_stands`]).
+fn p99_settled(v: &Victim) -> bool {
+    harness::p99_stands(v.requests, v.unfinished)
+}
+
+/// Rounds whose ratio a verdict of `server` reads (the combined attack's, in either loop, not
+/// left out as disturbed) in which the victim's p99, alone or attacked, does not stand
+/// ([`p99_settled`]); a round counts once.
+fn unsettled_rounds(phases: &[Phase], server: &str) -> usize {
+    let mut rounds: Vec<usize> = phases
+        .iter()
+        .filter(|p| {
+            p.server == server && ATTACKED.contains(&p.phase.as_str()) && !p.ratio_disturbed
+        })
+        .filter(|p| {
+            let alone = if p.phase == "all" {
+                "alone"
+            } else {
+                "closed-alone"
+            };
+            let alone_settled = phases
+                .iter()
+                .filter(|q| q.server == server && q.round == p.round && q.phase == alone)
+                .all(|q| p99_settled(&q.victim));
+            !(alone_settled && p99_settled(&p.victim))
+        })
+        .map(|p| p.round)
+        .collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds.len()
+}
+
 /// The phases under the combined attack that the goal is judged on (open and closed loop).
 const ATTACKED: [&str; 2] = ["all", "closed-all"];
+
+/// omnistage's goal from its phases and the median ratios of each loop (`closed` read only
+/// when the closed loop ran). Met when every loop measured meets (a victim with no answer at
+/// all in some round, or with errors under attack, is a miss, whatever the other rounds'
+/// ratio); not judged when a loop has no ratio, or when a round read left too many of the
+/// victim's requests unfinished for its p99 to stand ([`unsettled_rounds`]).
+fn judge_goal(
+    phases: &[Phase],
+    closed_loop: bool,
+    open: Option<f64>,
+    closed: Option<f64>,
+) -> Option<bool> {
+    let attacked_errors: u64 = phases
+        .iter()
+        .filter(|p| p.server == "omnistage" && ATTACKED.contains(&p.phase.as_str()))
+        .map(|p| p.victim.errors)
+        .sum();
+    if unanswered_rounds(phases, "omnistage") > 0 || attacked_errors > 0 {
+        return Some(false);
+    }
+    if unsettled_rounds(phases, "omnistage") > 0 {
+        return None;
+    }
+    let loops = if closed_loop {
+        vec![open, closed]
+    } else {
+        vec![open]
+    };
+    let met: Option<Vec<bool>> = loops.into_iter().map(|r| r.map(|r| r <= 1.5)).collect();
+    met.map(|m| m.iter().all(|&x| x))
+}
 
 fn omnistage_toml(root: &Path, victim_weight: u32, wake_credit_us: u64) -> (String, String) {
     let server = format!(
@@ -848,29 +915,18 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
     let nginx_closed_p99_ratio = ratio("nginx", "closed-all", e2e);
     let omnistage_closed_kernel_p99_ratio = ratio("omnistage", "closed-all", kernel);
     let nginx_closed_kernel_p99_ratio = ratio("nginx", "closed-all", kernel);
-    let attacked_errors: u64 = phases
-        .iter()
-        .filter(|p| p.server == "omnistage" && ATTACKED.contains(&p.phase.as_str()))
-        .map(|p| p.victim.errors)
-        .sum();
     let omnistage_victim_unanswered_rounds = unanswered_rounds(&phases, "omnistage");
     let nginx_victim_unanswered_rounds = unanswered_rounds(&phases, "nginx");
-    // Met when every loop measured meets (a victim with no answer at all in some round is a
-    // miss, whatever the other rounds' ratio); not judged when a loop has no ratio.
-    let judge = |open: Option<f64>, closed: Option<f64>| {
-        if omnistage_victim_unanswered_rounds > 0 || attacked_errors > 0 {
-            return Some(false);
-        }
-        let loops = if a.closed_loop {
-            vec![open, closed]
-        } else {
-            vec![open]
-        };
-        let met: Option<Vec<bool>> = loops.into_iter().map(|r| r.map(|r| r <= 1.5)).collect();
-        met.map(|m| m.iter().all(|&x| x))
-    };
-    let goal_met = judge(omnistage_p99_ratio, omnistage_closed_p99_ratio);
-    let kernel_goal_met = judge(
+    let omnistage_victim_unsettled_rounds = unsettled_rounds(&phases, "omnistage");
+    let goal_met = judge_goal(
+        &phases,
+        a.closed_loop,
+        omnistage_p99_ratio,
+        omnistage_closed_p99_ratio,
+    );
+    let kernel_goal_met = judge_goal(
+        &phases,
+        a.closed_loop,
         omnistage_kernel_p99_ratio,
         omnistage_closed_kernel_p99_ratio,
     );
@@ -921,6 +977,7 @@ pub fn run(a: AdversaryArgs) -> Result<(), String> {
         nginx_p99_ratio,
         omnistage_victim_unanswered_rounds,
         nginx_victim_unanswered_rounds,
+        omnistage_victim_unsettled_rounds,
         omnistage_closed_p99_ratio,
         nginx_closed_p99_ratio,
         goal_met,
@@ -965,6 +1022,9 @@ mod tests {
             kernel_p99_ms: None,
             errors: 0,
             errors_by_kind: serde_json::Value::Null,
+            requests: (req_per_s * 3.0) as u64,
+            unfinished: 0,
+            unfinished_oldest_ms: None,
         }
     }
 
@@ -1118,6 +1178,30 @@ mod tests {
             victim_pacing(1_000.0, true),
             format!("think-ms={think_ms:.3}")
         );
+    }
+
+    /// A phase whose victim left more requests unfinished at the end than its p99 can hide
+    /// (over 1/99 of what it completed) has no p99 of what was sent: the goal is not judged.
+    #[test]
+    fn a_victim_with_many_requests_unfinished_is_not_judged() {
+        let mut ps = vec![phase_of("alone", 2.0, None), phase_of("all", 2.5, None)];
+        set_ratios(&mut ps);
+        assert_eq!(judge_goal(&ps, false, Some(1.25), None), Some(true));
+        // The attack stalled the victim at the end: 300 requests due and unanswered beside
+        // the 300 it completed, their latencies in no p99.
+        ps[1].victim.unfinished = 300;
+        ps[1].victim.unfinished_oldest_ms = Some(900.0);
+        assert_ne!(judge_goal(&ps, false, Some(1.25), None), Some(true));
+        assert_eq!(unsettled_rounds(&ps, "omnistage"), 1);
+        // A few in flight, as any open loop leaves: judged.
+        ps[1].victim.unfinished = 3;
+        assert_eq!(judge_goal(&ps, false, Some(1.25), None), Some(true));
+        // Alone too: the ratio's denominator is a p99 as well.
+        ps[0].victim.unfinished = 100;
+        assert_eq!(judge_goal(&ps, false, Some(1.25), None), None);
+        // A miss stays a miss.
+        ps[1].victim.errors = 1;
+        assert_eq!(judge_goal(&ps, false, Some(1.25), None), Some(false));
     }
 
     #[test]

@@ -17,6 +17,12 @@ pub(super) struct Victim {
     pub(super) kernel_p99_ms: Option<f64>,
     pub(super) errors: u64,
     pub(super) errors_by_kind: serde_json::Value,
+    /// Successful responses in the measured window.
+    pub(super) requests: u64,
+    /// Requests in flight, or due and not sent, at the end of the run: in no latency above.
+    pub(super) unfinished: u64,
+    /// How long the oldest of them had waited by then, ms (`null`: none).
+    pub(super) unfinished_oldest_ms: Option<f64>,
 }
 
 /// What the adversary got in one phase.
@@ -213,11 +219,16 @@ pub(super) struct Report {
     /// (no ratio then: it is a miss, not a 0×).
     pub(super) omnistage_victim_unanswered_rounds: usize,
     pub(super) nginx_victim_unanswered_rounds: usize,
+    /// Rounds read by the verdict in which omnistage's victim, alone or attacked, left more
+    /// requests unfinished at the end than 1/99 of those it completed: its p99 may then be an
+    /// unfinished request's, which nobody measured, and the goal is not judged.
+    pub(super) omnistage_victim_unsettled_rounds: usize,
     /// The same ratios with the victim in closed loop (`closed-all` over `closed-alone`).
     pub(super) omnistage_closed_p99_ratio: Option<f64>,
     pub(super) nginx_closed_p99_ratio: Option<f64>,
     /// omnistage_p99_ratio ≤ 1.5, and omnistage_closed_p99_ratio ≤ 1.5 when the closed loop
-    /// ran, and the victim had no errors under attack.
+    /// ran, and the victim had no errors under attack; `null` as well when a round read left
+    /// too many requests unfinished (`omnistage_victim_unsettled_rounds`).
     pub(super) goal_met: Option<bool>,
     /// The ratios of the kernel-stamped p99s (each request's send → the kernel's receipt of
     /// its response; medians over rounds), and the same goal judged on omnistage's: the

@@ -16,6 +16,7 @@ pub(super) fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
         "send→kernel p99 / alone",
         "victim queue wait p99 µs",
         "victim errors",
+        "victim unfinished (oldest ms)",
         "victim gen. run-queue ms",
         "server run-queue ms",
         "steal ms (server / clients' CPU)",
@@ -48,6 +49,12 @@ pub(super) fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 .as_ref()
                 .map_or("—".into(), |q| format!("{:.0}", q.p99_us)),
             p.victim.errors.to_string(),
+            match p.victim.unfinished_oldest_ms {
+                Some(age) if p.victim.unfinished > 0 => {
+                    format!("{} ({age:.0})", p.victim.unfinished)
+                }
+                _ => p.victim.unfinished.to_string(),
+            },
             p.victim_generator_runqueue_ms
                 .map_or("—".into(), |x| format!("{x:.0}")),
             p.server_runqueue_ms
@@ -185,7 +192,16 @@ pub(super) fn emit(a: &AdversaryArgs, r: &Report) -> Result<(), String> {
                 None => "not judged",
             },
             closed_part(r.omnistage_closed_p99_ratio, None),
-            if met.is_none() { "; a loop without a ratio" } else { "" }
+            match (met, r.omnistage_victim_unsettled_rounds) {
+                (Some(_), _) => String::new(),
+                (None, 0) => "; a loop without a ratio".into(),
+                (None, n) => format!(
+                    "; in {n} of {} rounds the victim, alone or attacked, left more requests \
+                     unfinished at the end than 1/99 of those it completed (the `victim \
+                     unfinished` column), so its p99 may be one of theirs, which nobody measured",
+                    r.repeats
+                ),
+            }
         ),
         (_, Some(false)) => format!(
             "**Goal not met**: omnistage's victim got no answer at all under the combined attack in {} of {} rounds.",
