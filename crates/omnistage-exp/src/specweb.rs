@@ -324,8 +324,9 @@ fn judge(levels: &[Level]) -> Goals {
     // At least nginx's: worse only by more than nginx's own run-to-run range; a difference
     // inside it is inconclusive (`None`) unless ours is at least as high as nginx's best run.
     let throughput_at_least_nginx = match (ours, ng) {
-        // Nothing served by either (a level too short to open its connections): no verdict.
-        (Some(o), Some(n)) if o.req_per_s_spread.max > 0.0 || n.req_per_s_spread.max > 0.0 => {
+        // A round in which either served nothing (a level too short to open its connections,
+        // a server that failed) is no comparison: no verdict.
+        (Some(o), Some(n)) if o.req_per_s_spread.min > 0.0 && n.req_per_s_spread.min > 0.0 => {
             let (os, ns) = (o.req_per_s_spread, n.req_per_s_spread);
             if os.median >= ns.max {
                 Some(true)
@@ -669,9 +670,23 @@ fn emit(r: &Report, a: &SpecwebArgs, elapsed_s: f64) -> Result<(), String> {
         match (r.goal_met, g.max_response_below_nginx) {
             (Some(true), _) => "all three met",
             (Some(false), _) => "not met",
-            (None, None) => "not judged (no nginx)",
-            // nginx ran, nothing missed, and the throughput was inside nginx's own range.
-            (None, Some(_)) => "not judged (throughput inside nginx's run-to-run range)",
+            _ if !r
+                .levels
+                .iter()
+                .any(|l| l.server == "nginx" && l.clients == g.clients) =>
+            {
+                "not judged (no nginx)"
+            }
+            (None, None) => {
+                "not judged (the longest waits could not be compared: a server completed \
+                 nothing, or left requests unfinished without their age)"
+            }
+            // nginx ran, nothing missed, and the throughput was inside nginx's own range (or a
+            // round served nothing).
+            (None, Some(_)) => {
+                "not judged (throughput inside nginx's run-to-run range, or a round in which a \
+                 server served nothing)"
+            }
         }
     )];
     if let Some(n) = &r.nginx_note {
@@ -960,6 +975,15 @@ mod tests {
         // Neither served anything: not judged.
         close[1].req_per_s_spread = Spread::of(&[0.0]);
         close[3].req_per_s_spread = Spread::of(&[0.0, 0.0]);
+        assert_eq!(judge(&close).throughput_at_least_nginx, None);
+        // nginx served nothing (in every round, or in one): no baseline, not a win.
+        close[1].req_per_s_spread = Spread::of(&[100.0]);
+        assert_eq!(judge(&close).throughput_at_least_nginx, None);
+        close[3].req_per_s_spread = Spread::of(&[0.0, 90.0, 95.0]);
+        assert_eq!(judge(&close).throughput_at_least_nginx, None);
+        // Nor ours in a round.
+        close[1].req_per_s_spread = Spread::of(&[0.0, 200.0, 200.0]);
+        close[3].req_per_s_spread = Spread::of(&[90.0, 95.0, 100.0]);
         assert_eq!(judge(&close).throughput_at_least_nginx, None);
     }
 
