@@ -90,7 +90,8 @@ fn run(scenario: &str, c: GroupCfg, path: &str) -> Run {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "{scenario}: {text}\n{}",
+        "{scenario} ({}): {text}\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     let mut lines = BTreeMap::new();
@@ -204,6 +205,19 @@ fn non_blocking_reads_take_what_the_bucket_holds_then_fail_with_eagain() {
     assert_eq!(r.get("epoll-pipe"), (1, 0));
     assert_eq!(r.get("epoll-pipe-events").0, libc::EPOLLIN as i64);
     assert_eq!(r.bucket_bytes[READ], 100);
+}
+
+#[test]
+fn select_touches_only_the_longs_that_cover_nfds() {
+    // 10 B/s, burst 100: after the first recv the read is held for seconds, so select takes
+    // the held path (copies of the sets) on sets of one long that end at a PROT_NONE page.
+    let r = run("select-page-end", cfg(READ, 10, 100), "");
+    assert_eq!(r.get("recv"), (100, 0));
+    assert_eq!(r.get("select-held"), (0, 0));
+    assert_eq!(r.get("select-held-cleared").0, 1);
+    assert_eq!(r.get("select-write"), (1, 0));
+    assert_eq!(r.get("select-write-only").0, 1);
+    assert_eq!(r.get("pselect-held"), (0, 0));
 }
 
 #[test]

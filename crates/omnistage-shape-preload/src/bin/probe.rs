@@ -82,6 +82,47 @@ unsafe fn add(ep: c_int, fd: c_int, events: c_int) {
     assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
 }
 
+/// A set of `words` longs that ends where its mapping does (the next page is `PROT_NONE`), as a
+/// set sized for its `nfds` may: reading or writing past it faults.
+///
+/// # Safety
+/// `words * 8` is at most a page.
+unsafe fn set_at_page_end(words: usize) -> *mut libc::fd_set {
+    let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+    let m = libc::mmap(
+        std::ptr::null_mut(),
+        2 * page,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        0,
+    );
+    assert_ne!(m, libc::MAP_FAILED);
+    assert_eq!(
+        libc::mprotect(m.cast::<u8>().add(page).cast(), page, libc::PROT_NONE),
+        0
+    );
+    m.cast::<u8>().add(page - words * 8).cast()
+}
+
+/// Whether bit `fd` is set in a set of longs (the caller's own layout, read within its words).
+///
+/// # Safety
+/// `set` is valid for the long that holds bit `fd`.
+unsafe fn bit(set: *const libc::fd_set, fd: c_int) -> bool {
+    let w = set.cast::<u64>().add(fd as usize / 64).read_unaligned();
+    w & (1 << (fd % 64)) != 0
+}
+
+/// Sets bit `fd` in a set of longs, touching only the word that holds it.
+///
+/// # Safety
+/// `set` is valid for reads and writes of the long that holds bit `fd`.
+unsafe fn set_bit(set: *mut libc::fd_set, fd: c_int) {
+    let p = set.cast::<u64>().add(fd as usize / 64);
+    p.write_unaligned(p.read_unaligned() | 1 << (fd % 64));
+}
+
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 % 251) as u8).collect()
 }
@@ -306,6 +347,52 @@ fn main() {
                 libc::write(pipe[1], b"x".as_ptr().cast(), 1);
                 add(ep, pipe[0], libc::EPOLLIN);
                 wait("epoll-pipe", ep, 30, Wait::Plain);
+            }
+            "select-page-end" => {
+                // Sets sized for `nfds` (one long for descriptors below 64) at the end of a
+                // mapping, on a throttled socket (the held path, copying the sets): nothing
+                // past the long is read or written.
+                let (c, s) = tcp_pair();
+                assert!(c < 64);
+                let data = pattern(5000);
+                libc::write(s, data.as_ptr().cast(), 5000);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                nonblock(c);
+                let mut b = vec![0u8; 4096];
+                out("recv", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
+                let rs = set_at_page_end(1);
+                let ws = set_at_page_end(1);
+                let none = std::ptr::null_mut();
+                set_bit(rs, c);
+                let mut tv = libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 30_000,
+                };
+                out(
+                    "select-held",
+                    libc::select(c + 1, rs, none, none, &mut tv) as isize,
+                );
+                println!("select-held-cleared {}", (!bit(rs, c)) as u8);
+                set_bit(rs, c);
+                set_bit(ws, c);
+                let mut tv = libc::timeval {
+                    tv_sec: 0,
+                    tv_usec: 30_000,
+                };
+                out(
+                    "select-write",
+                    libc::select(c + 1, rs, ws, none, &mut tv) as isize,
+                );
+                println!("select-write-only {}", (bit(ws, c) && !bit(rs, c)) as u8);
+                set_bit(rs, c);
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 30_000_000,
+                };
+                out(
+                    "pselect-held",
+                    libc::pselect(c + 1, rs, none, none, &ts, std::ptr::null()) as isize,
+                );
             }
             "tcp-epoll-edge" => {
                 // Edge-triggered: the shaper's EAGAIN swallows the edge the data raised, and

@@ -105,9 +105,14 @@ pub unsafe fn hook_ppoll(
 /// libevent's select backend does) is passed through unshaped: the held path waits on copies
 /// of one `fd_set` each, and the kernel would read and write `nfds` bits of them.
 ///
+/// Of a caller's set, only the `long`s that cover `nfds` descriptors are read and written
+/// ([`set_words`]): a set may be sized for its `nfds` (`howmany(maxfd + 1, NFDBITS)` words, as
+/// libevent's select backend and older OpenSSH allocate them) and end where the mapping ends,
+/// and the bytes past it are not the caller's to give back.
+///
 /// # Safety
-/// select(2)'s contract: each non-null set is valid for `nfds` bits; `sigmask` null or a valid
-/// mask.
+/// select(2)'s contract: each non-null set is valid for `nfds` bits, in whole `long`s (what the
+/// kernel reads and writes); `sigmask` null or a valid mask.
 unsafe fn select_common(
     nfds: c_int,
     r: *mut libc::fd_set,
@@ -121,6 +126,16 @@ unsafe fn select_common(
         return (first(), false);
     }
     let n = nfds as usize;
+    let words = set_words(n);
+    // The caller's sets as they are at the call (the kernel, too, reads them once), each in a
+    // whole `fd_set` of ours.
+    // SAFETY: non-null sets are valid for `nfds` bits in whole longs: `words` longs.
+    let (r0, w0, e0) = unsafe { (load_set(r, words), load_set(w, words), load_set(e, words)) };
+    let isset = |set: &Option<libc::fd_set>, fd: c_int| match set {
+        // SAFETY: our own whole fd_set; `fd < nfds <= FD_SETSIZE`.
+        Some(s) => unsafe { libc::FD_ISSET(fd, s) },
+        None => false,
+    };
     let mut asks = [PollAsk {
         fd: -1,
         wants_read: false,
@@ -129,13 +144,7 @@ unsafe fn select_common(
     let mut held = [(false, false); POLL_HELD_MAX];
     let mut k = 0;
     for fd in 0..n as c_int {
-        // SAFETY: non-null sets are the caller's valid fd_sets; `fd < FD_SETSIZE`.
-        let (rd, wr) = unsafe {
-            (
-                !r.is_null() && libc::FD_ISSET(fd, r),
-                !w.is_null() && libc::FD_ISSET(fd, w),
-            )
-        };
+        let (rd, wr) = (isset(&r0, fd), isset(&w0, fd));
         if !(rd || wr) {
             continue;
         }
@@ -165,9 +174,7 @@ unsafe fn select_common(
             return (unsafe { real::pselect(nfds, r, w, e, tp, sigmask) }, true);
         };
         held_path = true;
-        // SAFETY: non-null sets are the caller's valid fd_sets (copied, not changed here).
-        let copy = |set: *mut libc::fd_set| (!set.is_null()).then(|| unsafe { *set });
-        let (mut rc, mut wc, mut ec) = (copy(r), copy(w), copy(e));
+        let (mut rc, mut wc, mut ec) = (r0, w0, e0);
         for (a, h) in asks[..k].iter().zip(&held[..k]) {
             // SAFETY: our own copies; `a.fd < FD_SETSIZE`.
             unsafe {
@@ -189,11 +196,13 @@ unsafe fn select_common(
             unsafe { real::pselect(nfds, ptr(&mut rc), ptr(&mut wc), ptr(&mut ec), &ts, sigmask) };
         let timed_out = res == 0 && deadline_ns.is_some_and(|d| now_ns() >= d);
         if res > 0 || timed_out {
-            // The result (or, timed out, the emptied sets) goes to the caller.
+            // The result (or, timed out, the emptied sets) goes to the caller: the longs that
+            // cover `nfds`, as the kernel writes them.
             for (user, ours) in [(r, rc), (w, wc), (e, ec)] {
-                if let (false, Some(set)) = (user.is_null(), ours) {
-                    // SAFETY: the caller's valid fd_set.
-                    unsafe { *user = set };
+                if let Some(set) = ours {
+                    // SAFETY: `ours` is Some only for a non-null caller's set, valid for
+                    // `words` longs.
+                    unsafe { store_set(user, &set, words) };
                 }
             }
             return (res, true);
@@ -202,6 +211,53 @@ unsafe fn select_common(
             return (res, true);
         }
     }
+}
+
+/// How many `long`s of a set cover `nfds` descriptors: what the kernel reads and writes of each
+/// set (`FDS_BYTES`), and all a caller must provide (glibc's `fd_mask` is a `long` too).
+fn set_words(nfds: usize) -> usize {
+    nfds.div_ceil(libc::c_ulong::BITS as usize)
+}
+
+/// A whole `fd_set` holding the first `words` longs of the caller's `set`, the rest cleared;
+/// `None` for a null set.
+///
+/// # Safety
+/// A non-null `set` is valid for reads of `words` longs (at any alignment);
+/// `words <= set_words(FD_SETSIZE)`.
+unsafe fn load_set(set: *const libc::fd_set, words: usize) -> Option<libc::fd_set> {
+    if set.is_null() {
+        return None;
+    }
+    // SAFETY: an all-zero fd_set is the empty set (what FD_ZERO makes).
+    let mut ours: libc::fd_set = unsafe { std::mem::zeroed() };
+    // SAFETY: the caller's set is valid for `words` longs; ours is a whole fd_set, at least
+    // that long; bytes are copied, so neither needs any alignment; they do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            set.cast::<u8>(),
+            (&mut ours as *mut libc::fd_set).cast::<u8>(),
+            words * std::mem::size_of::<libc::c_ulong>(),
+        )
+    };
+    Some(ours)
+}
+
+/// Writes the first `words` longs of `ours` to the caller's `set`, and nothing past them.
+///
+/// # Safety
+/// `set` is valid for writes of `words` longs (at any alignment);
+/// `words <= set_words(FD_SETSIZE)`.
+unsafe fn store_set(set: *mut libc::fd_set, ours: &libc::fd_set, words: usize) {
+    // SAFETY: the caller's set is valid for `words` longs; ours is a whole fd_set, at least
+    // that long; bytes are copied; they do not overlap (ours is on our stack).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (ours as *const libc::fd_set).cast::<u8>(),
+            set.cast::<u8>(),
+            words * std::mem::size_of::<libc::c_ulong>(),
+        )
+    };
 }
 
 /// Now plus a caller's timeout (negative parts count as 0), on our clock.
