@@ -72,21 +72,25 @@ impl Run {
     }
 }
 
-fn run(scenario: &str, c: GroupCfg, path: &str) -> Run {
+/// The probe running `args` under the library as member `m` of its group.
+fn probe_command(args: &[&str], m: &Membership) -> Command {
     let so = preload();
     assert!(so.is_file(), "{} not built", so.display());
-    let group = format!("test.{scenario}.{}", std::process::id());
-    let m = Membership::join(&group, Some(c), 1).unwrap();
-    let out = Command::new(probe())
-        .args([scenario, path])
+    let mut c = Command::new(probe());
+    c.args(args)
         .env("LD_PRELOAD", &so)
-        .env("OMNISTAGE_SHAPE_GROUP", &group)
+        .env("OMNISTAGE_SHAPE_GROUP", &m.group)
         .env(
             "OMNISTAGE_SHAPE_MEMBER",
             format!("{}:{}", m.slot.index, m.slot.generation),
-        )
-        .output()
-        .unwrap();
+        );
+    c
+}
+
+fn run(scenario: &str, c: GroupCfg, path: &str) -> Run {
+    let group = format!("test.{scenario}.{}", std::process::id());
+    let m = Membership::join(&group, Some(c), 1).unwrap();
+    let out = probe_command(&[scenario, path], &m).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -328,9 +332,68 @@ fn a_sendmsg_sent_in_pieces_does_not_write_to_its_const_header() {
 }
 
 #[test]
+fn writes_to_a_file_are_not_cut_between_writers_and_keep_the_rate() {
+    // Two members of one group each append 100 records of 2,000 bytes to one O_APPEND file
+    // at 100,000 B/s with a 1,000-byte burst: a record is longer than the bucket is deep, and
+    // the kernel makes each write atomic, so no record may hold the other writer's bytes.
+    let f = temp_file("append", b"");
+    let group = format!("test.append.{}", std::process::id());
+    let (rate, burst, line, lines) = (100_000u64, 1_000u64, 2_000usize, 100usize);
+    let members: Vec<Membership> = (0..2)
+        .map(|_| Membership::join(&group, Some(cfg(DISK, rate, burst)), 1).unwrap())
+        .collect();
+    let started = std::time::Instant::now();
+    let children: Vec<_> = members
+        .iter()
+        .zip(["A", "B"])
+        .map(|(m, letter)| {
+            probe_command(&["append", f.to_str().unwrap(), letter], m)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}: {text}", out.status);
+        assert_eq!(text.trim(), format!("appended {} 0", line * lines));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::remove_file(&f).ok();
+    assert_eq!(bytes.len(), 2 * line * lines);
+    let mut count = [0usize; 2];
+    for (i, rec) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+        let first = rec[0];
+        assert!(
+            rec.len() == line && rec[..line - 1].iter().all(|&b| b == first),
+            "record {i} is cut: {} bytes, {} of {:?} then {:?}",
+            rec.len(),
+            rec.iter().take_while(|&&b| b == first).count(),
+            first as char,
+            rec.iter().find(|&&b| b != first).map(|&b| b as char)
+        );
+        count[usize::from(first == b'B')] += 1;
+    }
+    assert_eq!(count, [lines, lines]);
+    // Shaping still holds the rate: what the bucket held at the start and one record's debt
+    // aside, every byte waited for its tokens.
+    let least = (2 * line * lines) as f64 - burst as f64 - line as f64;
+    assert!(
+        elapsed >= least / rate as f64,
+        "{elapsed:.3} s for {} bytes at {rate} B/s",
+        2 * line * lines
+    );
+    let charged = members[0].map.with(|g| g.run[DISK].bytes);
+    assert_eq!(charged, (2 * line * lines) as u64);
+}
+
+#[test]
 fn a_blocking_writev_of_many_iovecs_moves_everything() {
-    // 100 KB/s with a 1,000-byte burst: the first piece spans 100 of the 300 iovecs, more than
-    // the library's window of 64; a blocking write still moves all 3,000 bytes.
+    // 100 KB/s with a 1,000-byte burst: to a socket, the first piece spans 100 of the 300
+    // iovecs, more than the library's window of 64; a blocking write still moves all 3,000
+    // bytes. To a file it is one call.
     let f = temp_file("writev-many", b"");
     let r = run(
         "file-writev-many",
@@ -339,5 +402,9 @@ fn a_blocking_writev_of_many_iovecs_moves_everything() {
     );
     assert_eq!(r.get("writev-many"), (3000, 0));
     assert_eq!(std::fs::read(&f).unwrap(), pattern(3000));
+    assert_eq!(r.get("writev-many-socket"), (3000, 0));
+    assert_eq!(r.get("peer-read"), (3000, 0));
+    assert_eq!(r.get("peer-read-ok").0, 1);
+    assert_eq!(r.bucket_bytes[WRITE], 6000);
     std::fs::remove_file(f).ok();
 }

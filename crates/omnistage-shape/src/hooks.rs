@@ -9,6 +9,11 @@
 //!   pieces and returns short only when the real call does (end of file, a full disk, an error
 //!   after some bytes). A blocking read from a stream socket returns after one real call, as
 //!   `recv` does (unless `MSG_WAITALL`).
+//! - A write to a file (`write`, `writev`, `pwrite`, `pwritev`) is one real call, as unshaped:
+//!   the kernel makes it atomic (with `O_APPEND`, or on a description shared across `fork`,
+//!   no other writer's bytes land inside it), and pieces with the group's lock released between
+//!   them would interleave the records of writers sharing a log. It waits until a piece could
+//!   start and is charged all its bytes, the buckets going into debt ([`Mode::Atomic`]).
 //! - A non-blocking call (`O_NONBLOCK` or `MSG_DONTWAIT`) moves what the buckets allow now, or
 //!   fails with `EAGAIN` when they allow nothing.
 //! - Message sockets (UDP, SEQPACKET) move whole messages: the call waits until the buckets are
@@ -106,6 +111,7 @@ pub fn transfer(
     let mut nonblocking = flags.dontwait;
     let mut message = false;
     let mut stream_socket_read = false;
+    let mut file_write = false;
     // A leg on a pipe (or another descriptor that is neither a file nor a shaped socket), as
     // `splice` has: the real call moves what the pipe holds or has room for and returns, and
     // a second one would block for bytes or room the caller did not wait for.
@@ -113,7 +119,10 @@ pub fn transfer(
     for leg in legs {
         match sys::classify(leg.fd) {
             FdKind::Other => pipe_leg = true,
-            FdKind::File => need.add(Class::Disk, leg.dir),
+            FdKind::File => {
+                need.add(Class::Disk, leg.dir);
+                file_write |= leg.dir == Dir::Write;
+            }
             FdKind::Socket {
                 message: m,
                 nonblocking: nb,
@@ -128,9 +137,19 @@ pub fn transfer(
     if need == Need::default() || want == 0 || !ctx.limits(&need) {
         return op(0, want);
     }
-    let mode = if message { Mode::Whole } else { Mode::Stream };
+    // A write to a file, and nothing else (a `copy_file_range` or `sendfile` to a file is not
+    // atomic in the kernel either), goes whole (see the module's doc).
+    let atomic = file_write && legs.len() == 1;
+    let mode = if message {
+        Mode::Whole
+    } else if atomic {
+        Mode::Atomic
+    } else {
+        Mode::Stream
+    };
     // One real call, or as many as it takes to move everything (see the module's doc).
-    let once = nonblocking || message || pipe_leg || (stream_socket_read && !flags.waitall);
+    let once =
+        nonblocking || message || atomic || pipe_leg || (stream_socket_read && !flags.waitall);
     let mut done = 0usize;
     loop {
         let remaining = (want - done) as u64;

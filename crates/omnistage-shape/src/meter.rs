@@ -15,6 +15,11 @@
 //!   limited to one token (see [`BucketCfg::depth`]).
 //! - A message transfer (UDP, SEQPACKET) cannot be cut: it waits until the bucket is out of debt
 //!   and is charged afterwards, for what it moved.
+//! - An atomic transfer (a write to a file, which the kernel makes in one piece) starts as a
+//!   stream transfer does and is granted all its bytes, charged before the call: the bucket
+//!   goes into debt for what it lacked, and the next transfer waits it out. Over any window `T`
+//!   at most `rate·T + depth + ` the largest such write; over time, the rate (a debt deeper
+//!   than an hour at the rate is cut to that by [`Shaper::from_state`]).
 //! - Members share each bucket by weight (start-time fair queueing): a member waiting for a
 //!   bucket lets a waiting member with a smaller virtual time go first; a member whose virtual
 //!   time is smallest, or who has nobody waiting beside it, goes. Idle members bank nothing (a
@@ -80,6 +85,11 @@ pub enum Mode {
     Stream,
     /// All or nothing (datagram and message sockets): charged after the call.
     Whole,
+    /// All in one call, as the kernel makes it atomic (a write to a file: with `O_APPEND`, or
+    /// on a description shared across `fork`, another writer's bytes never land inside it).
+    /// Starts when a stream transfer would, and is granted and charged all its bytes before the
+    /// call (see [`GroupState::request`]).
+    Atomic,
 }
 
 /// How many times a transfer's bytes count against each bucket (a `sendfile` from a file to a
@@ -429,7 +439,8 @@ impl GroupState {
     }
 
     /// May `slot` move up to `want` bytes needing `need` now? On [`Verdict::Go`] the bytes are
-    /// reserved (stream) and the member is marked as served; on [`Verdict::Wait`] it is marked as
+    /// reserved (stream: what the bucket holds; atomic: all `want`, the bucket going into debt
+    /// for what it lacks) and the member is marked as served; on [`Verdict::Wait`] it is marked as
     /// waiting until then, so that the others let it take its turn.
     pub fn request(
         &mut self,
@@ -463,16 +474,26 @@ impl GroupState {
             let mut s = self.shaper(b);
             let (g, ready_at) = match mode {
                 Mode::Whole => (want, s.eligible_at(now_ns)),
-                Mode::Stream => {
+                Mode::Stream | Mode::Atomic => {
                     let avail = s.available(now_ns) / mult;
                     // Half the depth is enough to start: a member woken a little late still
                     // finds room in the bucket for what accrued meanwhile (waiting for a full
                     // bucket would lose every token earned past the full mark).
                     let threshold = want.min((cfg.depth() / 2 / mult).max(1));
-                    if avail >= threshold {
-                        (avail, now_ns)
-                    } else {
+                    if avail < threshold {
                         (0, holds_at(&s, threshold * mult, now_ns))
+                    } else if mode == Mode::Atomic {
+                        // All of it, paid now: what the bucket lacks is a debt that the next
+                        // transfer waits out (request() grants nothing while the bucket is
+                        // below its threshold), so over time the rate holds exactly. Over a
+                        // window T at most rate·T + depth + the largest such transfer pass,
+                        // since that is what the kernel moves in one call. Waiting first
+                        // until the bucket held it all could not work past the depth (a
+                        // bucket never holds more), and waiting for a full bucket would lose
+                        // what accrues past it while the program wakes.
+                        (want, now_ns)
+                    } else {
+                        (avail, now_ns)
                     }
                 }
             };
@@ -503,7 +524,7 @@ impl GroupState {
                 continue;
             }
             self.members[me].waiting_until_ns[b] = 0;
-            if mode == Mode::Stream {
+            if mode != Mode::Whole {
                 let mut s = self.shaper(b);
                 s.charge(grant * mult, now_ns);
                 self.run[b].store(&s);
@@ -545,7 +566,7 @@ impl GroupState {
             let mut s = self.shaper(b);
             let v = &mut self.members[me].vtime[b];
             match mode {
-                Mode::Stream => {
+                Mode::Stream | Mode::Atomic => {
                     let unused = granted.saturating_sub(moved) * mult;
                     s.refund(unused, now_ns);
                     *v = v.saturating_sub(unused * VT_SCALE / w);
@@ -815,6 +836,55 @@ mod tests {
         g.reap(REAP_EVERY_NS + 1, |pid| pid != 2);
         assert!(!g.holds(b) && g.holds(a));
         assert_eq!(g.member_count(), 1);
+    }
+
+    #[test]
+    fn an_atomic_transfer_goes_whole_and_its_debt_keeps_the_rate() {
+        // 100,000 B/s, burst 1,000: 2,000-byte records (longer than the bucket is deep) each
+        // go in one grant, and a greedy writer still moves no more than the rate allows.
+        let rate = 100_000;
+        let mut g = GroupState::new(one(0, rate, 1_000, B_DISK), 0).unwrap();
+        let s = g.join(1, 1, 0).unwrap();
+        let need = Need::of(Class::Disk, Dir::Write);
+        assert_eq!(
+            g.request(s, &need, 2_000, Mode::Atomic, 0),
+            Verdict::Go(2_000)
+        );
+        g.settle(s, &need, Mode::Atomic, 2_000, 2_000, 0);
+        // 1,000 bytes of debt: the next starts at half the depth, 15 ms later.
+        assert_eq!(
+            g.request(s, &need, 2_000, Mode::Atomic, 0),
+            Verdict::Wait(15 * MS)
+        );
+        // A short write (a full disk) gives back what it did not move.
+        assert_eq!(
+            g.request(s, &need, 2_000, Mode::Atomic, 15 * MS),
+            Verdict::Go(2_000)
+        );
+        g.settle(s, &need, Mode::Atomic, 2_000, 500, 15 * MS);
+        // Back at 0 (not 1,500 in debt): half the depth is there 5 ms later.
+        assert_eq!(
+            g.request(s, &need, 2_000, Mode::Atomic, 15 * MS),
+            Verdict::Wait(20 * MS)
+        );
+        // A greedy writer of 2,000-byte records for 4 s: every grant whole, the total within
+        // the rate (plus the bucket and one record).
+        let mut g = GroupState::new(one(0, rate, 1_000, B_DISK), 0).unwrap();
+        let s = g.join(1, 1, 0).unwrap();
+        let (mut t, mut total) = (0u64, 0u64);
+        while t < 4_000 * MS {
+            match g.request(s, &need, 2_000, Mode::Atomic, t) {
+                Verdict::Go(n) => {
+                    assert_eq!(n, 2_000);
+                    g.settle(s, &need, Mode::Atomic, n, n, t);
+                    total += n;
+                    t += 1_000;
+                }
+                Verdict::Wait(u) => t = u,
+            }
+        }
+        assert!(total <= 4 * rate + 1_000 + 2_000, "{total}");
+        assert!(total >= 4 * rate - 2_000, "{total}");
     }
 
     #[test]

@@ -199,10 +199,34 @@ fn main() {
                 out("pipe", libc::write(pipe[1], big.as_ptr().cast(), 4096));
                 libc::close(fd);
             }
+            "append" => {
+                // 100 records of 2,000 bytes (1,999 times the letter given, then a newline),
+                // one write each, appended to a file another process appends to as well.
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(
+                    p.as_ptr(),
+                    libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
+                    0o600,
+                );
+                assert!(fd >= 0);
+                let letter = args[3].as_bytes()[0];
+                let mut line = vec![letter; 2000];
+                line[1999] = b'\n';
+                let mut written = 0;
+                for _ in 0..100 {
+                    let r = libc::write(fd, line.as_ptr().cast(), line.len());
+                    if r < 0 {
+                        out("append-write", r);
+                        break;
+                    }
+                    written += r;
+                }
+                out("appended", written);
+            }
             "file-writev-many" => {
-                // 300 iovecs of 10 bytes: the first 1,000-byte piece the bucket allows (its
-                // burst) spans 100 of them, more than one window of the library's holds.
-                let fd = create(&path);
+                // 300 iovecs of 10 bytes: to a socket, the first 1,000-byte piece the bucket
+                // allows (its burst, full at the start) spans 100 of them, more than one window
+                // of the library's holds; to a file, the write is one call (all 300).
                 let data = pattern(3000);
                 let many: Vec<libc::iovec> = (0..300)
                     .map(|i| libc::iovec {
@@ -210,6 +234,27 @@ fn main() {
                         iov_len: 10,
                     })
                     .collect();
+                let (c, s) = tcp_pair();
+                // A short writev fails the test instead of hanging it.
+                let tv = libc::timeval {
+                    tv_sec: 2,
+                    tv_usec: 0,
+                };
+                libc::setsockopt(
+                    s,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&tv as *const libc::timeval).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                );
+                out("writev-many-socket", libc::writev(c, many.as_ptr(), 300));
+                let mut got = vec![0u8; 3000];
+                out(
+                    "peer-read",
+                    libc::recv(s, got.as_mut_ptr().cast(), 3000, libc::MSG_WAITALL),
+                );
+                println!("peer-read-ok {}", (got == data) as u8);
+                let fd = create(&path);
                 out("writev-many", libc::writev(fd, many.as_ptr(), 300));
                 libc::close(fd);
             }
