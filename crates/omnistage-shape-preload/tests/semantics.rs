@@ -390,6 +390,19 @@ fn writes_to_a_file_are_not_cut_between_writers_and_keep_the_rate() {
 }
 
 #[test]
+fn a_read_blocked_waiting_for_data_holds_no_tokens() {
+    // 1 MB/s, burst 10,000, for 2 s: thread A's blocking recv waits for a byte every 2 ms,
+    // thread B's socket is always full. A moves next to nothing, so B must get nearly the whole
+    // rate (if A's waiting recv held the bucket, B would get half of it or less).
+    let r = run("read-two-threads", cfg(READ, 1_000_000, 10_000), "");
+    let (a, b) = (r.get("a-got").0, r.get("b-got").0);
+    assert!(a > 0, "A got {a}");
+    assert!(b >= 1_500_000, "B got {b} (A {a})");
+    // And the rate holds: 2 s at 1 MB/s, the burst, and a piece in flight.
+    assert!(a + b <= 2_000_000 + 10_000 + 65_536, "A {a} B {b}");
+}
+
+#[test]
 fn a_blocking_writev_of_many_iovecs_moves_everything() {
     // 100 KB/s with a 1,000-byte burst: to a socket, the first piece spans 100 of the 300
     // iovecs, more than the library's window of 64; a blocking write still moves all 3,000

@@ -8,7 +8,8 @@
 //!   blocking transfer on a file, or any blocking write or send, moves all its bytes in granted
 //!   pieces and returns short only when the real call does (end of file, a full disk, an error
 //!   after some bytes). A blocking read from a stream socket returns after one real call, as
-//!   `recv` does (unless `MSG_WAITALL`).
+//!   `recv` does (unless `MSG_WAITALL`); it reserves no tokens while it waits for its peer, and
+//!   is charged for what it moved when it returns ([`Mode::Deferred`]).
 //! - A write to a file (`write`, `writev`, `pwrite`, `pwritev`) is one real call, as unshaped:
 //!   the kernel makes it atomic (with `O_APPEND`, or on a description shared across `fork`,
 //!   no other writer's bytes land inside it), and pieces with the group's lock released between
@@ -144,6 +145,9 @@ pub fn transfer(
         Mode::Whole
     } else if atomic {
         Mode::Atomic
+    } else if stream_socket_read && !nonblocking {
+        // It may wait in the kernel for its peer: it must not hold tokens meanwhile.
+        Mode::Deferred
     } else {
         Mode::Stream
     };

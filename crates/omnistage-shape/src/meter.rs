@@ -20,6 +20,9 @@
 //!   goes into debt for what it lacked, and the next transfer waits it out. Over any window `T`
 //!   at most `rate·T + depth + ` the largest such write; over time, the rate (a debt deeper
 //!   than an hour at the rate is cut to that by [`Shaper::from_state`]).
+//! - A deferred transfer (a blocking read from a stream socket, which may wait long for its
+//!   peer) starts and is granted as a stream transfer but reserves nothing while it waits: it is
+//!   charged afterwards for what it moved ([`Mode::Deferred`]).
 //! - Members share each bucket by weight (start-time fair queueing): a member waiting for a
 //!   bucket lets a waiting member with a smaller virtual time go first; a member whose virtual
 //!   time is smallest, or who has nobody waiting beside it, goes. Idle members bank nothing (a
@@ -90,6 +93,21 @@ pub enum Mode {
     /// Starts when a stream transfer would, and is granted and charged all its bytes before the
     /// call (see [`GroupState::request`]).
     Atomic,
+    /// A stream transfer that may wait in the kernel for its peer (a blocking read from a stream
+    /// socket): starts and is granted as [`Mode::Stream`], but reserves nothing; it is charged
+    /// after the call for what it moved.
+    ///
+    /// Reserved, a read waiting for its peer would hold the tokens all that time, from every
+    /// other transfer of the group (a thread's download got 1 to 2 % of the rate beside a
+    /// thread waiting on a quiet socket: the tokens went back only when a byte came, and were
+    /// taken again at once). The grant still caps what the read may move; readers that started
+    /// on the same tokens put the bucket in debt by what they moved beyond them, which the next
+    /// transfer waits out, so the rate holds over time (any window `T`: `rate·T + depth` plus
+    /// what concurrent readers were granted twice). Waiting for readability first (a real poll)
+    /// would keep the reservation exact, but would have to redo what the kernel does in a
+    /// blocking `recv` (`SO_RCVTIMEO`, restarting after a signal or not), and another thread
+    /// may still take the bytes between the poll and the `recv`.
+    Deferred,
 }
 
 /// How many times a transfer's bytes count against each bucket (a `sendfile` from a file to a
@@ -440,7 +458,8 @@ impl GroupState {
 
     /// May `slot` move up to `want` bytes needing `need` now? On [`Verdict::Go`] the bytes are
     /// reserved (stream: what the bucket holds; atomic: all `want`, the bucket going into debt
-    /// for what it lacks) and the member is marked as served; on [`Verdict::Wait`] it is marked as
+    /// for what it lacks; deferred: nothing, charged in `settle`) and the member is marked as
+    /// served; on [`Verdict::Wait`] it is marked as
     /// waiting until then, so that the others let it take its turn.
     pub fn request(
         &mut self,
@@ -474,7 +493,7 @@ impl GroupState {
             let mut s = self.shaper(b);
             let (g, ready_at) = match mode {
                 Mode::Whole => (want, s.eligible_at(now_ns)),
-                Mode::Stream | Mode::Atomic => {
+                Mode::Stream | Mode::Atomic | Mode::Deferred => {
                     let avail = s.available(now_ns) / mult;
                     // Half the depth is enough to start: a member woken a little late still
                     // finds room in the bucket for what accrued meanwhile (waiting for a full
@@ -524,7 +543,8 @@ impl GroupState {
                 continue;
             }
             self.members[me].waiting_until_ns[b] = 0;
-            if mode != Mode::Whole {
+            // Reserved now: stream and atomic transfers (a deferred one is charged in settle).
+            if mode == Mode::Stream || mode == Mode::Atomic {
                 let mut s = self.shaper(b);
                 s.charge(grant * mult, now_ns);
                 self.run[b].store(&s);
@@ -537,7 +557,7 @@ impl GroupState {
     }
 
     /// After a transfer granted `granted` bytes moved `moved` (0 on error): gives back the unused
-    /// reservation (stream) or charges what moved (whole).
+    /// reservation (stream, atomic) or charges what moved (whole, deferred).
     pub fn settle(
         &mut self,
         slot: Slot,
@@ -571,7 +591,7 @@ impl GroupState {
                     s.refund(unused, now_ns);
                     *v = v.saturating_sub(unused * VT_SCALE / w);
                 }
-                Mode::Whole => {
+                Mode::Whole | Mode::Deferred => {
                     s.charge(moved * mult, now_ns);
                     *v = v.saturating_add(moved * mult * VT_SCALE / w);
                 }
@@ -885,6 +905,45 @@ mod tests {
         }
         assert!(total <= 4 * rate + 1_000 + 2_000, "{total}");
         assert!(total >= 4 * rate - 2_000, "{total}");
+    }
+
+    #[test]
+    fn a_deferred_transfer_holds_no_tokens_while_it_waits() {
+        // 1 MB/s, burst 10,000; one member: a read waiting for its peer is granted the bucket
+        // but reserves nothing, so another read of the same member goes meanwhile, and each
+        // is charged for what it moved.
+        let mut g = GroupState::new(one(0, 1_000_000, 10_000, B_NET), 0).unwrap();
+        let s = g.join(1, 1, 0).unwrap();
+        let need = Need::of(Class::Net, Dir::Read);
+        assert_eq!(
+            g.request(s, &need, 65_536, Mode::Deferred, 0),
+            Verdict::Go(10_000)
+        );
+        assert_eq!(
+            g.request(s, &need, 65_536, Mode::Deferred, 0),
+            Verdict::Go(10_000)
+        );
+        g.settle(s, &need, Mode::Deferred, 10_000, 10_000, 0);
+        // The waiting one comes back with one byte 2 ms later: 2,000 bytes accrued, 1 spent.
+        g.settle(s, &need, Mode::Deferred, 10_000, 1, 2 * MS);
+        assert_eq!(g.shaper(B_NET).available(2 * MS), 1_999);
+        assert_eq!(g.run[B_NET].bytes, 10_001);
+        // Both moved all they were granted: the second's debt is waited out.
+        let mut g = GroupState::new(one(0, 1_000_000, 10_000, B_NET), 0).unwrap();
+        let s = g.join(1, 1, 0).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                g.request(s, &need, 65_536, Mode::Deferred, 0),
+                Verdict::Go(10_000)
+            );
+        }
+        g.settle(s, &need, Mode::Deferred, 10_000, 10_000, 0);
+        g.settle(s, &need, Mode::Deferred, 10_000, 10_000, 0);
+        // 10,000 in debt: half the depth (5,000) is there 15 ms later.
+        assert_eq!(
+            g.request(s, &need, 65_536, Mode::Deferred, 0),
+            Verdict::Wait(15 * MS)
+        );
     }
 
     #[test]

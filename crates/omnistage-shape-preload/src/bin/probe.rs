@@ -439,6 +439,55 @@ fn main() {
                     libc::pselect(c + 1, rs, none, none, &ts, std::ptr::null()) as isize,
                 );
             }
+            "read-two-threads" => {
+                // Thread A reads a socket whose peer sends a byte every 2 ms, thread B one whose
+                // peer keeps it full, each with blocking recvs of 64 KiB, for 2 s: prints what
+                // each got.
+                use std::sync::atomic::{AtomicBool, Ordering};
+                use std::sync::Arc;
+                use std::time::{Duration, Instant};
+                let (ca, sa) = tcp_pair();
+                let (cb, sb) = tcp_pair();
+                let stop = Arc::new(AtomicBool::new(false));
+                let st = stop.clone();
+                std::thread::spawn(move || {
+                    while !st.load(Ordering::Relaxed) {
+                        libc::send(sa, b"x".as_ptr().cast(), 1, 0);
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                });
+                std::thread::spawn(move || {
+                    let chunk = pattern(65536);
+                    loop {
+                        if libc::send(sb, chunk.as_ptr().cast(), chunk.len(), 0) < 0 {
+                            break;
+                        }
+                    }
+                });
+                // Let the full one fill up.
+                std::thread::sleep(Duration::from_millis(100));
+                let start = Instant::now();
+                let reader = |fd: c_int| {
+                    move || {
+                        let mut b = vec![0u8; 65536];
+                        let mut got = 0isize;
+                        while start.elapsed() < Duration::from_secs(2) {
+                            let r = libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0);
+                            if r <= 0 {
+                                break;
+                            }
+                            got += r;
+                        }
+                        got
+                    }
+                };
+                let a = std::thread::spawn(reader(ca));
+                let b = std::thread::spawn(reader(cb));
+                let (got_a, got_b) = (a.join().unwrap(), b.join().unwrap());
+                stop.store(true, Ordering::Relaxed);
+                out("a-got", got_a);
+                out("b-got", got_b);
+            }
             "tcp-epoll-edge" => {
                 // Edge-triggered: the shaper's EAGAIN swallows the edge the data raised, and
                 // the wait gives one back when the tokens are there.
