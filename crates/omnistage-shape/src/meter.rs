@@ -274,7 +274,38 @@ pub struct Member {
     pub waiting_until_ns: [u64; BUCKETS],
     /// When this member last asked for each bucket.
     pub last_seen_ns: [u64; BUCKETS],
+    /// When [`GroupState::ready_at`] first let this member go for each bucket since it last
+    /// asked for bytes (0: not since): a program that polled a socket and, so far, read nothing
+    /// from it. [`WAIT_GRACE_NS`] after that, it no longer counts as active, however often it
+    /// polls.
+    pub released_ns: [u64; BUCKETS],
     pub bytes: u64,
+}
+
+impl Member {
+    /// Whether this member counts as active on bucket `b`: it asked within [`ACTIVE_NS`] (a
+    /// poll counts, but not for longer than [`WAIT_GRACE_NS`] after a poll let it go and it did
+    /// not ask for bytes), or it waits for the bucket now. An inactive member that comes back
+    /// banks nothing.
+    ///
+    /// Why a grace after the poll: programs poll again before they read (curl checks its socket
+    /// with a zero-timeout poll before each read); counting that second poll as a return from
+    /// idleness took each member back to the others' virtual time at every read, and two curls
+    /// at weights 2:1 shared 1:1.
+    fn active(&self, b: usize, now_ns: u64) -> bool {
+        let released = self.released_ns[b];
+        let asked = self.last_seen_ns[b] != 0
+            && self.last_seen_ns[b].saturating_add(ACTIVE_NS) >= now_ns
+            && (released == 0 || released.saturating_add(WAIT_GRACE_NS) >= now_ns);
+        asked || self.waits(b, now_ns)
+    }
+
+    /// Whether this member waits for bucket `b` (until the time it said it would come back,
+    /// and [`WAIT_GRACE_NS`] after).
+    fn waits(&self, b: usize, now_ns: u64) -> bool {
+        self.waiting_until_ns[b] != 0
+            && self.waiting_until_ns[b].saturating_add(WAIT_GRACE_NS) >= now_ns
+    }
 }
 
 /// The whole shared state of a group.
@@ -382,6 +413,7 @@ impl GroupState {
             vtime: vmin,
             waiting_until_ns: [0; BUCKETS],
             last_seen_ns: [0; BUCKETS],
+            released_ns: [0; BUCKETS],
             bytes: 0,
         };
         Ok(Slot {
@@ -425,7 +457,7 @@ impl GroupState {
                 continue;
             }
             for (b, vb) in v.iter_mut().enumerate() {
-                if m.last_seen_ns[b] != 0 && m.last_seen_ns[b].saturating_add(ACTIVE_NS) >= now_ns {
+                if m.active(b, now_ns) {
                     *vb = (*vb).min(m.vtime[b]);
                 }
             }
@@ -441,13 +473,10 @@ impl GroupState {
     /// Whether a member other than `me` waits for bucket `b` with a smaller virtual time.
     fn someone_before(&self, me: usize, b: usize, now_ns: u64) -> bool {
         let mine = self.members[me].vtime[b];
-        self.members.iter().enumerate().any(|(i, m)| {
-            i != me
-                && m.in_use != 0
-                && m.waiting_until_ns[b] != 0
-                && m.waiting_until_ns[b].saturating_add(WAIT_GRACE_NS) >= now_ns
-                && m.vtime[b] < mine
-        })
+        self.members
+            .iter()
+            .enumerate()
+            .any(|(i, m)| i != me && m.in_use != 0 && m.waits(b, now_ns) && m.vtime[b] < mine)
     }
 
     pub(crate) fn shaper(&self, b: usize) -> Shaper {
@@ -483,12 +512,16 @@ impl GroupState {
                 continue;
             }
             let m = &mut self.members[me];
+            // `last_seen_ns` counts polls too: a member that a poll let go and that asks now
+            // (the program reading what it polled for) keeps its place, although ready_at does
+            // not count it as active (`Member::active`).
             let was_active =
                 m.last_seen_ns[b] != 0 && m.last_seen_ns[b].saturating_add(ACTIVE_NS) >= now_ns;
             if !was_active {
                 m.vtime[b] = m.vtime[b].max(vmin_b);
             }
             m.last_seen_ns[b] = now_ns;
+            m.released_ns[b] = 0;
             let cfg = self.cfg.buckets[b];
             let mut s = self.shaper(b);
             let (g, ready_at) = match mode {
@@ -602,12 +635,34 @@ impl GroupState {
     }
 
     /// When could `slot` move bytes needing `need`? `None`: now. Marks the member as waiting
-    /// when it cannot (a program waiting in poll for a descriptor it may not use yet).
+    /// when it cannot (a program waiting in poll for a descriptor it may not use yet), and as
+    /// no longer waiting when it can.
+    ///
+    /// A poll says nothing of whether the program has bytes to move: it may poll a socket with
+    /// nothing to read, again and again. So a poll is no transfer: a member that was not active
+    /// comes to the poll at the active members' smallest virtual time, as it would to a
+    /// transfer (it banks nothing), and a member the poll lets go stops being waited for at
+    /// once (others yielded to it while it was held) and, if it does not ask for bytes within
+    /// [`WAIT_GRACE_NS`], counts as inactive until it does (it read nothing; see
+    /// [`Member::active`]). Without this, a member polling an idle socket every 50 ms kept
+    /// the virtual time it had when it began, was waited for by the others at every poll and
+    /// for [`WAIT_GRACE_NS`] after (a bulk member of the group lost a third of the rate), and
+    /// banked the difference for when it would read.
     pub fn ready_at(&mut self, slot: Slot, need: &Need, now_ns: u64) -> Option<u64> {
         if !self.holds(slot) {
             return None;
         }
         let me = slot.index as usize;
+        let vmin = self.active_vmin(Some(me), now_ns);
+        for (b, &vmin_b) in vmin.iter().enumerate() {
+            if need.mult[b] != 0
+                && self.cfg.buckets[b].present != 0
+                && !self.members[me].active(b, now_ns)
+            {
+                let v = &mut self.members[me].vtime[b];
+                *v = (*v).max(vmin_b);
+            }
+        }
         let mut until = 0u64;
         for b in 0..BUCKETS {
             if need.mult[b] == 0 || self.cfg.buckets[b].present == 0 {
@@ -630,17 +685,24 @@ impl GroupState {
             };
             until = until.max(at);
         }
-        if until > now_ns {
-            for b in 0..BUCKETS {
-                if need.mult[b] != 0 && self.cfg.buckets[b].present != 0 {
-                    self.members[me].waiting_until_ns[b] = until;
-                    self.members[me].last_seen_ns[b] = now_ns;
+        let held = until > now_ns;
+        for b in 0..BUCKETS {
+            if need.mult[b] != 0 && self.cfg.buckets[b].present != 0 {
+                let m = &mut self.members[me];
+                m.last_seen_ns[b] = now_ns;
+                if held {
+                    m.waiting_until_ns[b] = until;
+                } else if m.waiting_until_ns[b] <= now_ns {
+                    // Let go. A wait still to come is another descriptor's or direction's
+                    // (this poll's read held, its write not), or another thread's: it stays.
+                    m.waiting_until_ns[b] = 0;
+                    if m.released_ns[b] == 0 {
+                        m.released_ns[b] = now_ns.max(1);
+                    }
                 }
             }
-            Some(until)
-        } else {
-            None
         }
+        held.then_some(until)
     }
 }
 
@@ -829,6 +891,138 @@ mod tests {
         }
         let share_b = moved[1] as f64 / (moved[0] + moved[1]) as f64;
         assert!((share_b - 0.5).abs() < 0.03, "{moved:?}");
+    }
+
+    #[test]
+    fn a_member_polling_without_transferring_does_not_stall_the_others() {
+        // a reads greedily; b polls a socket that has no data, a poll every 50 ms: each poll
+        // asks ready_at until the bucket would let b read (the held wait), then waits in the
+        // kernel for the rest of its 50 ms. b never moves a byte, so a must get the rate.
+        let rate = 1_000_000;
+        let (mut g, a, b) = two(rate, 1);
+        let need = Need::of(Class::Net, Dir::Read);
+        let end = 3_000 * MS;
+        let (mut next_a, mut next_b, mut poll_b) = (0u64, 0u64, 0u64);
+        let mut moved = 0u64;
+        let mut polls = 0;
+        while next_a.min(next_b) < end {
+            if next_a <= next_b {
+                match g.request(a, &need, 16_384, Mode::Stream, next_a) {
+                    Verdict::Go(n) => {
+                        g.settle(a, &need, Mode::Stream, n, n, next_a);
+                        moved += n;
+                        next_a += 1000;
+                    }
+                    Verdict::Wait(u) => next_a = u,
+                }
+            } else {
+                let deadline = poll_b + 50 * MS;
+                match g.ready_at(b, &need, next_b) {
+                    // Held: the poll sleeps until the bucket would let b read.
+                    Some(u) if u < deadline => next_b = u,
+                    // Polled as asked (or held to the end): nothing comes, the poll's 50 ms
+                    // run out, and b polls again.
+                    _ => {
+                        poll_b = deadline;
+                        next_b = deadline;
+                        polls += 1;
+                    }
+                }
+            }
+        }
+        assert!(polls >= 50, "b polled {polls} times");
+        assert!(
+            moved as f64 >= 0.95 * 3.0 * rate as f64,
+            "a moved {moved} in 3 s at {rate} B/s"
+        );
+        // Polling banked b nothing: when it starts reading too, the two split the rate.
+        let mut next = [end; 2];
+        let mut moved = [0u64; 2];
+        while next.iter().min().copied().unwrap() < end + 1_000 * MS {
+            let i = if next[0] <= next[1] { 0 } else { 1 };
+            let s = [a, b][i];
+            match g.request(s, &need, 16_384, Mode::Stream, next[i]) {
+                Verdict::Go(n) => {
+                    g.settle(s, &need, Mode::Stream, n, n, next[i]);
+                    moved[i] += n;
+                    next[i] += 1000;
+                }
+                Verdict::Wait(u) => next[i] = u,
+            }
+        }
+        let share_b = moved[1] as f64 / (moved[0] + moved[1]) as f64;
+        assert!((share_b - 0.5).abs() < 0.05, "{moved:?}");
+    }
+
+    #[test]
+    fn a_poll_let_go_in_one_direction_still_waits_in_the_other() {
+        // A read bucket that is empty and an `all` bucket that is not: a poll asking to read
+        // and to write is held for its read, on both buckets, and let go for its write; the
+        // wait it still has (on `all`) stays.
+        let mut cfg = one(0, 1_000_000, 10_000, B_ALL);
+        cfg.buckets[B_READ] = BucketCfg {
+            present: 1,
+            kind: 0,
+            rate_per_s: 1_000,
+            burst: 100,
+        };
+        let mut g = GroupState::new(cfg, 0).unwrap();
+        let s = g.join(1, 1, 0).unwrap();
+        let read = Need::of(Class::Net, Dir::Read);
+        assert_eq!(g.request(s, &read, 100, Mode::Stream, MS), Verdict::Go(100));
+        g.settle(s, &read, Mode::Stream, 100, 100, MS);
+        let until = g.ready_at(s, &read, 2 * MS).expect("the read is held");
+        assert_eq!(
+            g.ready_at(s, &Need::of(Class::Net, Dir::Write), 2 * MS),
+            None
+        );
+        let m = g.members[s.index as usize];
+        assert_eq!(m.waiting_until_ns[B_ALL], until);
+        assert_eq!(m.released_ns[B_ALL], 0);
+        // When it comes back and is let go, it waits no more.
+        assert_eq!(g.ready_at(s, &read, until), None);
+        let m = g.members[s.index as usize];
+        assert_eq!(m.waiting_until_ns[B_ALL], 0);
+        assert_eq!(m.waiting_until_ns[B_READ], 0);
+    }
+
+    #[test]
+    fn members_that_poll_before_they_read_keep_their_weights() {
+        // Two programs that poll (ready_at) until the bucket lets them read, poll again and
+        // read (as curl does), weights 2 and 1: a poll is no transfer, but it must not cost a
+        // member that reads its place either.
+        let rate = 1_000_000;
+        let (mut g, a, b) = two(rate, 2);
+        let need = Need::of(Class::Net, Dir::Read);
+        let mut next = [0u64; 2];
+        let mut moved = [0u64; 2];
+        while next.iter().min().copied().unwrap() < 3_000 * MS {
+            let i = if next[0] <= next[1] { 0 } else { 1 };
+            let s = [a, b][i];
+            if let Some(u) = g.ready_at(s, &need, next[i]) {
+                next[i] = u;
+                continue;
+            }
+            // Polled as asked, and the socket is readable. Like curl, the program checks it
+            // again with a zero-timeout poll, 20 µs later, and then reads.
+            next[i] += 20_000;
+            if let Some(u) = g.ready_at(s, &need, next[i]) {
+                next[i] = u;
+                continue;
+            }
+            match g.request(s, &need, 16_384, Mode::Stream, next[i]) {
+                Verdict::Go(n) => {
+                    g.settle(s, &need, Mode::Stream, n, n, next[i]);
+                    moved[i] += n;
+                    next[i] += 1000;
+                }
+                Verdict::Wait(u) => next[i] = u,
+            }
+        }
+        let share_a = moved[0] as f64 / (moved[0] + moved[1]) as f64;
+        assert!((share_a - 2.0 / 3.0).abs() < 0.03, "{moved:?}");
+        let total = moved[0] + moved[1];
+        assert!(total as f64 >= 2.9 * rate as f64, "{total}");
     }
 
     #[test]

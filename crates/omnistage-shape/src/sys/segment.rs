@@ -4,7 +4,8 @@
 use super::*;
 
 const MAGIC: u64 = 0x6f6d_6e69_7368_6170; // "omnishap"
-const VERSION: u64 = 2;
+/// 3: `Member::released_ns`.
+const VERSION: u64 = 3;
 
 #[repr(C)]
 struct Segment {
