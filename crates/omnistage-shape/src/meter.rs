@@ -514,9 +514,13 @@ impl GroupState {
             let m = &mut self.members[me];
             // `last_seen_ns` counts polls too: a member that a poll let go and that asks now
             // (the program reading what it polled for) keeps its place, although ready_at does
-            // not count it as active (`Member::active`).
-            let was_active =
-                m.last_seen_ns[b] != 0 && m.last_seen_ns[b].saturating_add(ACTIVE_NS) >= now_ns;
+            // not count it as active (`Member::active`). A member back from a wait is not idle
+            // however long the wait was (half a large burst to refill, an atomic write's debt):
+            // taken back to the others' virtual time, it lost its turn to whoever had just
+            // been served, and a member of weight 1 beside one of weight 2 got 2 % of the rate.
+            let was_active = (m.last_seen_ns[b] != 0
+                && m.last_seen_ns[b].saturating_add(ACTIVE_NS) >= now_ns)
+                || m.waits(b, now_ns);
             if !was_active {
                 m.vtime[b] = m.vtime[b].max(vmin_b);
             }
@@ -1023,6 +1027,39 @@ mod tests {
         assert!((share_a - 2.0 / 3.0).abs() < 0.03, "{moved:?}");
         let total = moved[0] + moved[1];
         assert!(total as f64 >= 2.9 * rate as f64, "{total}");
+    }
+
+    #[test]
+    fn weights_hold_when_a_turn_takes_longer_than_the_idle_mark() {
+        // Waits longer than ACTIVE_NS: a burst of 100,000 at 100,000 B/s (half a second to
+        // refill half of it), or atomic writes of 16 KiB with a burst of 1,000 (each puts the
+        // bucket 150 ms in debt). A member back from such a wait was waiting its turn, not
+        // idle: it keeps its virtual time, and weights 2:1 still share 2:1.
+        let need = Need::of(Class::Disk, Dir::Write);
+        for (mode, burst, chunk) in [
+            (Mode::Stream, 100_000, 65_536),
+            (Mode::Atomic, 1_000, 16_384),
+        ] {
+            let mut g = GroupState::new(one(0, 100_000, burst, B_DISK), 0).unwrap();
+            let a = g.join(1, 2, 0).unwrap();
+            let b = g.join(2, 1, 0).unwrap();
+            let mut next = [0u64; 2];
+            let mut moved = [0u64; 2];
+            while next.iter().min().copied().unwrap() < 30_000 * MS {
+                let i = if next[0] <= next[1] { 0 } else { 1 };
+                let s = [a, b][i];
+                match g.request(s, &need, chunk, mode, next[i]) {
+                    Verdict::Go(n) => {
+                        g.settle(s, &need, mode, n, n, next[i]);
+                        moved[i] += n;
+                        next[i] += 1000;
+                    }
+                    Verdict::Wait(u) => next[i] = u,
+                }
+            }
+            let share_a = moved[0] as f64 / (moved[0] + moved[1]) as f64;
+            assert!((share_a - 2.0 / 3.0).abs() < 0.03, "{mode:?}: {moved:?}");
+        }
     }
 
     #[test]
