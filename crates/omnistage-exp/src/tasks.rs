@@ -315,6 +315,10 @@ struct TenantShare {
     share_pct: f64,
     /// The ledger's share of the task stage's CPU (omnistage only).
     ledger_cpu_pct: Option<f64>,
+    /// The ledger's CPU share over the clients' request share: what one of this tenant's
+    /// requests cost against the average request (1.0), by the ledger. A fair CPU scheduler
+    /// gives request shares equal to CPU shares only where this is 1.0 for every tenant.
+    request_cost_rel: Option<f64>,
 }
 
 #[derive(Serialize, Clone)]
@@ -324,6 +328,9 @@ struct ShareRun {
     errors: u64,
     /// Largest |share - weight|, percentage points.
     max_err_pts: f64,
+    /// Largest |ledger CPU share - weight|, percentage points (omnistage only): what the
+    /// scheduler was asked to enforce, on its own measure.
+    ledger_max_err_pts: Option<f64>,
 }
 
 #[derive(Serialize, Clone)]
@@ -414,18 +421,31 @@ fn shares_run(a: &TasksArgs, server: &'static str, iters: f64) -> Result<ShareRu
                 ledger_cpu_pct: ledger
                     .as_ref()
                     .map(|l| 100.0 * l[i] as f64 / ledger_total as f64),
+                request_cost_rel: None,
             }
+        })
+        .map(|mut t| {
+            t.request_cost_rel = t
+                .ledger_cpu_pct
+                .filter(|_| t.share_pct > 0.0)
+                .map(|c| c / t.share_pct);
+            t
         })
         .collect();
     let max_err_pts = tenants
         .iter()
         .map(|t| (t.share_pct - t.weight_pct).abs())
         .fold(0.0, f64::max);
+    let ledger_max_err_pts = tenants
+        .iter()
+        .map(|t| t.ledger_cpu_pct.map(|c| (c - t.weight_pct).abs()))
+        .try_fold(0.0, |m: f64, e| e.map(|e| m.max(e)));
     Ok(ShareRun {
         server,
         errors: harness::errors(&r.total),
         tenants,
         max_err_pts,
+        ledger_max_err_pts,
     })
 }
 
@@ -707,6 +727,30 @@ fn cost_goal(om: &[f64], tk: &[f64], tk_errors: u64) -> (Option<bool>, Option<St
     }
 }
 
+/// What the ledger says of the clients' shares: how close its CPU shares are to the weights,
+/// and how far one tenant's request cost from another's, which is what separates a request
+/// share from a CPU share (`None` without the ledger).
+fn request_cost_note(run: &ShareRun) -> Option<String> {
+    let ledger_err = run.ledger_max_err_pts?;
+    let costs: Vec<(&str, f64)> = run
+        .tenants
+        .iter()
+        .map(|t| t.request_cost_rel.map(|c| (t.host, c)))
+        .collect::<Option<_>>()?;
+    let lo = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+    let hi = costs.iter().map(|c| c.1).fold(0.0, f64::max);
+    let list: Vec<String> = costs.iter().map(|(h, c)| format!("{h} {c:.3}")).collect();
+    Some(format!(
+        "By the ledger, the task stage's CPU shares are within {ledger_err:.2} points of the \
+         weights. The clients count requests, which equal CPU shares only while every tenant's \
+         request costs the same; by the ledger's CPU over the clients' counts, one request \
+         cost {} (1 = the average request), a spread of {:.1} % (the ledger over the whole \
+         run, its warm-up included; the clients over the measured seconds).",
+        list.join(", "),
+        100.0 * (hi / lo.max(f64::MIN_POSITIVE) - 1.0)
+    ))
+}
+
 fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
     let mut shares = Table::new(&[
         "runtime",
@@ -715,6 +759,7 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
         "requests",
         "share %",
         "ledger task CPU %",
+        "CPU per request (ledger, x mean)",
     ]);
     for run in &r.shares {
         for t in &run.tenants {
@@ -726,6 +771,9 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
                 format!("{:.2}", t.share_pct),
                 t.ledger_cpu_pct
                     .map(|p| format!("{p:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                t.request_cost_rel
+                    .map(|c| format!("{c:.3}"))
                     .unwrap_or_else(|| "-".into()),
             ]);
         }
@@ -750,7 +798,7 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
         poll.row(vec![name.to_string(), format!("{v:.1}")]);
     }
     let om = &r.shares[0];
-    let notes = vec![
+    let mut notes = vec![
         format!(
             "Shares: omnistage's largest error is {:.2} points against the weights (goal: within {SHARE_GOAL_PTS}): {}; {} errors. \
              Tokio has no weights and is shown as it comes (largest distance from 50/33/17: {:.2} points).",
@@ -778,6 +826,9 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
             p.omnistage_ns, p.omnistage_bypass_ns, p.scheduling_and_accounting_ns, p.tokio_ns
         ),
     ];
+    if let Some(note) = request_cost_note(om) {
+        notes.insert(1, note);
+    }
     let doc = Doc {
         title: "tasks: hyper on omnistage's async tasks vs on Tokio".into(),
         command: format!(
@@ -843,6 +894,48 @@ fn page(a: &TasksArgs, r: &Report) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn share(host: &'static str, w: f64, share: f64, ledger: Option<f64>) -> TenantShare {
+        TenantShare {
+            host,
+            weight_pct: w,
+            requests: 0,
+            share_pct: share,
+            ledger_cpu_pct: ledger,
+            request_cost_rel: ledger.map(|c| c / share),
+        }
+    }
+
+    #[test]
+    fn the_request_cost_note_gives_each_tenants_cost_and_the_spread() {
+        // Session 25's stored run: request shares 51.15/31.85/17.00 against the ledger's CPU
+        // shares 50.00/33.02/16.97.
+        let run = ShareRun {
+            server: "omnistage",
+            tenants: vec![
+                share("a.test", 50.0, 51.15, Some(50.00)),
+                share("b.test", 33.0, 31.85, Some(33.02)),
+                share("c.test", 17.0, 17.00, Some(16.97)),
+            ],
+            errors: 0,
+            max_err_pts: 1.15,
+            ledger_max_err_pts: Some(0.03),
+        };
+        let note = request_cost_note(&run).unwrap();
+        assert!(note.contains("within 0.03 points"), "{note}");
+        assert!(
+            note.contains("a.test 0.978, b.test 1.037, c.test 0.998"),
+            "{note}"
+        );
+        // 1.0367 / 0.9775 - 1
+        assert!(note.contains("a spread of 6.1 %"), "{note}");
+        let tokio = ShareRun {
+            tenants: vec![share("a.test", 50.0, 33.0, None)],
+            ledger_max_err_pts: None,
+            ..run
+        };
+        assert_eq!(request_cost_note(&tokio), None);
+    }
 
     #[test]
     fn the_cost_goal_follows_the_noise_rule() {
