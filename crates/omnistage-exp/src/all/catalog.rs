@@ -402,8 +402,10 @@ pub(super) fn experiments(scale: f64) -> Vec<Exp> {
             ours: |j| {
                 (
                     format!(
-                        "Σ|gap| over busy time: light web load {:.3} %, saturated {:.3} % (signed, over elapsed: {:.3} %, {:.3} %); /infra {:.1} % of charged; wake-ups {:.3} % of busy",
+                        "Σ|gap| over busy time: light web load {:.3} % ({:.4} % beyond the OS readings' resolution in the intervals steal left alone; judged on: {}), saturated {:.3} % (signed, over elapsed: {:.3} %, {:.3} %); /infra {:.1} % of charged; wake-ups {:.3} % of busy",
                         f(j, "/phases/0/gap_fraction_of_busy") * 100.0,
+                        f(j, "/phases/0/steal_free_gap_beyond_resolution_fraction_of_busy") * 100.0,
+                        j["goal_judged_on"].as_str().unwrap_or("not judged"),
                         f(j, "/phases/1/gap_fraction_of_busy") * 100.0,
                         f(j, "/phases/0/unattributed_fraction") * 100.0,
                         f(j, "/phases/1/unattributed_fraction") * 100.0,
