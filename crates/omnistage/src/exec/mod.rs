@@ -38,6 +38,8 @@ pub mod panic;
 mod sys;
 pub mod task;
 mod task_io;
+#[cfg(test)]
+mod tests;
 mod wake_queue;
 mod worker;
 
@@ -375,6 +377,12 @@ impl Shared {
         if let Some(g) = gates.get(&(stage, activity)) {
             return Ok(g.clone());
         }
+        #[cfg(test)]
+        tests::gate_hook();
+        // The activities' lock is taken inside the gates' lock here, so nothing may take the
+        // gates' lock while holding the activities' (`Runtime::remove_activity` drops its
+        // gates after the table change, outside it). A removed activity is out of the table
+        // before its gates are dropped, so no gate for it is made here after that drop.
         let weight = {
             let t = self.activities.read().expect("activities lock");
             t.get(activity)
@@ -948,24 +956,32 @@ impl Runtime {
 
     /// Removes an activity without children. Messages already queued for it are still handled.
     pub fn remove_activity(&self, path: &str) -> Result<(), RuntimeError> {
+        let mut removed = None;
         self.change(|t| {
             let id = t
                 .lookup(path)
                 .ok_or_else(|| ActivityError::NotFound(path.into()))?;
             t.remove(id)?;
-            // Its gates go too, so a later send to the id is refused instead of half-accepted.
-            self.shared
-                .gates
+            removed = Some(id);
+            Ok(Control::Remove(id))
+        })?;
+        // Its gates go too, so a later send to the id is refused instead of half-accepted.
+        // After the table change and outside the activities' lock: `Shared::gate` takes that
+        // lock inside the gates' one, and taking them here in the other order deadlocked with
+        // the first send to a (stage, activity). Once the id is out of the table no new gate
+        // is made for it, so none survives this sweep.
+        if let Some(id) = removed {
+            let s = &self.shared;
+            s.gates
                 .write()
                 .expect("gates lock")
                 .retain(|(_, a), _| *a != id);
-            self.shared
-                .predicates
+            s.predicates
                 .write()
                 .expect("predicates lock")
                 .retain(|(_, a), _| *a != id);
-            Ok(Control::Remove(id))
-        })
+        }
+        Ok(())
     }
 
     /// Policy names accepted by activities.
