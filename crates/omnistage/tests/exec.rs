@@ -1329,7 +1329,7 @@ fn io_readiness_of_a_removed_activity_is_delivered_in_infra() {
     let events: Shared<Vec<(ActivityId, bool)>> = Arc::default();
     let io = {
         let events = events.clone();
-        b.stage::<IoEvent, _, _>("io", StageConfig::default(), move |_| {
+        b.stage::<IoEvent, _, _>("readiness", StageConfig::default(), move |_| {
             let events = events.clone();
             move |ctx: &mut Ctx<'_>, ev: IoEvent| {
                 events.lock().unwrap().push((ctx.activity(), ev.readable));
@@ -1479,6 +1479,28 @@ fn builder_refuses_bad_limits() {
     }
     drain(&rt);
     assert_eq!(rt.handled(), 3);
+}
+
+/// Once a bug: `Builder::stage` refused only a name registered twice, not the names of the
+/// ledger's and the metrics' pseudo-stages (`loop`, `external`, `io`) nor `#…` (how an unnamed
+/// id is shown), which made two `/metrics` series of the same labels.
+#[test]
+fn builder_refuses_the_pseudo_stages_names() {
+    let mut b = Runtime::builder().workers(1);
+    for name in ["loop", "external", "io", "#3", "#"] {
+        assert!(
+            matches!(
+                b.stage::<u64, _, _>(name, StageConfig::default(), noop()),
+                Err(RuntimeError::Config(_))
+            ),
+            "stage name {name:?} accepted"
+        );
+    }
+    // Names that only contain them are fine, and the refusals took no ids.
+    let s = b
+        .stage::<u64, _, _>("io.loop#", StageConfig::default(), noop())
+        .unwrap();
+    assert_eq!(s.id(), 0);
 }
 
 /// Once a bug (fixed; this guards it): `StageConfig::validate` (exec/mod.rs) does not check the predicate. A token bucket with

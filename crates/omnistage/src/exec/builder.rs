@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// Names a stage may not have: the pseudo-stages the ledger and the metrics name on their own
+/// (the loop's time, bytes charged from outside, readiness as an edge's source). A stage of
+/// one of these names, or of a name starting with `#` (how an unnamed id is shown), would
+/// make a second series of the same labels in `/metrics`.
+pub const RESERVED_STAGE_NAMES: [&str; 3] = ["loop", "external", "io"];
+
 /// Builds a [`Runtime`].
 pub struct Builder {
     workers: usize,
@@ -100,6 +106,12 @@ impl Builder {
         if self.stages.len() >= STAGES_MAX {
             return Err(RuntimeError::Config(format!(
                 "more than {STAGES_MAX} stages"
+            )));
+        }
+        if RESERVED_STAGE_NAMES.contains(&name) || name.starts_with('#') {
+            return Err(RuntimeError::Config(format!(
+                "stage name {name:?} is reserved (the ledger's and the metrics' pseudo-stages \
+                 {RESERVED_STAGE_NAMES:?} and names starting with '#')"
             )));
         }
         if self.stages.iter().any(|s| s.name == name) {
