@@ -1503,6 +1503,26 @@ fn builder_refuses_the_pseudo_stages_names() {
     assert_eq!(s.id(), 0);
 }
 
+/// Once a bug: `Builder::min_cost_ns` took any value; 0 turned the minimum charge off and a
+/// huge one overflowed WFQ's `cost_estimate * VT_SCALE`. `start` checks the range.
+#[test]
+fn builder_refuses_a_min_cost_out_of_range() {
+    use omnistage::exec::{MIN_COST_NS_MAX, MIN_COST_NS_MIN};
+    for bad in [0, MIN_COST_NS_MAX + 1, u64::MAX] {
+        assert!(
+            matches!(
+                Runtime::builder().workers(1).min_cost_ns(bad).start(),
+                Err(RuntimeError::Config(_))
+            ),
+            "min_cost_ns {bad} accepted"
+        );
+    }
+    for good in [MIN_COST_NS_MIN, MIN_COST_NS_MAX] {
+        let rt = Runtime::builder().workers(1).min_cost_ns(good).start();
+        assert!(rt.is_ok(), "min_cost_ns {good} refused");
+    }
+}
+
 /// Once a bug (fixed; this guards it): `StageConfig::validate` (exec/mod.rs) does not check the predicate. A token bucket with
 /// a rate outside `GCRA_RATE_MIN_PER_S..=GCRA_RATE_MAX_PER_S` (or burst 0, or bad p90
 /// parameters) is accepted by `Builder::stage`; the first send then panics in `Gate::new`

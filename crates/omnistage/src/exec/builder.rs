@@ -8,6 +8,15 @@ use super::*;
 /// make a second series of the same labels in `/metrics`.
 pub const RESERVED_STAGE_NAMES: [&str; 3] = ["loop", "external", "io"];
 
+/// Smallest minimum charge per dispatch ([`Builder::min_cost_ns`]), ns: 0 would turn off the
+/// rule that a dispatch that did nothing still advances its tags (so a yield loop cannot hold
+/// a node's attention).
+pub const MIN_COST_NS_MIN: u64 = 1;
+/// Largest minimum charge per dispatch, ns (1 s, longer than any dispatch should run): WFQ
+/// multiplies a client's cost estimate by its virtual-time scale, and a huge minimum charge
+/// overflowed that product.
+pub const MIN_COST_NS_MAX: u64 = 1_000_000_000;
+
 /// Builds a [`Runtime`].
 pub struct Builder {
     workers: usize,
@@ -60,7 +69,8 @@ impl Builder {
         self.bypass = bypass;
         self
     }
-    /// Minimum charge per dispatch, ns.
+    /// Minimum charge per dispatch, ns, in [`MIN_COST_NS_MIN`]..=[`MIN_COST_NS_MAX`]
+    /// (checked by [`Builder::start`]).
     pub fn min_cost_ns(mut self, ns: u64) -> Self {
         self.min_cost_ns = ns;
         self
@@ -144,6 +154,12 @@ impl Builder {
             return Err(RuntimeError::Config(format!(
                 "workers must be in 1..={WORKERS_MAX}, got {}",
                 self.workers
+            )));
+        }
+        if !(MIN_COST_NS_MIN..=MIN_COST_NS_MAX).contains(&self.min_cost_ns) {
+            return Err(RuntimeError::Config(format!(
+                "min_cost_ns must be in {MIN_COST_NS_MIN}..={MIN_COST_NS_MAX}, got {}",
+                self.min_cost_ns
             )));
         }
         let mut polls = Vec::with_capacity(self.workers);

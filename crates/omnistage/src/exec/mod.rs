@@ -43,7 +43,7 @@ mod tests;
 mod wake_queue;
 mod worker;
 
-pub use builder::{Builder, RESERVED_STAGE_NAMES};
+pub use builder::{Builder, MIN_COST_NS_MAX, MIN_COST_NS_MIN, RESERVED_STAGE_NAMES};
 pub use gate::{ClassGroup, Predicate, CLASS_GROUP_GATES_MAX};
 pub use sys::{cpu_steal_ns, thread_cpu_ns};
 pub use worker::{Ctx, DeferredResponse, IoEvent, IoHandle, IO_REGISTRATIONS_MAX};
