@@ -204,10 +204,7 @@ impl Builder {
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
             core_timers: (0..self.workers).map(|_| CachePadded::default()).collect(),
-            affinity: AffinityTable {
-                shards: (0..16).map(|_| Mutex::new(HashMap::new())).collect(),
-                ttl_ns: self.affinity_ttl_ns,
-            },
+            affinity: AffinityTable::new(AFFINITY_SHARDS, self.affinity_ttl_ns),
             stopping: AtomicBool::new(false),
             bypass: self.bypass,
             min_cost_ns: self.min_cost_ns,

@@ -265,32 +265,88 @@ pub(crate) struct StageMeta {
 /// Placement of affinity keys: key → (core, expiry). Striped so senders on different cores
 /// rarely meet; only sends that carry an affinity key come here.
 struct AffinityTable {
-    shards: Vec<Mutex<HashMap<u64, (u16, u64)>>>,
+    shards: Vec<Mutex<AffinityShard>>,
     ttl_ns: u64,
 }
 
-/// Most live affinity mappings per shard; expired ones are swept when a shard is full.
+struct AffinityShard {
+    map: HashMap<u64, (u16, u64)>,
+    /// A full shard sweeps out its expired mappings no earlier than this (once per TTL).
+    next_sweep_ns: u64,
+}
+
+/// Shards of the affinity table (senders on different cores rarely share a lock).
+const AFFINITY_SHARDS: usize = 16;
+/// Most live affinity mappings per shard (memory: about 16 bytes each plus the map's room).
 const AFFINITY_PER_SHARD_MAX: usize = 1 << 16;
+/// Mappings a full shard looks at to make room for a new key when its sweep finds nothing
+/// expired: the expired among them go, or else the one used longest ago. Bounded so that a
+/// shard full of live keys costs each new key this many steps under its lock, not a pass over
+/// the whole shard (which also left the key out, so that each of its messages was placed on
+/// the least-loaded core again and its affinity was lost).
+const AFFINITY_EVICT_SCAN: usize = 64;
 
 impl AffinityTable {
+    fn new(shards: usize, ttl_ns: u64) -> Self {
+        AffinityTable {
+            shards: (0..shards)
+                .map(|_| {
+                    Mutex::new(AffinityShard {
+                        map: HashMap::new(),
+                        next_sweep_ns: 0,
+                    })
+                })
+                .collect(),
+            ttl_ns,
+        }
+    }
+
     fn place(&self, key: u64, now_ns: u64, least_loaded: impl FnOnce() -> u16) -> u16 {
         let shard = &self.shards
             [(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % self.shards.len()];
-        let mut m = shard.lock().expect("affinity lock");
-        if let Some(&(core, exp)) = m.get(&key) {
-            if exp > now_ns {
-                m.insert(key, (core, now_ns.saturating_add(self.ttl_ns)));
-                return core;
+        let mut sh = shard.lock().expect("affinity lock");
+        let expiry = now_ns.saturating_add(self.ttl_ns);
+        if let Some((core, exp)) = sh.map.get_mut(&key) {
+            if *exp > now_ns {
+                *exp = expiry;
+                return *core;
             }
         }
-        if m.len() >= AFFINITY_PER_SHARD_MAX {
-            m.retain(|_, (_, exp)| *exp > now_ns);
+        if sh.map.len() >= AFFINITY_PER_SHARD_MAX && !sh.map.contains_key(&key) {
+            if now_ns >= sh.next_sweep_ns {
+                sh.map.retain(|_, (_, exp)| *exp > now_ns);
+                sh.next_sweep_ns = expiry;
+            }
+            if sh.map.len() >= AFFINITY_PER_SHARD_MAX {
+                Self::evict_one(&mut sh.map, now_ns);
+            }
         }
         let core = least_loaded();
-        if m.len() < AFFINITY_PER_SHARD_MAX {
-            m.insert(key, (core, now_ns.saturating_add(self.ttl_ns)));
-        }
+        sh.map.insert(key, (core, expiry));
         core
+    }
+
+    /// Makes room in a full shard by a bounded look: the expired mappings among the first
+    /// [`AFFINITY_EVICT_SCAN`] go, or if none is, the one of them used longest ago.
+    fn evict_one(map: &mut HashMap<u64, (u16, u64)>, now_ns: u64) {
+        let mut expired = [0u64; AFFINITY_EVICT_SCAN];
+        let mut n = 0;
+        let mut oldest: Option<(u64, u64)> = None;
+        for (&k, &(_, exp)) in map.iter().take(AFFINITY_EVICT_SCAN) {
+            if exp <= now_ns {
+                expired[n] = k;
+                n += 1;
+            } else if oldest.is_none_or(|(e, _)| exp < e) {
+                oldest = Some((exp, k));
+            }
+        }
+        if n > 0 {
+            for k in &expired[..n] {
+                map.remove(k);
+            }
+        } else if let Some((_, k)) = oldest {
+            map.remove(&k);
+        }
     }
 }
 

@@ -83,3 +83,33 @@ fn removing_an_activity_while_a_send_makes_its_gate_does_not_deadlock() {
         Err(SendError::NoSuchActivity(victim))
     );
 }
+
+/// A shard full of live keys once swept itself for every new key and then left the key out,
+/// so every message of that key was placed on the least-loaded core again (its affinity lost):
+/// here the least-loaded core alternates, and the new key must keep the core it got first.
+#[test]
+fn a_new_key_in_a_full_affinity_shard_keeps_its_core() {
+    const TTL: u64 = 1_000_000_000;
+    let table = AffinityTable::new(1, TTL);
+    for k in 0..AFFINITY_PER_SHARD_MAX as u64 {
+        assert_eq!(table.place(k, 0, || 0), 0);
+    }
+    let flip = std::cell::Cell::new(0u16);
+    let alternate = || {
+        flip.set(flip.get() + 1);
+        flip.get() % 2
+    };
+    let new_key = u64::MAX;
+    let first = table.place(new_key, 1, alternate);
+    let again = table.place(new_key, 2, alternate);
+    assert_eq!(first, again, "the new key moved between cores");
+    assert_eq!(flip.get(), 1, "least_loaded asked once");
+    let len = table.shards[0].lock().expect("lock").map.len();
+    assert!(len <= AFFINITY_PER_SHARD_MAX, "{len}");
+    // Once they expire, the old keys make room (one sweep per TTL), and the live ones stay.
+    let later = TTL + 1;
+    assert_eq!(table.place(new_key - 1, later, || 1), 1);
+    assert_eq!(table.place(new_key, later, || 0), first);
+    let len = table.shards[0].lock().expect("lock").map.len();
+    assert_eq!(len, 2);
+}
