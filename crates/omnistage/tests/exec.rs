@@ -1374,6 +1374,78 @@ fn io_readiness_of_a_removed_activity_is_delivered_in_infra() {
     assert_eq!(events.lock().unwrap()[0], (INFRA, true));
 }
 
+/// Once a bug: an `IoHandle` was an index and a generation on its worker, so a handle used on
+/// another worker named that worker's source of the same index and generation: here core 1,
+/// given core 0's handle, changed the activity of its own unrelated source. Each worker
+/// registers one source (index 0, generation 1 on both).
+#[test]
+fn an_io_handle_is_refused_on_another_worker() {
+    use omnistage::exec::{IoEvent, IoHandle};
+    enum Cmd {
+        Register(mio::unix::pipe::Receiver),
+        Use(IoHandle),
+    }
+    let (mut b, a) = Runtime::builder()
+        .workers(2)
+        .activity("/a", ActivitySpec::default())
+        .unwrap();
+    let sink = b
+        .stage::<IoEvent, _, _>("readiness", StageConfig::default(), |_| {
+            |_: &mut Ctx<'_>, _: IoEvent| {}
+        })
+        .unwrap();
+    let handles: Shared<Vec<(usize, IoHandle)>> = Arc::default();
+    let used: Shared<Vec<(usize, bool)>> = Arc::default();
+    let probe = {
+        let (handles, used) = (handles.clone(), used.clone());
+        b.stage::<Cmd, _, _>("probe", StageConfig::default(), move |_| {
+            let (handles, used) = (handles.clone(), used.clone());
+            // Per-core state: the sources this core owns.
+            let mut owned = Vec::new();
+            move |ctx: &mut Ctx<'_>, cmd: Cmd| match cmd {
+                Cmd::Register(mut rx) => {
+                    let h = ctx
+                        .io_register(&mut rx, mio::Interest::READABLE, &sink, 0)
+                        .unwrap();
+                    owned.push(rx);
+                    handles.lock().unwrap().push((ctx.core(), h));
+                }
+                Cmd::Use(h) => {
+                    let ok = ctx.io_set_activity(h, INFRA).is_ok();
+                    used.lock().unwrap().push((ctx.core(), ok));
+                }
+            }
+        })
+        .unwrap()
+    };
+    let rt = b.start().unwrap();
+    let mut writers = Vec::new();
+    for core in 0..2 {
+        let (tx, rx) = mio::unix::pipe::new().unwrap();
+        writers.push(tx);
+        rt.send(&probe, a, Affinity::Core(core), Cmd::Register(rx))
+            .unwrap();
+        // One at a time, so each core's registration is its first (the same index on both).
+        wait_for("the registration", || {
+            handles.lock().unwrap().len() == usize::from(core) + 1
+        });
+    }
+    let h0 = handles.lock().unwrap()[0];
+    assert_eq!(h0.0, 0);
+    rt.send(&probe, a, Affinity::Core(1), Cmd::Use(h0.1))
+        .unwrap();
+    rt.send(&probe, a, Affinity::Core(0), Cmd::Use(h0.1))
+        .unwrap();
+    drain(&rt);
+    let mut u = used.lock().unwrap().clone();
+    u.sort();
+    assert_eq!(
+        u,
+        vec![(0, true), (1, false)],
+        "core 0's handle: used on core 0 only"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 10. Builder limits
 // ---------------------------------------------------------------------------------------------

@@ -98,6 +98,9 @@ pub(crate) enum Control {
     Stop,
 }
 
+// An `IoHandle` names its worker in 16 bits.
+const _: () = assert!(super::WORKERS_MAX <= 1 << 16);
+
 /// Most I/O registrations (sockets) per worker.
 pub const IO_REGISTRATIONS_MAX: usize = 1 << 20;
 /// While busy, a worker polls for I/O readiness after this many dispatches...
@@ -114,11 +117,14 @@ const IO_EVENTS_PER_POLL: usize = 256;
 const IO_POLL_ROUNDS_MAX: usize = 32;
 
 /// A registered I/O source on one worker (a `mio` token plus a generation, so a stale handle
-/// of a closed socket can never reach the socket that reused its slot).
+/// of a closed socket can never reach the socket that reused its slot, plus the worker, so a
+/// handle used on another worker, whose own sources have the same indexes and generations,
+/// is refused there instead of acting on that worker's unrelated source).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IoHandle {
     index: u32,
     generation: u32,
+    core: u16,
 }
 
 /// Readiness of a registered source, delivered as a message to the registering stage in the
@@ -629,6 +635,7 @@ impl CoreState {
                 handle: IoHandle {
                     index: token.0 as u32,
                     generation: reg.generation,
+                    core: self.core as u16,
                 },
                 user: reg.user,
                 readable: false,
@@ -736,6 +743,12 @@ impl CoreState {
     }
 
     fn io_reg(&mut self, h: IoHandle) -> std::io::Result<&mut IoRegistration> {
+        if usize::from(h.core) != self.core {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "I/O handle of another worker",
+            ));
+        }
         match self.io.get_mut(h.index as usize) {
             Some(r) if r.live && r.generation == h.generation => Ok(r),
             _ => Err(std::io::Error::new(

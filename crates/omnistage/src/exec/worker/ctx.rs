@@ -141,6 +141,7 @@ impl Ctx<'_> {
         Ok(IoHandle {
             index,
             generation: reg.generation,
+            core: st.core as u16,
         })
     }
 
