@@ -285,3 +285,60 @@ fn a_delayed_message_due_before_a_later_plain_one_is_still_handled_first() {
         assert_eq!(rig.probes(), vec![1, 2], "bypass {bypass}");
     }
 }
+
+/// A `StageRef` of another runtime whose stage id exists here with another message type
+/// passed every check (only a `debug_assert` on the send from outside) and reached the typed
+/// queues' downcast on the destination worker, outside any handler's `catch_unwind`: the
+/// worker thread died (in a release build), and with it everything queued or sent to its core.
+/// Runtime A's stage 0 takes `u32`, B's takes `String`; A's ref is used on B, from a handler
+/// (to another core) and from outside.
+#[test]
+fn a_stage_ref_of_another_runtime_is_refused() {
+    let mut a = Runtime::builder().workers(1);
+    let foreign: StageRef<u32> = a
+        .stage("numbers", StageConfig::default(), |_| {
+            |_: &mut Ctx<'_>, _: u32| {}
+        })
+        .unwrap();
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let result: Arc<Mutex<Option<Result<(), SendError>>>> = Arc::default();
+    let mut b = Runtime::builder().workers(2);
+    let words: StageRef<String> = {
+        let got = got.clone();
+        b.stage("words", StageConfig::default(), move |_| {
+            let got = got.clone();
+            move |_: &mut Ctx<'_>, w: String| got.lock().unwrap().push(w)
+        })
+        .unwrap()
+    };
+    let driver: StageRef<u8> = {
+        let result = result.clone();
+        b.stage("driver", StageConfig::default(), move |_| {
+            let result = result.clone();
+            move |ctx: &mut Ctx<'_>, _: u8| {
+                let to_core_1 = SendOpts {
+                    affinity: Affinity::Core(1),
+                    ..Default::default()
+                };
+                *result.lock().unwrap() = Some(ctx.send_with(&foreign, to_core_1, 7));
+            }
+        })
+        .unwrap()
+    };
+    let _a = a.start().unwrap();
+    let b = b.start().unwrap();
+    b.send(&driver, INFRA, Affinity::Core(0), 0).unwrap();
+    wait_for("the driver", || result.lock().unwrap().is_some());
+    assert_eq!(
+        result.lock().unwrap().take(),
+        Some(Err(SendError::NoSuchStage(foreign.id())))
+    );
+    assert_eq!(
+        b.send(&foreign, INFRA, Affinity::Core(1), 8),
+        Err(SendError::NoSuchStage(foreign.id()))
+    );
+    // Core 1 is alive and handles a valid message.
+    b.send(&words, INFRA, Affinity::Core(1), "still here".into())
+        .unwrap();
+    wait_for("the valid message", || got.lock().unwrap().len() == 1);
+}

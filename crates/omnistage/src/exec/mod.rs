@@ -217,6 +217,9 @@ pub enum SendError {
     TooManyTimers,
     /// The runtime is stopping.
     Stopped,
+    /// No stage of this id takes this message type here: the `StageRef` is another
+    /// runtime's.
+    NoSuchStage(StageId),
 }
 
 impl std::fmt::Display for SendError {
@@ -460,6 +463,19 @@ impl Shared {
         Ok(g)
     }
 
+    /// Checks that `to` names a stage of this runtime that takes `M`: a `StageRef` of another
+    /// runtime may name an id that is absent here or whose stage takes another type, and such
+    /// a message reached the typed queues' downcast on the destination worker, outside any
+    /// handler's `catch_unwind` (the worker thread died). A bounds check and a type-id compare
+    /// on the stage's entry that the send reads anyway.
+    #[inline]
+    pub(crate) fn check_stage<M: 'static>(&self, to: &StageRef<M>) -> Result<(), SendError> {
+        match self.stages.get(to.id as usize) {
+            Some(s) if s.type_id == TypeId::of::<M>() => Ok(()),
+            _ => Err(SendError::NoSuchStage(to.id)),
+        }
+    }
+
     fn least_loaded(&self) -> u16 {
         let mut best = 0usize;
         let mut best_load = usize::MAX;
@@ -668,7 +684,7 @@ impl Runtime {
         if s.stopping.load(Ordering::Acquire) {
             return Err(SendError::Stopped);
         }
-        debug_assert_eq!(s.stages[to.id as usize].type_id, TypeId::of::<M>());
+        s.check_stage(to)?;
         let activity = opts.activity.unwrap_or(crate::activity::INFRA);
         let now = s.now_ns();
         let core = s.route(None, StageId::MAX, activity, &opts, now)?;

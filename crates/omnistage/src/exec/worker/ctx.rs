@@ -256,6 +256,7 @@ impl Ctx<'_> {
         msg: M,
     ) -> Result<(), SendError> {
         let (st, shared) = (&mut *self.st, self.shared);
+        shared.check_stage(to)?;
         let activity = opts.activity.unwrap_or(st.current_activity);
         let now = st.now_ns;
         let core = shared.route(Some(st.core), st.current_stage, activity, &opts, now)?;
