@@ -342,3 +342,66 @@ fn a_stage_ref_of_another_runtime_is_refused() {
         .unwrap();
     wait_for("the valid message", || got.lock().unwrap().len() == 1);
 }
+
+/// A handler's send to another core did not look at `stopping`: once `shutdown` had begun
+/// (and the destination worker may have ended), it still pushed into that core's mailbox and
+/// said `Ok`, for a message nobody would handle. The handler here runs while `shutdown`
+/// waits for its worker, and sends once the runtime says it is stopping.
+#[test]
+fn a_handler_send_to_another_core_after_shutdown_began_says_stopped() {
+    let rt_cell: Arc<OnceLock<Arc<Runtime>>> = Arc::new(OnceLock::new());
+    let result: Arc<Mutex<Option<Result<(), SendError>>>> = Arc::default();
+    let (running_tx, running_rx) = channel::<()>();
+    let mut b = Runtime::builder().workers(2);
+    let sink = b
+        .stage::<u8, _, _>("sink", StageConfig::default(), |_| {
+            |_: &mut Ctx<'_>, _: u8| {}
+        })
+        .unwrap();
+    let driver = {
+        let (rt_cell, result) = (rt_cell.clone(), result.clone());
+        let running_tx = Mutex::new(running_tx);
+        let running_tx = Arc::new(running_tx);
+        b.stage::<u8, _, _>("driver", StageConfig::default(), move |_| {
+            let (rt_cell, result, running_tx) =
+                (rt_cell.clone(), result.clone(), running_tx.clone());
+            move |ctx: &mut Ctx<'_>, _: u8| {
+                let rt = rt_cell.get().unwrap();
+                running_tx.lock().unwrap().send(()).unwrap();
+                // Until `shutdown` has begun: a send from outside says so.
+                let end = Instant::now() + DEADLINE;
+                while rt.send(&sink, INFRA, Affinity::Core(0), 0) != Err(SendError::Stopped) {
+                    assert!(Instant::now() < end, "shutdown did not begin");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let to_core_1 = SendOpts {
+                    affinity: Affinity::Core(1),
+                    ..Default::default()
+                };
+                *result.lock().unwrap() = Some(ctx.send_with(&sink, to_core_1, 1));
+            }
+        })
+        .unwrap()
+    };
+    let rt = Arc::new(b.start().unwrap());
+    rt_cell.set(rt.clone()).ok().unwrap();
+    rt.send(&driver, INFRA, Affinity::Core(0), 0).unwrap();
+    running_rx.recv_timeout(DEADLINE).expect("the driver runs");
+    // Waits for the driver's worker, which ends once the driver has sent.
+    rt.shutdown();
+    assert_eq!(result.lock().unwrap().take(), Some(Err(SendError::Stopped)));
+}
+
+/// A worker that could not start (here a stage's factory panics on core 1; the loop's own
+/// early returns, tasks or the poll registry that cannot be set up, take the same path) once
+/// left `start` returning `Ok` with a core whose mailbox took messages nobody would handle.
+#[test]
+fn start_fails_when_a_worker_does_not_start() {
+    let mut b = Runtime::builder().workers(2);
+    b.stage::<u8, _, _>("fragile-factory", StageConfig::default(), |core| {
+        assert_ne!(core, 1, "this core's state cannot be made");
+        |_: &mut Ctx<'_>, _: u8| {}
+    })
+    .unwrap();
+    assert!(b.start().is_err(), "started with a worker that did not");
+}

@@ -213,20 +213,46 @@ impl Builder {
             worker_cpus,
         });
         let factories = Arc::new(self.factories);
-        let mut threads = Vec::with_capacity(self.workers);
+        let rt = Runtime {
+            shared: shared.clone(),
+            threads: Mutex::new(Vec::with_capacity(self.workers)),
+        };
+        let (started, reports) = std::sync::mpsc::channel();
         for (core, poll) in polls.into_iter().enumerate() {
             let shared = shared.clone();
             let factories = factories.clone();
+            let started = started.clone();
             let pin = shared.worker_cpus.get(core).copied();
             let t = std::thread::Builder::new()
                 .name(format!("omnistage-w{core}"))
-                .spawn(move || worker::run(core, pin, shared, &factories, poll))
+                .spawn(move || worker::run(core, pin, shared, &factories, poll, started))
+                // Dropping `rt` stops and joins the workers started so far.
                 .map_err(RuntimeError::Io)?;
-            threads.push(t);
+            rt.threads.lock().expect("threads lock").push(t);
         }
-        Ok(Runtime {
-            shared,
-            threads: Mutex::new(threads),
-        })
+        drop(started);
+        // Every worker says it runs, or why not; one that ends before saying (a stage's
+        // factory panicked) drops its sender, and once all have, `recv` fails.
+        let mut failure = None;
+        for _ in 0..self.workers {
+            match reports.recv() {
+                Ok((_, Ok(()))) => {}
+                Ok((core, Err(e))) => {
+                    let e = std::io::Error::new(e.kind(), format!("worker {core}: {e}"));
+                    failure.get_or_insert(e);
+                }
+                Err(_) => {
+                    failure.get_or_insert(std::io::Error::other(
+                        "a worker ended while starting (a stage's factory panicked?)",
+                    ));
+                    break;
+                }
+            }
+        }
+        match failure {
+            // Dropping `rt` stops and joins the workers that did start.
+            Some(e) => Err(RuntimeError::Io(e)),
+            None => Ok(rt),
+        }
     }
 }

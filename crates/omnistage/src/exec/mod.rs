@@ -551,6 +551,11 @@ impl Shared {
             enq_ns,
             due_ns,
         } = to;
+        if self.stopping.load(Ordering::Acquire) {
+            // Its worker may have ended: the message would sit in a mailbox nobody drains.
+            // (One racing with `shutdown` can still get in; shutdown drops what is queued.)
+            return Err((SendError::Stopped, msg));
+        }
         let load = &self.stages[stage as usize].load;
         let delayed = due_ns > enq_ns;
         if delayed {

@@ -47,19 +47,28 @@ fn stamped_cpu_read(clock: &quanta::Clock, uncertainty_ns: &mut u64) -> (u64, u6
 /// keep their enqueue stamp field, filled with that last reading (a store, no clock read). It
 /// still counts messages handled (`handled`, one add per dispatch) and the pending count each
 /// core keeps for routing.
+///
+/// The worker reports through `started` once it is set up (its tasks, its handlers, its
+/// state), or why it could not be: [`Builder::start`](super::super::Builder::start) waits for
+/// every worker's report and fails if one did not start (a worker that ended early once left
+/// `start` returning `Ok` and its core's mailbox taking messages nobody would handle).
 pub(crate) fn run(
     core: usize,
     pin: Option<usize>,
     shared: Arc<Shared>,
     factories: &[HandlerFactory],
     poll: mio::Poll,
+    started: Started,
 ) {
     if shared.bypass {
-        run_loop::<false>(core, pin, shared, factories, poll)
+        run_loop::<false>(core, pin, shared, factories, poll, started)
     } else {
-        run_loop::<true>(core, pin, shared, factories, poll)
+        run_loop::<true>(core, pin, shared, factories, poll, started)
     }
 }
+
+/// Where a worker reports its start-up: its core and whether it is running.
+pub(crate) type Started = std::sync::mpsc::Sender<(usize, std::io::Result<()>)>;
 
 fn run_loop<const ACCOUNTED: bool>(
     core: usize,
@@ -67,12 +76,14 @@ fn run_loop<const ACCOUNTED: bool>(
     shared: Arc<Shared>,
     factories: &[HandlerFactory],
     mut poll: mio::Poll,
+    started: Started,
 ) {
     // Tasks on this core live in this thread's task state until the worker ends.
     let _tasks = match crate::exec::task::enter_worker(core, &shared, poll.registry()) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("omnistage: worker {core}: cannot set up tasks: {e}");
+            let e = std::io::Error::new(e.kind(), format!("cannot set up tasks: {e}"));
+            let _ = started.send((core, Err(e)));
             return;
         }
     };
@@ -87,11 +98,16 @@ fn run_loop<const ACCOUNTED: bool>(
     let registry = match poll.registry().try_clone() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("omnistage: worker {core}: cannot clone the poll registry: {e}");
+            let e = std::io::Error::new(e.kind(), format!("cannot clone the poll registry: {e}"));
+            let _ = started.send((core, Err(e)));
             return;
         }
     };
     let mut st = CoreState::new(core, shared, &handlers, registry);
+    // Running from here on (`start` no longer listens once every worker reported). A panic
+    // before this (a stage's factory) drops the sender unsent, which `start` sees too.
+    let _ = started.send((core, Ok(())));
+    drop(started);
     let mut dispatches_since_poll = 0u32;
     let mut batching: Vec<Option<StageBatching>> = shared
         .stages
