@@ -405,3 +405,37 @@ fn start_fails_when_a_worker_does_not_start() {
     .unwrap();
     assert!(b.start().is_err(), "started with a worker that did not");
 }
+
+/// A delayed message was queued with its send-time stamp when its timer fired, so the delay
+/// it asked for counted as queue wait: in the latency histograms and the ledger's wait sum,
+/// and as response time in the p90 controller's samples (a stage fed by timers looked
+/// overloaded). Its wait starts when it is due.
+#[test]
+fn a_delayed_message_waits_from_its_due_time_not_its_send() {
+    const DELAY_NS: u64 = 50_000_000;
+    let mut b = Runtime::builder().workers(1);
+    let later = b
+        .stage::<u32, _, _>("later", StageConfig::default(), |_| {
+            |_: &mut Ctx<'_>, _: u32| {}
+        })
+        .unwrap();
+    let rt = b.start().unwrap();
+    let o = SendOpts {
+        activity: Some(INFRA),
+        delay_ns: DELAY_NS,
+        ..Default::default()
+    };
+    rt.send_with(&later, o, 1).unwrap();
+    let row = || {
+        rt.snapshot()
+            .rows
+            .into_iter()
+            .find(|r| r.stage == later.id() && r.activity == INFRA && r.messages > 0)
+    };
+    wait_for("the delayed message", || row().is_some());
+    let wait = row().unwrap().queue_wait_ns;
+    assert!(
+        wait < DELAY_NS,
+        "the delay counted as queue wait: {wait} ns"
+    );
+}

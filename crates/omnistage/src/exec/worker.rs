@@ -207,9 +207,19 @@ impl<M: Send + 'static> Deliver for Remote<M> {
             gate,
             msg,
         } = *self;
-        if due_ns > enq_ns {
+        let delayed = due_ns > enq_ns;
+        if delayed {
             gate.delay_end();
         }
+        // A delayed message enters its queue now: its wait starts here, not at its send (the
+        // delay it asked for is neither queue wait in the histograms nor response time for the
+        // p90 controller). One sent without a delay keeps its send stamp: its time in the
+        // mailbox is wait.
+        let enq_ns = if delayed {
+            due_ns.max(st.now_ns)
+        } else {
+            enq_ns
+        };
         match st.queue_index::<M>(shared, stage, activity) {
             Ok(q) => st.push::<M>(stage, q, Envelope { msg, enq_ns }),
             Err(_) => st.drop_admitted(shared, &gate, stage),
