@@ -1042,31 +1042,24 @@ fn timers_deliver_no_earlier_than_their_delay() {
     assert_eq!(rt.handled(), 5);
 }
 
-/// Once a bug (fixed; this guards it): a delayed message that reaches a core whose timer table is full (`TIMERS_MAX`) is
-/// accepted by `send`, then dropped in `CoreState::add_timer` (exec/worker.rs) without giving
-/// its place back to its gate (only `core_pending` is decremented; the comment there says "Its
-/// gate place is released through the same path as other drops", but it is not). The place is
-/// lost for good: here the 4 places of a `queue_limit: 4` queue leak and every later send to
-/// it is refused with `QueueFull` while nothing of it is queued anywhere. (Remote senders are
-/// not checked against `TIMERS_MAX` at all, so `TooManyTimers` is never returned to them.)
+/// Once a bug: a delayed message that reached a core whose timer table was full was accepted
+/// by `send`, then dropped by the destination (`CoreState::add_timer`), first without giving
+/// its queue place back (the place leaked for good), later with it; remote senders (from
+/// outside, or a handler on another core) were never checked against the bound, so the sender
+/// was told `Ok` for a message that was dropped. Every sender now reserves its timer place on
+/// the destination core before it sends: past the bound, local and remote delayed sends alike
+/// are refused with `TooManyTimers`, and a refused timer holds nothing (here the 4 places of
+/// a `queue_limit: 4` queue stay free). A small bound (`Builder::timers_max`) stands for
+/// `TIMERS_MAX`.
 #[test]
-
-fn a_dropped_timer_gives_its_queue_place_back() {
+fn a_delayed_send_past_the_timer_bound_is_refused_on_every_path() {
+    const TIMERS: usize = 8;
     let (b, filler) = Runtime::builder()
         .workers(2)
+        .timers_max(TIMERS)
         .activity("/filler", ActivitySpec::default())
         .unwrap();
     let (mut b, small) = b.activity("/small", ActivitySpec::default()).unwrap();
-    let big = b
-        .stage::<u64, _, _>(
-            "big",
-            StageConfig {
-                queue_limit: QUEUE_LIMIT_MAX,
-                ..Default::default()
-            },
-            |_| |_: &mut Ctx<'_>, _: u64| {},
-        )
-        .unwrap();
     let x = b
         .stage::<u64, _, _>(
             "x",
@@ -1077,6 +1070,24 @@ fn a_dropped_timer_gives_its_queue_place_back() {
             |_| |_: &mut Ctx<'_>, _: u64| {},
         )
         .unwrap();
+    // A handler on `core` that sends a delayed message to x on core 0 and says how it went.
+    let results: Shared<Vec<(usize, Result<(), SendError>)>> = Arc::default();
+    let driver = {
+        let results = results.clone();
+        b.stage::<u8, _, _>("driver", StageConfig::default(), move |_| {
+            let results = results.clone();
+            move |ctx: &mut Ctx<'_>, _: u8| {
+                let o = SendOpts {
+                    affinity: Affinity::Core(0),
+                    delay_ns: MS,
+                    ..Default::default()
+                };
+                let r = ctx.send_with(&x, o, 0);
+                results.lock().unwrap().push((ctx.core(), r));
+            }
+        })
+        .unwrap()
+    };
     let rt = b.start().unwrap();
     let hour = 3_600_000 * MS;
     let o = SendOpts {
@@ -1085,12 +1096,11 @@ fn a_dropped_timer_gives_its_queue_place_back() {
         delay_ns: hour,
         ..Default::default()
     };
-    for i in 0..TIMERS_MAX as u64 {
-        send_retry(&rt, &big, o, i);
+    for i in 0..TIMERS as u64 {
+        assert_eq!(rt.send_with(&x, o, i), Ok(()));
     }
-    // The mailbox is FIFO: once this is handled, core 0's timer table is full.
-    rt.send(&big, filler, Affinity::Core(0), 0).unwrap();
-    wait_for("core 0 took the fillers", || rt.pending() == TIMERS_MAX);
+    // Counted at once, before core 0 has taken them from its mailbox.
+    assert_eq!(rt.timers_pending(), TIMERS);
     let o = SendOpts {
         activity: Some(small),
         affinity: Affinity::Core(0),
@@ -1098,12 +1108,34 @@ fn a_dropped_timer_gives_its_queue_place_back() {
         ..Default::default()
     };
     for i in 0..4 {
-        // Accepted, then dropped on core 0 (no room for the timer).
-        assert_eq!(rt.send_with(&x, o, i), Ok(()));
+        assert_eq!(rt.send_with(&x, o, i), Err(SendError::TooManyTimers));
     }
-    wait_for("the 4 timers were dropped", || rt.pending() == TIMERS_MAX);
-    // Nothing of /small is queued anywhere, so its queue must have room.
-    assert_eq!(rt.send(&x, small, Affinity::Core(1), 9), Ok(()));
+    // From a handler on core 1 (through the mailbox) and on core 0 (its own table).
+    for core in [1, 0] {
+        rt.send(&driver, small, Affinity::Core(core), 0).unwrap();
+    }
+    wait_for("both drivers", || results.lock().unwrap().len() == 2);
+    let mut r = results.lock().unwrap().clone();
+    r.sort_by_key(|&(core, _)| core);
+    assert_eq!(
+        r,
+        vec![
+            (0, Err(SendError::TooManyTimers)),
+            (1, Err(SendError::TooManyTimers))
+        ]
+    );
+    // Core 1's table is its own.
+    let o1 = SendOpts {
+        affinity: Affinity::Core(1),
+        ..o
+    };
+    assert_eq!(rt.send_with(&x, o1, 5), Ok(()));
+    // Nothing of /small is waiting anywhere but that one timer, so its queue has room.
+    for i in 0..3 {
+        assert_eq!(rt.send(&x, small, Affinity::Core(1), 9 + i), Ok(()));
+    }
+    assert_eq!(rt.timers_pending(), TIMERS + 1);
+    wait_for("the timer on core 1", || rt.timers_pending() == TIMERS);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1464,6 +1496,12 @@ fn builder_refuses_bad_limits() {
         Runtime::builder().workers(WORKERS_MAX + 1).start(),
         Err(RuntimeError::Config(_))
     ));
+    for timers in [0, TIMERS_MAX + 1] {
+        assert!(matches!(
+            Runtime::builder().workers(1).timers_max(timers).start(),
+            Err(RuntimeError::Config(_))
+        ));
+    }
     assert!(matches!(
         Runtime::builder().activity("no-slash", ActivitySpec::default()),
         Err(RuntimeError::Activity(ActivityError::BadPath(_)))

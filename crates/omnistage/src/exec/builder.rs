@@ -25,6 +25,7 @@ pub struct Builder {
     min_cost_ns: u64,
     wake_credit_ns: u64,
     affinity_ttl_ns: u64,
+    timers_max: usize,
     stages: Vec<StageMeta>,
     factories: Vec<HandlerFactory>,
     activities: ActivityTable,
@@ -42,6 +43,7 @@ impl Default for Builder {
             min_cost_ns: crate::sched::MIN_COST_DEFAULT,
             wake_credit_ns: 0,
             affinity_ttl_ns: 10_000_000_000,
+            timers_max: TIMERS_MAX,
             stages: Vec::new(),
             factories: Vec::new(),
             activities: ActivityTable::new(),
@@ -82,6 +84,13 @@ impl Builder {
     /// clamps it to [`crate::sched::WAKE_CREDIT_MAX`].
     pub fn wake_credit_ns(mut self, ns: u64) -> Self {
         self.wake_credit_ns = ns;
+        self
+    }
+    /// Most timers (delayed sends waiting for their time) per worker, 1..=[`TIMERS_MAX`] (the
+    /// default; checked by [`Builder::start`]). A delayed send to a core that holds this many
+    /// is refused with [`SendError::TooManyTimers`].
+    pub fn timers_max(mut self, n: usize) -> Self {
+        self.timers_max = n;
         self
     }
     /// How long an affinity mapping lives after its last use.
@@ -156,6 +165,12 @@ impl Builder {
                 self.workers
             )));
         }
+        if !(1..=TIMERS_MAX).contains(&self.timers_max) {
+            return Err(RuntimeError::Config(format!(
+                "timers_max must be in 1..={TIMERS_MAX}, got {}",
+                self.timers_max
+            )));
+        }
         if !(MIN_COST_NS_MIN..=MIN_COST_NS_MAX).contains(&self.min_cost_ns) {
             return Err(RuntimeError::Config(format!(
                 "min_cost_ns must be in {MIN_COST_NS_MIN}..={MIN_COST_NS_MAX}, got {}",
@@ -204,6 +219,7 @@ impl Builder {
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
             core_timers: (0..self.workers).map(|_| CachePadded::default()).collect(),
+            timers_max: self.timers_max,
             affinity: AffinityTable::new(AFFINITY_SHARDS, self.affinity_ttl_ns),
             stopping: AtomicBool::new(false),
             bypass: self.bypass,

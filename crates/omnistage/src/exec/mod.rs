@@ -72,7 +72,8 @@ pub const MAILBOX_CAPACITY: usize = 1 << 16;
 /// Most messages a worker takes from its mailbox per loop turn, so a flood from other cores
 /// cannot keep it from dispatching.
 pub const MAILBOX_DRAIN_MAX: usize = 4096;
-/// Most pending timers per worker.
+/// Most pending timers per worker (memory: a boxed message and a heap entry each), and the
+/// default of [`Builder::timers_max`].
 pub const TIMERS_MAX: usize = 1 << 20;
 /// Largest batch a stage may take per dispatch.
 pub const BATCH_MAX: u32 = 1024;
@@ -387,8 +388,12 @@ pub(crate) struct Shared {
     /// Messages admitted for each core and not yet handled (queued, in a mailbox, on a timer,
     /// or in the handler now).
     pub(crate) core_pending: Vec<CachePadded>,
-    /// Timers waiting on each core (written by that core alone, after each change).
+    /// Timers of each core: on its timer heap, or on their way to it (in a mailbox), each
+    /// reserved by its sender before it is sent ([`Shared::reserve_timer`]) and given back
+    /// when its message leaves the timer path. At most `timers_max` each.
     pub(crate) core_timers: Vec<CachePadded>,
+    /// Most timers per core ([`Builder::timers_max`], at most [`TIMERS_MAX`]).
+    pub(crate) timers_max: usize,
     affinity: AffinityTable,
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
@@ -476,6 +481,25 @@ impl Shared {
         }
     }
 
+    /// Reserves a place in `core`'s timers for a delayed message about to be sent there, or
+    /// says there is none. Every sender reserves, on any thread, so the bound holds for
+    /// messages still in a mailbox too (a remote one was once checked by nobody, told `Ok`,
+    /// and dropped by the destination when its table was full).
+    pub(crate) fn reserve_timer(&self, core: usize) -> Result<(), SendError> {
+        self.core_timers[core]
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.timers_max).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| SendError::TooManyTimers)
+    }
+
+    /// Gives back a place reserved with [`Shared::reserve_timer`].
+    pub(crate) fn release_timer(&self, core: usize) {
+        self.core_timers[core].0.fetch_sub(1, Ordering::AcqRel);
+    }
+
     fn least_loaded(&self) -> u16 {
         let mut best = 0usize;
         let mut best_load = usize::MAX;
@@ -559,6 +583,9 @@ impl Shared {
         let load = &self.stages[stage as usize].load;
         let delayed = due_ns > enq_ns;
         if delayed {
+            if let Err(e) = self.reserve_timer(core) {
+                return Err((e, msg));
+            }
             // A timer is bounded by its core's timer table, not by the queue bound: it would
             // hold a queue place for its whole delay.
             gate.force_admit(load);
@@ -581,6 +608,7 @@ impl Shared {
         if let Err(boxed) = mb.messages.push(boxed) {
             if delayed {
                 gate.delay_end();
+                self.release_timer(core);
             }
             gate.release(load);
             self.core_pending[core].0.fetch_sub(1, Ordering::AcqRel);
@@ -766,7 +794,9 @@ impl Runtime {
     }
 
     /// Timers waiting to fire on every core (delayed sends: `send_after`, `SendOpts::delay_ns`),
-    /// as each core last wrote it. Each core holds at most `TIMERS_MAX`.
+    /// counting those still on their way to their core's timers. Each core holds at most
+    /// [`Builder::timers_max`] ([`TIMERS_MAX`] unless set); a delayed send beyond that is
+    /// refused with [`SendError::TooManyTimers`].
     pub fn timers_pending(&self) -> usize {
         self.shared
             .core_timers

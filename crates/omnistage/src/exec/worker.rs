@@ -5,8 +5,8 @@
 use super::gate::Gate;
 use super::lost_time::LostTime;
 use super::wake_queue::WakeQueue;
+use super::MAILBOX_DRAIN_MAX;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
-use super::{MAILBOX_DRAIN_MAX, TIMERS_MAX};
 use crate::account::{ActivityId, Cell, EdgeFrom, StageId};
 use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
 use crate::admit::Verdict;
@@ -164,8 +164,6 @@ pub(crate) trait Deliver: Send {
     /// Its time has come (a timer that fired): into its queue.
     fn deliver_due(self: Box<Self>, st: &mut CoreState, shared: &Shared);
     fn due_ns(&self) -> u64;
-    /// The message was admitted but will not be delivered: give its places back.
-    fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared);
     /// For a sender whose push was refused, to take its message back.
     fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
@@ -210,6 +208,8 @@ impl<M: Send + 'static> Deliver for Remote<M> {
         let delayed = due_ns > enq_ns;
         if delayed {
             gate.delay_end();
+            // Off the timer path: its place in this core's timers is free.
+            shared.release_timer(st.core);
         }
         // A delayed message enters its queue now: its wait starts here, not at its send (the
         // delay it asked for is neither queue wait in the histograms nor response time for the
@@ -227,12 +227,6 @@ impl<M: Send + 'static> Deliver for Remote<M> {
     }
     fn due_ns(&self) -> u64 {
         self.due_ns
-    }
-    fn drop_admitted(self: Box<Self>, st: &mut CoreState, shared: &Shared) {
-        if self.due_ns > self.enq_ns {
-            self.gate.delay_end();
-        }
-        st.drop_admitted(shared, &self.gate, self.stage);
     }
     fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
@@ -984,22 +978,19 @@ impl CoreState {
         self.dropped += 1;
     }
 
+    /// Puts a delayed message on this core's timer heap. Its sender reserved its place
+    /// ([`Shared::reserve_timer`]), so the heap never holds more than the runtime's bound.
     fn add_timer(&mut self, payload: Box<dyn Deliver>, shared: &Shared) {
-        if self.timers.len() >= TIMERS_MAX {
-            // Checked by local senders; a remote one that raced past the check is dropped
-            // here, giving back its gate place and pending count.
-            payload.drop_admitted(self, shared);
-            return;
-        }
+        debug_assert!(
+            self.timers.len() < shared.timers_max,
+            "timer without a reservation"
+        );
         self.timer_seq += 1;
         self.timers.push(Timer {
             due_ns: payload.due_ns(),
             seq: self.timer_seq,
             payload,
         });
-        shared.core_timers[self.core]
-            .0
-            .store(self.timers.len(), Ordering::Relaxed);
     }
 
     /// Delivers the timers that are due; says whether any were.
@@ -1018,11 +1009,6 @@ impl CoreState {
             let t = self.timers.pop().expect("peeked");
             t.payload.deliver_due(self, shared);
             fired = true;
-        }
-        if fired {
-            shared.core_timers[self.core]
-                .0
-                .store(self.timers.len(), Ordering::Relaxed);
         }
         fired
     }

@@ -276,6 +276,9 @@ impl Ctx<'_> {
         }
         let q = st.queue_index::<M>(shared, to.id, activity)?;
         let load = &shared.stages[to.id as usize].load;
+        if opts.delay_ns > 0 {
+            shared.reserve_timer(st.core)?;
+        }
         {
             let gate = &st.queues::<M>(to.id).qs[q as usize].gate;
             if opts.delay_ns > 0 {
@@ -289,12 +292,6 @@ impl Ctx<'_> {
             .0
             .fetch_add(1, Ordering::AcqRel);
         if opts.delay_ns > 0 {
-            if st.timers.len() >= TIMERS_MAX {
-                let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
-                st.drop_admitted(shared, &gate, to.id);
-                st.dropped -= 1;
-                return Err(SendError::TooManyTimers);
-            }
             let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
             gate.delay_begin();
             st.add_timer(
