@@ -279,7 +279,7 @@ fn delayed_messages_are_counted_apart_from_queued_ones() {
         s.delayed == 20 && s.queued == 0
     });
     assert_eq!(rt.queued(sink.id(), a), 0);
-    // The gate's bound still holds them: 20 places taken.
+    // Still pending (admitted, not handled), though they hold no queue place until due.
     assert_eq!(rt.pending(), 20);
 }
 

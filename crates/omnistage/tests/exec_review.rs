@@ -439,3 +439,83 @@ fn a_delayed_message_waits_from_its_due_time_not_its_send() {
         "the delay counted as queue wait: {wait} ns"
     );
 }
+
+/// Delayed sends skipped admission: any `delay_ns > 0` was counted in without a check, past
+/// the queue bound, the token bucket (or p90 controller) and the stage's shedding; here a
+/// queue of 2 places behind a bucket of 1 message a second took 1,000 delayed sends. Each
+/// now passes the gate when it is sent (the bucket takes its token).
+#[test]
+fn delayed_sends_pass_the_gate() {
+    use omnistage::admit::RejectReason;
+    use omnistage::exec::Predicate;
+    const SENDS: usize = 1000;
+    let mut b = Runtime::builder().workers(1);
+    let s = b
+        .stage::<u32, _, _>(
+            "limited",
+            StageConfig {
+                queue_limit: 2,
+                predicate: Predicate::TokenBucket {
+                    rate_per_s: 1.0,
+                    burst: 1,
+                },
+                ..Default::default()
+            },
+            |_| |_: &mut Ctx<'_>, _: u32| {},
+        )
+        .unwrap();
+    let rt = b.start().unwrap();
+    let o = SendOpts {
+        activity: Some(INFRA),
+        affinity: Affinity::Core(0),
+        delay_ns: 1,
+        ..Default::default()
+    };
+    let mut ok = 0;
+    for i in 0..SENDS {
+        match rt.send_with(&s, o, i as u32) {
+            Ok(()) => ok += 1,
+            Err(e) => assert_eq!(e, SendError::Rejected(RejectReason::Predicate)),
+        }
+        assert!(rt.queued(s.id(), INFRA) <= 2);
+    }
+    assert!(ok <= 2, "{ok} of {SENDS} delayed sends admitted");
+}
+
+/// A delayed message held its queue place for its whole delay, so as many delayed sends as
+/// the queue bound (here 2, an hour away; `u64::MAX` once meant never) refused every immediate
+/// send to the queue with `QueueFull` until they fired. A delayed message now takes its place
+/// when it is due, and a delay is at most `DELAY_MAX_NS`.
+#[test]
+fn long_delays_do_not_keep_immediate_sends_out() {
+    use omnistage::exec::DELAY_MAX_NS;
+    let mut b = Runtime::builder().workers(1);
+    let s = b
+        .stage::<u32, _, _>(
+            "small",
+            StageConfig {
+                queue_limit: 2,
+                ..Default::default()
+            },
+            |_| |_: &mut Ctx<'_>, _: u32| {},
+        )
+        .unwrap();
+    let rt = b.start().unwrap();
+    let later = SendOpts {
+        activity: Some(INFRA),
+        delay_ns: DELAY_MAX_NS,
+        ..Default::default()
+    };
+    rt.send_with(&s, later, 1).unwrap();
+    rt.send_with(&s, later, 2).unwrap();
+    assert_eq!(rt.send(&s, INFRA, Affinity::Any, 3), Ok(()));
+    let never = SendOpts {
+        delay_ns: DELAY_MAX_NS + 1,
+        ..later
+    };
+    assert_eq!(rt.send_with(&s, never, 4), Err(SendError::DelayTooLong));
+    let q = rt.queues();
+    let q = q.iter().find(|q| q.stage == s.id()).unwrap();
+    assert_eq!(q.delayed, 2);
+    assert!(q.queued <= 1, "{q:?}");
+}

@@ -329,10 +329,12 @@ pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
                     .send_with(&send_stage, opts, Pump { timer: false })
                     .is_ok();
             }
-            // Shaped: come back when a bucket allows the next write.
+            // Shaped: come back when a bucket allows the next write (at most the runtime's
+            // longest delay away: a slow bucket in debt can be further; an early pump finds
+            // nothing to send and arms the next).
             Some(d) if d > 0 && !ss.pump_timer => {
                 let opts = SendOpts {
-                    delay_ns: d,
+                    delay_ns: d.min(omnistage::exec::DELAY_MAX_NS),
                     ..opts
                 };
                 ss.pump_timer = ctx

@@ -60,9 +60,13 @@ pub(super) fn set_deadline(
 fn arm_sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
     let opts = SendOpts {
         activity: Some(INFRA),
-        // At least 1 ns: a timer is bounded by the core's timer table, not refused at the
-        // timer stage's queue as an immediate message could be.
-        delay_ns: due_ns.saturating_sub(ctx.now_ns()).max(1),
+        // At least 1 ns: a timer takes no place in the timer stage's queue until it is due
+        // (it is refused only by the core's timer bound, or by a queue full at this moment).
+        // At most the runtime's longest delay (deadlines are at most an hour away anyway): a
+        // sweep that comes early hands out nothing and arms the next.
+        delay_ns: due_ns
+            .saturating_sub(ctx.now_ns())
+            .clamp(1, omnistage::exec::DELAY_MAX_NS),
         ..Default::default()
     };
     if ctx

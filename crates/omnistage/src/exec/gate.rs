@@ -264,8 +264,9 @@ pub(crate) struct Gate {
     pub(crate) bound_rejected: AtomicU64,
     /// Messages dispatched and fed to [`Gate::observe`] (one add per batch).
     completed: AtomicU64,
-    /// Of `queued`, the messages admitted with a delay and still waiting for their time (on
-    /// a timer or in transit to one); touched only on the timer path.
+    /// Messages admitted with a delay and still waiting for their time (on a timer or in
+    /// transit to one); not in `queued`, where each takes its place when due. Touched only on
+    /// the timer path.
     pub(crate) delayed: AtomicUsize,
 }
 
@@ -424,8 +425,23 @@ impl Gate {
         Verdict::Admit
     }
 
+    /// Admits a delayed message: the same checks as [`Gate::admit`] (the queue as it is now,
+    /// the stage's shedding, the bucket, whose token it takes), but no place is held over the
+    /// delay, so that timers (the HTTP server's deadlines, all in one gate) neither use up the
+    /// bound nor keep immediate sends out for their whole delay. The message takes its place
+    /// with [`Gate::force_admit`] when it is due, and may then go past the bound by as many as
+    /// come due together (at most its core's timer bound). They once skipped the gate entirely
+    /// (no bound, predicate or shedding) and held their place for the whole delay.
+    pub(crate) fn admit_delayed(&self, stage: &StageLoad, now_ns: u64) -> Verdict {
+        let v = self.admit(stage, now_ns);
+        if v.is_admit() {
+            self.release(stage);
+        }
+        v
+    }
+
     /// Counts a message in without any check (I/O readiness, which must not be refused and is
-    /// bounded by one per source).
+    /// bounded by one per source; a delayed message, admitted when sent, as it comes due).
     pub(crate) fn force_admit(&self, stage: &StageLoad) {
         let q = self.queued.fetch_add(1, Ordering::AcqRel);
         if stage.limit.is_some() {
@@ -514,12 +530,6 @@ impl Gate {
     /// A delayed message reached its queue (or was dropped).
     pub(crate) fn delay_end(&self) {
         self.delayed.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// Messages admitted and waiting for a dispatch, not counting delayed ones.
-    pub(crate) fn ready_queued(&self) -> usize {
-        let delayed = self.delayed.load(Ordering::Acquire);
-        self.queued.load(Ordering::Acquire).saturating_sub(delayed)
     }
 
     pub(crate) fn has_controller(&self) -> bool {

@@ -75,6 +75,10 @@ pub const MAILBOX_DRAIN_MAX: usize = 4096;
 /// Most pending timers per worker (memory: a boxed message and a heap entry each), and the
 /// default of [`Builder::timers_max`].
 pub const TIMERS_MAX: usize = 1 << 20;
+/// Longest delay a send may ask for (`SendOpts::delay_ns`, `send_after`): one hour, the longest
+/// timeout the HTTP server's configuration accepts. A timer holds a place in its core's timer
+/// count for its whole delay, and `u64::MAX` (or `now + delay` saturating) meant never.
+pub const DELAY_MAX_NS: u64 = 3_600_000_000_000;
 /// Largest batch a stage may take per dispatch.
 pub const BATCH_MAX: u32 = 1024;
 /// Largest queue bound per (stage, activity).
@@ -185,7 +189,9 @@ pub struct SendOpts {
     pub affinity: Affinity,
     /// Messages with the same (source stage, activity, order key) are handled in send order.
     pub order: Option<u64>,
-    /// Deliver no earlier than this many ns from now (a timer).
+    /// Deliver no earlier than this many ns from now (a timer), at most [`DELAY_MAX_NS`]. A
+    /// delayed send passes its queue's gate when it is sent (predicate, shedding, the queue as
+    /// it is then) and takes its queue place when it is due.
     pub delay_ns: u64,
 }
 
@@ -196,8 +202,8 @@ pub struct QueueStat {
     pub activity: ActivityId,
     /// Admitted and waiting for a dispatch, all cores (as [`Runtime::queued`]).
     pub queued: usize,
-    /// Admitted with a delay and still waiting for their time (timers). Both counts are
-    /// held against the queue bound.
+    /// Admitted with a delay and still waiting for their time (timers). Not held against the
+    /// queue bound: each takes its place in `queued` when it is due.
     pub delayed: usize,
     /// Refused at the gate since it was created.
     pub rejected: u64,
@@ -216,6 +222,8 @@ pub enum SendError {
     MailboxFull,
     /// Too many timers pending on the destination core.
     TooManyTimers,
+    /// The delay asked for is longer than [`DELAY_MAX_NS`].
+    DelayTooLong,
     /// The runtime is stopping.
     Stopped,
     /// No stage of this id takes this message type here: the `StageRef` is another
@@ -586,16 +594,18 @@ impl Shared {
             if let Err(e) = self.reserve_timer(core) {
                 return Err((e, msg));
             }
-            // A timer is bounded by its core's timer table, not by the queue bound: it would
-            // hold a queue place for its whole delay.
-            gate.force_admit(load);
+            // Through the gate like any send, but it takes its queue place only when due: a
+            // timer is bounded by its core's timer count, not by the queue bound (it would hold
+            // a queue place for its whole delay). See `Gate::admit_delayed`.
+            if let Verdict::Reject(r) = gate.admit_delayed(load, enq_ns) {
+                self.release_timer(core);
+                return Err((SendError::Rejected(r), msg));
+            }
+            gate.delay_begin();
         } else if let Verdict::Reject(r) = gate.admit(load, enq_ns) {
             return Err((SendError::Rejected(r), msg));
         }
         self.core_pending[core].0.fetch_add(1, Ordering::AcqRel);
-        if delayed {
-            gate.delay_begin();
-        }
         let boxed: Box<dyn Deliver> = Box::new(Remote {
             stage,
             activity,
@@ -609,8 +619,9 @@ impl Shared {
             if delayed {
                 gate.delay_end();
                 self.release_timer(core);
+            } else {
+                gate.release(load);
             }
-            gate.release(load);
             self.core_pending[core].0.fetch_sub(1, Ordering::AcqRel);
             let back = boxed
                 .into_any()
@@ -718,6 +729,9 @@ impl Runtime {
             return Err(SendError::Stopped);
         }
         s.check_stage(to)?;
+        if opts.delay_ns > DELAY_MAX_NS {
+            return Err(SendError::DelayTooLong);
+        }
         let activity = opts.activity.unwrap_or(crate::activity::INFRA);
         let now = s.now_ns();
         let core = s.route(None, StageId::MAX, activity, &opts, now)?;
@@ -815,7 +829,7 @@ impl Runtime {
             .read()
             .expect("gates lock")
             .get(&(stage, activity))
-            .map(|g| g.ready_queued())
+            .map(|g| g.queued.load(Ordering::Acquire))
             .unwrap_or(0)
     }
 
@@ -842,7 +856,7 @@ impl Runtime {
             .map(|(&(stage, activity), g)| QueueStat {
                 stage,
                 activity,
-                queued: g.ready_queued(),
+                queued: g.queued.load(Ordering::Relaxed),
                 delayed: g.delayed.load(Ordering::Relaxed),
                 rejected: g.rejected.load(Ordering::Relaxed),
                 rate_per_s: g.rate_per_s(),

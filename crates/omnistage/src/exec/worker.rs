@@ -5,8 +5,8 @@
 use super::gate::Gate;
 use super::lost_time::LostTime;
 use super::wake_queue::WakeQueue;
-use super::MAILBOX_DRAIN_MAX;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
+use super::{DELAY_MAX_NS, MAILBOX_DRAIN_MAX};
 use crate::account::{ActivityId, Cell, EdgeFrom, StageId};
 use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
 use crate::admit::Verdict;
@@ -221,7 +221,17 @@ impl<M: Send + 'static> Deliver for Remote<M> {
             enq_ns
         };
         match st.queue_index::<M>(shared, stage, activity) {
-            Ok(q) => st.push::<M>(stage, q, Envelope { msg, enq_ns }),
+            Ok(q) => {
+                if delayed {
+                    // Its queue place, taken now that it is due (not held over its delay):
+                    // by the queue's gate, which gives it back at the dispatch.
+                    let load = &shared.stages[stage as usize].load;
+                    st.queues::<M>(stage).qs[q as usize].gate.force_admit(load);
+                }
+                st.push::<M>(stage, q, Envelope { msg, enq_ns })
+            }
+            // A delayed message held no queue place.
+            Err(_) if delayed => st.drop_pending(shared),
             Err(_) => st.drop_admitted(shared, &gate, stage),
         }
     }
@@ -972,6 +982,12 @@ impl CoreState {
     /// A message was admitted but cannot be queued here after all: give its place back.
     fn drop_admitted(&mut self, shared: &Shared, gate: &Gate, stage: StageId) {
         gate.release_n(&shared.stages[stage as usize].load, 1);
+        self.drop_pending(shared);
+    }
+
+    /// A message admitted for this core that holds no queue place (a delayed one) cannot be
+    /// queued after all: it is no longer pending here.
+    fn drop_pending(&mut self, shared: &Shared) {
         shared.core_pending[self.core]
             .0
             .fetch_sub(1, Ordering::AcqRel);

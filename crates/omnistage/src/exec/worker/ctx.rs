@@ -257,6 +257,9 @@ impl Ctx<'_> {
     ) -> Result<(), SendError> {
         let (st, shared) = (&mut *self.st, self.shared);
         shared.check_stage(to)?;
+        if opts.delay_ns > DELAY_MAX_NS {
+            return Err(SendError::DelayTooLong);
+        }
         let activity = opts.activity.unwrap_or(st.current_activity);
         let now = st.now_ns;
         let core = shared.route(Some(st.core), st.current_stage, activity, &opts, now)?;
@@ -277,23 +280,19 @@ impl Ctx<'_> {
         let q = st.queue_index::<M>(shared, to.id, activity)?;
         let load = &shared.stages[to.id as usize].load;
         if opts.delay_ns > 0 {
+            // Through the gate like any send (its predicate, the stage's shedding, the queue
+            // as it is now), but it takes its queue place only when due: a timer is bounded by
+            // this core's timer count, not by the queue bound (see `Gate::admit_delayed`).
+            let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
             shared.reserve_timer(st.core)?;
-        }
-        {
-            let gate = &st.queues::<M>(to.id).qs[q as usize].gate;
-            if opts.delay_ns > 0 {
-                // A timer is bounded by this core's timer table, not by the queue bound.
-                gate.force_admit(load);
-            } else if let Verdict::Reject(r) = gate.admit(load, now) {
+            if let Verdict::Reject(r) = gate.admit_delayed(load, now) {
+                shared.release_timer(st.core);
                 return Err(SendError::Rejected(r));
             }
-        }
-        shared.core_pending[st.core]
-            .0
-            .fetch_add(1, Ordering::AcqRel);
-        if opts.delay_ns > 0 {
-            let gate = st.queues::<M>(to.id).qs[q as usize].gate.clone();
             gate.delay_begin();
+            shared.core_pending[st.core]
+                .0
+                .fetch_add(1, Ordering::AcqRel);
             st.add_timer(
                 Box::new(Remote {
                     stage: to.id,
@@ -307,6 +306,12 @@ impl Ctx<'_> {
             );
             return Ok(());
         }
+        if let Verdict::Reject(r) = st.queues::<M>(to.id).qs[q as usize].gate.admit(load, now) {
+            return Err(SendError::Rejected(r));
+        }
+        shared.core_pending[st.core]
+            .0
+            .fetch_add(1, Ordering::AcqRel);
         st.push::<M>(to.id, q, Envelope { msg, enq_ns: now });
         Ok(())
     }
