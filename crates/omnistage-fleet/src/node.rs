@@ -66,15 +66,33 @@ impl NodeConfig {
         (self.sync / 2).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
 
-    /// TTL of the node's entry: 2 × sync_ms less a tenth of an interval (at least 1 ms). A dead
-    /// node's entry then expires within 1.9 intervals of its last publish and the others'
-    /// next sync drops it within 2.9. With exactly 2 × sync_ms that worst case was the 3 ×
-    /// sync_ms the fleet promises, with nothing left for the sync's own time (`exp fleet`
-    /// measured reclaims of 272–288 ms against 300). A live node's entry still outlives a
-    /// publish late by 0.9 of an interval.
+    /// TTL of the node's entry ([`entry_ttl_ms`]).
     pub fn ttl_ms(&self) -> u64 {
-        let sync_ms = self.sync.as_millis() as u64;
-        2 * sync_ms - (sync_ms / 10).max(1)
+        entry_ttl_ms(self.sync.as_millis().min(u128::from(u64::MAX)) as u64)
+    }
+}
+
+/// The shortest sync interval a node runs at: the entry's TTL, the buckets' burst and the
+/// lease targets are whole milliseconds of an interval, and are 0 (or, for the TTL, underflow)
+/// under 1 ms. The config allows 10 ms and up; this is the bound of [`FleetNode::start`].
+pub const SYNC_MIN: Duration = Duration::from_millis(1);
+/// The longest sync interval a node runs at: the config's `sync_ms` bound (the timeouts and
+/// TTLs are computed for intervals up to it).
+pub const SYNC_MAX: Duration = Duration::from_millis(omnistage_http::config::SYNC_MS_MAX as u64);
+
+/// TTL of a node's entry for an interval of `sync_ms`: 2 × sync_ms less a tenth of an interval
+/// (at least 1 ms less; the result at least 1 ms). A dead node's entry then expires within 1.9
+/// intervals of its last publish and the others' next sync drops it within 2.9. With exactly
+/// 2 × sync_ms that worst case was the 3 × sync_ms the fleet promises, with nothing left for
+/// the sync's own time (`exp fleet` measured reclaims of 272–288 ms against 300). A live node's
+/// entry still outlives a publish late by 0.9 of an interval.
+pub const fn entry_ttl_ms(sync_ms: u64) -> u64 {
+    let cut = if sync_ms / 10 > 1 { sync_ms / 10 } else { 1 };
+    let ttl = sync_ms.saturating_mul(2).saturating_sub(cut);
+    if ttl > 1 {
+        ttl
+    } else {
+        1
     }
 }
 
@@ -108,10 +126,17 @@ pub struct FleetNode {
 }
 
 impl FleetNode {
-    /// Starts the node's thread for `server` (it publishes within one interval).
+    /// Starts the node's thread for `server` (it publishes within one interval). Refuses a
+    /// node name that is not one and an interval outside [`SYNC_MIN`]..=[`SYNC_MAX`].
     pub fn start(server: Arc<Server>, cfg: NodeConfig) -> Result<FleetNode, String> {
         if !entry::valid_node(&cfg.node) {
             return Err(format!("node name {:?} is not valid", cfg.node));
+        }
+        if cfg.sync < SYNC_MIN || cfg.sync > SYNC_MAX {
+            return Err(format!(
+                "sync interval {:?} is outside {:?}..={:?}",
+                cfg.sync, SYNC_MIN, SYNC_MAX
+            ));
         }
         let store = Store::new(&cfg.redis, cfg.timeout(), &cfg.prefix)?;
         let base = Arc::new(Mutex::new(base_weights(&server.config())));
@@ -654,7 +679,7 @@ impl State {
 }
 
 #[cfg(test)]
-mod ttl_tests {
+mod tests {
     use super::*;
 
     fn cfg(sync_ms: u64) -> NodeConfig {
@@ -675,5 +700,17 @@ mod ttl_tests {
             let ttl = cfg(sync_ms).ttl_ms();
             assert!(ttl < 2 * sync_ms && ttl > sync_ms - 1, "{sync_ms}: {ttl}");
         }
+    }
+
+    #[test]
+    fn the_ttl_of_an_interval_under_a_millisecond_is_1_ms_not_an_underflow() {
+        assert_eq!(entry_ttl_ms(0), 1);
+        assert_eq!(entry_ttl_ms(1), 1);
+        assert_eq!(entry_ttl_ms(u64::MAX), u64::MAX - u64::MAX / 10);
+        let sub_ms = NodeConfig {
+            sync: Duration::from_micros(500),
+            ..cfg(0)
+        };
+        assert_eq!(sub_ms.ttl_ms(), 1);
     }
 }

@@ -3,7 +3,8 @@
 //! ignored and counted, the lease script grants and takes back tokens atomically, a fleet
 //! cap's pool is filled from Redis, other nodes' entries move the local weights and a dead
 //! node's share comes back when its entry expires, and with Redis killed the node falls back
-//! (configured weights, one episode) and resynchronises when Redis is back.
+//! (configured weights, one episode) and resynchronises when Redis is back. A node refuses an
+//! interval it cannot run at.
 //!
 //! Assertions are on states, each awaited with a bounded timeout; no speed is asserted.
 
@@ -14,7 +15,7 @@ use omnistage_fleet::entry::{self, NodeEntry, TenantEntry};
 use omnistage_fleet::store::Store;
 use omnistage_fleet::water::{Demand, WEIGHT_FLOOR, WEIGHT_SCALE};
 use omnistage_fleet::{FleetNode, NodeConfig};
-use omnistage_http::config::parse_config;
+use omnistage_http::config::{parse_config, SYNC_MS_MAX};
 use omnistage_http::server::{Server, ServerOptions};
 use redis::Commands;
 use std::sync::atomic::Ordering;
@@ -444,4 +445,35 @@ fn redis_killed_falls_back_and_restarted_resyncs() {
         con.exists::<_, bool>("p6:node:t1").unwrap()
     });
     stop(node, server);
+}
+
+#[test]
+fn a_node_refuses_an_interval_it_cannot_run_at() {
+    // Refused before the thread starts; the accepted ones fall back (nothing listens there).
+    let url = "redis://127.0.0.1:1";
+    let server = server(url);
+    for sync in [
+        Duration::ZERO,
+        Duration::from_micros(500),
+        Duration::from_millis(SYNC_MS_MAX as u64 + 1),
+    ] {
+        let cfg = NodeConfig {
+            sync,
+            ..node_config(url, "p10:")
+        };
+        let r = FleetNode::start(server.clone(), cfg);
+        assert!(r.is_err(), "{sync:?} accepted");
+    }
+    // The bounds themselves are accepted.
+    for sync in [
+        Duration::from_millis(1),
+        Duration::from_millis(SYNC_MS_MAX as u64),
+    ] {
+        let cfg = NodeConfig {
+            sync,
+            ..node_config(url, "p10:")
+        };
+        let mut node = FleetNode::start(server.clone(), cfg).expect("accepted");
+        node.stop();
+    }
 }
