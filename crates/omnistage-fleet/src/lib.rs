@@ -25,6 +25,7 @@
 //! are pure (no clock, no I/O) and tested with exact expectations; `node` and `store` do the
 //! I/O.
 
+pub mod conn;
 pub mod entry;
 pub mod lease;
 pub mod node;

@@ -117,10 +117,23 @@ pub struct NodeCounters {
     pub garbage: AtomicU64,
 }
 
+/// How long [`FleetNode::stop`] waits for the thread, in Redis deadlines
+/// ([`NodeConfig::timeout`]): a tick makes a few calls (connect, the sync, the leases) and the
+/// stop's withdrawal 2 more, each within one deadline; the rest is the fill's CPU time.
+const STOP_WAIT_TIMEOUTS: u32 = 10;
+/// The least [`FleetNode::stop`] waits for the thread, whatever the deadline: room for the
+/// fill's CPU time on a loaded machine with a short interval.
+const STOP_WAIT_MIN: Duration = Duration::from_secs(1);
+
 /// A running fleet node; dropping it stops the thread.
 pub struct FleetNode {
     stop: Option<mpsc::Sender<()>>,
+    /// Disconnected when the thread ends (its sender is dropped with the thread's state, on
+    /// a return or a panic).
+    done: mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
+    stop_wait: Duration,
+    server: Arc<Server>,
     base: Arc<Mutex<HashMap<String, u32>>>,
     counters: Arc<NodeCounters>,
 }
@@ -142,10 +155,13 @@ impl FleetNode {
         let base = Arc::new(Mutex::new(base_weights(&server.config())));
         let counters = Arc::new(NodeCounters::default());
         let (tx, rx) = mpsc::channel();
-        let mut state = State::new(server, cfg, store, base.clone(), counters.clone());
+        let (done_tx, done) = mpsc::channel::<()>();
+        let stop_wait = (cfg.timeout() * STOP_WAIT_TIMEOUTS).max(STOP_WAIT_MIN);
+        let mut state = State::new(server.clone(), cfg, store, base.clone(), counters.clone());
         let thread = std::thread::Builder::new()
             .name("fleet".into())
             .spawn(move || {
+                let _done = done_tx;
                 let sync = state.cfg.sync;
                 let mut next = Instant::now();
                 loop {
@@ -165,7 +181,10 @@ impl FleetNode {
             .map_err(|e| format!("cannot start the fleet thread: {e}"))?;
         Ok(FleetNode {
             stop: Some(tx),
+            done,
             thread: Some(thread),
+            stop_wait,
+            server,
             base,
             counters,
         })
@@ -181,11 +200,27 @@ impl FleetNode {
         &self.counters
     }
 
-    /// Stops the thread (its last act puts the configured weights back); idempotent.
+    /// Stops the thread (its last act puts the configured weights back and withdraws the
+    /// entry); idempotent. Returns within a bound ([`STOP_WAIT_TIMEOUTS`] Redis deadlines, at
+    /// least [`STOP_WAIT_MIN`]) even if the thread is stuck: it is then left to end on its own
+    /// (it stops after its current tick), and the configured weights are put back and the caps
+    /// lifted here. Such a thread still holds the server.
     pub fn stop(&mut self) {
         self.stop.take();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            match self.done.recv_timeout(self.stop_wait) {
+                Err(RecvTimeoutError::Timeout) => {
+                    eprintln!(
+                        "omnistage: fleet: the fleet thread did not stop within {:?}; left \
+                         running, configured weights back and fleet caps off",
+                        self.stop_wait
+                    );
+                    restore_local(&self.server, &self.base);
+                }
+                _ => {
+                    let _ = t.join();
+                }
+            }
         }
     }
 }
@@ -193,6 +228,44 @@ impl FleetNode {
 impl Drop for FleetNode {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The node's local state without the fleet: configured weights (CPU and link), caps off, no
+/// fleet status.
+fn restore_local(server: &Server, base: &Mutex<HashMap<String, u32>>) {
+    let base = base.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut send = Vec::new();
+    for t in server.fleet_tenants() {
+        set_cpu_weight(
+            server,
+            &t.path,
+            base.get(&t.name).copied().unwrap_or(t.weight),
+        );
+        send.push((t.name.clone(), None));
+        t.hooks.requests.set_limited(false);
+        t.hooks.bytes.set_limited(false);
+    }
+    let send: Vec<(&str, Option<u32>)> = send.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+    server.set_send_weights(&send);
+    server.set_fleet_status(None);
+}
+
+/// Sets an activity's weight through the runtime (as the admin API does), if it differs.
+fn set_cpu_weight(server: &Server, path: &str, weight: u32) {
+    let rt = server.runtime();
+    let spec = rt.with_activities(|tab| {
+        tab.lookup(path)
+            .and_then(|id| tab.get(id))
+            .map(|a| a.spec.clone())
+    });
+    if let Some(mut spec) = spec {
+        if spec.weight != weight {
+            spec.weight = weight;
+            if let Err(e) = rt.set_activity(path, spec) {
+                eprintln!("omnistage: fleet: cannot set the weight of {path}: {e}");
+            }
+        }
     }
 }
 
@@ -505,22 +578,8 @@ impl State {
         rows
     }
 
-    /// Sets an activity's weight through the runtime (as the admin API does), if it differs.
     fn set_cpu_weight(&self, path: &str, weight: u32) {
-        let rt = self.server.runtime();
-        let spec = rt.with_activities(|tab| {
-            tab.lookup(path)
-                .and_then(|id| tab.get(id))
-                .map(|a| a.spec.clone())
-        });
-        if let Some(mut spec) = spec {
-            if spec.weight != weight {
-                spec.weight = weight;
-                if let Err(e) = rt.set_activity(path, spec) {
-                    eprintln!("omnistage: fleet: cannot set the weight of {path}: {e}");
-                }
-            }
-        }
+        set_cpu_weight(&self.server, path, weight);
     }
 
     /// Debits what each tenant with `fleet_net_cap` sent over the interval from its bytes
@@ -663,18 +722,8 @@ impl State {
 
     /// On stop: the configured weights back, caps off, and the entry withdrawn (best effort).
     fn leave(&mut self) {
-        let base = self.base.lock().expect("base lock").clone();
-        let mut send = Vec::new();
-        for t in self.server.fleet_tenants() {
-            self.set_cpu_weight(&t.path, base.get(&t.name).copied().unwrap_or(t.weight));
-            send.push((t.name.clone(), None));
-            t.hooks.requests.set_limited(false);
-            t.hooks.bytes.set_limited(false);
-        }
-        let send: Vec<(&str, Option<u32>)> = send.iter().map(|(n, w)| (n.as_str(), *w)).collect();
-        self.server.set_send_weights(&send);
+        restore_local(&self.server, &self.base);
         let _ = self.store.withdraw(&self.cfg.node);
-        self.server.set_fleet_status(None);
     }
 }
 

@@ -1,4 +1,5 @@
-//! store: the fleet's state in Redis, through the `redis` crate's synchronous client.
+//! store: the fleet's state in Redis, through the `redis` crate's command and script types on a
+//! connection of our own ([`crate::conn`]).
 //!
 //! Keys (all under one prefix, `omnistage:fleet:` by default):
 //!
@@ -10,16 +11,18 @@
 //! <prefix>cap:<tenant>:bytes hash     the same for fleet_net_cap
 //! ```
 //!
-//! Every call has a deadline: connect, read and write timeouts of `timeout` each, so a sync
-//! that meets a slow or dead Redis gives up within a few timeouts and the node falls back. Any
-//! error drops the connection; the next sync connects afresh (a restarted Redis is found
-//! again, and the Lua script is loaded again by `EVALSHA`'s fallback to `EVAL`).
+//! Every call has a deadline for its whole exchange (connect and handshake, one command, one
+//! pipeline, one script): `timeout`, however the server trickles its reply, so a sync that
+//! meets a slow, dead or hostile Redis gives up within a few timeouts and the node falls back.
+//! Any error drops the connection; the next sync connects afresh (a restarted Redis is found
+//! again, and the Lua script is loaded again on `NOSCRIPT`).
 //!
 //! Garbage is never trusted: a member of the nodes set that is not a node name, a key of the
 //! wrong type, or a bucket whose fields are not numbers is removed and counted.
 
+use crate::conn::DeadlineConnection;
 use crate::entry;
-use redis::{Commands, Connection, RedisError};
+use redis::{Commands, ConnectionInfo, ConnectionLike, RedisError};
 use std::time::Duration;
 
 /// Most nodes read per sync (members beyond it are ignored, in name order).
@@ -84,8 +87,8 @@ pub struct Read {
 
 /// A connection to the fleet's Redis, made lazily and dropped on any error.
 pub struct Store {
-    client: redis::Client,
-    con: Option<Connection>,
+    info: ConnectionInfo,
+    con: Option<DeadlineConnection>,
     timeout: Duration,
     prefix: String,
     script: redis::Script,
@@ -96,22 +99,12 @@ impl Store {
     pub fn new(url: &str, timeout: Duration, prefix: &str) -> Result<Store, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis {url:?}: {e}"))?;
         Ok(Store {
-            client,
+            info: client.get_connection_info().clone(),
             con: None,
             timeout,
             prefix: prefix.to_string(),
             script: redis::Script::new(LEASE_LUA),
         })
-    }
-
-    fn con(&mut self) -> Result<&mut Connection, RedisError> {
-        if self.con.is_none() {
-            let c = self.client.get_connection_with_timeout(self.timeout)?;
-            c.set_read_timeout(Some(self.timeout))?;
-            c.set_write_timeout(Some(self.timeout))?;
-            self.con = Some(c);
-        }
-        Ok(self.con.as_mut().expect("just set"))
     }
 
     fn node_key(&self, node: &str) -> String {
@@ -127,17 +120,18 @@ impl Store {
         format!("{}cap:{tenant}:{kind}", self.prefix)
     }
 
-    /// Runs `f` on the connection; an error drops it (the next call reconnects).
+    /// Runs `f` on the connection (connecting first if there is none); an error drops it
+    /// (the next call reconnects).
     fn with<T>(
         &mut self,
-        f: impl FnOnce(&mut Connection, &Store) -> Result<T, RedisError>,
+        f: impl FnOnce(&mut DeadlineConnection, &Store) -> Result<T, RedisError>,
     ) -> Result<T, RedisError> {
-        let mut con = match self.con() {
-            Ok(_) => self.con.take().expect("connected"),
-            Err(e) => return Err(e),
+        let mut con = match self.con.take() {
+            Some(c) => c,
+            None => DeadlineConnection::connect(&self.info, self.timeout)?,
         };
         let r = f(&mut con, self);
-        if r.is_ok() {
+        if r.is_ok() && con.is_open() {
             self.con = Some(con);
         }
         r

@@ -3,14 +3,16 @@
 //! ignored and counted, the lease script grants and takes back tokens atomically, a fleet
 //! cap's pool is filled from Redis, other nodes' entries move the local weights and a dead
 //! node's share comes back when its entry expires, and with Redis killed the node falls back
-//! (configured weights, one episode) and resynchronises when Redis is back. A node refuses an
-//! interval it cannot run at.
+//! (configured weights, one episode) and resynchronises when Redis is back, and against a
+//! server that never finishes a reply the caps are refilled locally and the node stops; a node
+//! whose thread is stuck stops all the same, within its bound. A node refuses an interval it
+//! cannot run at.
 //!
 //! Assertions are on states, each awaited with a bounded timeout; no speed is asserted.
 
 mod common;
 
-use common::{redis_installed, wait_for, Redis};
+use common::{redis_installed, wait_for, within_wait, FullUnixSocket, Redis, Trickle, WAIT};
 use omnistage_fleet::entry::{self, NodeEntry, TenantEntry};
 use omnistage_fleet::store::Store;
 use omnistage_fleet::water::{Demand, WEIGHT_FLOOR, WEIGHT_SCALE};
@@ -18,6 +20,7 @@ use omnistage_fleet::{FleetNode, NodeConfig};
 use omnistage_http::config::{parse_config, SYNC_MS_MAX};
 use omnistage_http::server::{Server, ServerOptions};
 use redis::Commands;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -476,4 +479,70 @@ fn a_node_refuses_an_interval_it_cannot_run_at() {
         let mut node = FleetNode::start(server.clone(), cfg).expect("accepted");
         node.stop();
     }
+}
+
+#[test]
+fn against_a_server_that_never_finishes_a_reply_the_caps_refill_locally_and_the_node_stops() {
+    let t = Trickle::start();
+    let server = server(&t.url());
+    // Not dropped by a failing assertion: on a node that hangs, the drop would hang the test.
+    // A deadline per Redis call of 100 ms: each byte (20 ms apart) comes well within it, so a
+    // timeout per read never fires.
+    let cfg = NodeConfig {
+        sync: QUIET_SYNC,
+        ..node_config(&t.url(), "p7:")
+    };
+    let node = ManuallyDrop::new(FleetNode::start(server.clone(), cfg).expect("node"));
+    let c = server.fleet_tenants()[2].hooks.clone();
+    wait_for("the cap on and refilled locally", || {
+        c.requests.is_limited() && c.requests.tokens() > 0
+    });
+    while c.requests.try_take(1) {}
+    wait_for("refilled again", || c.requests.tokens() > 0);
+    wait_for("a fallback status", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| !s.connected && s.episodes == 1 && s.syncs == 0)
+    });
+    let stopped = within_wait(move || {
+        let mut node = ManuallyDrop::into_inner(node);
+        node.stop();
+    });
+    assert!(stopped.is_some(), "stop did not return within {WAIT:?}");
+    // Stopped: configured weights, caps off.
+    assert!(!c.requests.is_limited());
+    assert_eq!(weight(&server, "/tenants/a"), 4);
+}
+
+#[test]
+fn a_node_whose_thread_is_stuck_stops_within_its_bound_and_puts_the_local_state_back() {
+    // The fleet thread's first sync connects to a Unix socket whose backlog is full: such a
+    // connect has no deadline (as host-name resolution has none), and the thread stays in it.
+    // (The config takes redis:// URLs only; a NodeConfig takes any the redis crate parses.)
+    let sock = FullUnixSocket::bind("omnistage-fleet-stuck");
+    let url = format!("redis+unix://{}", sock.path.display());
+    let server = server("redis://127.0.0.1:1");
+    let node = ManuallyDrop::new(
+        FleetNode::start(server.clone(), node_config(&url, "p11:")).expect("node"),
+    );
+    // What a fill and a lease would have set, for the stop to undo.
+    server
+        .runtime()
+        .set_activity(
+            "/tenants/a",
+            omnistage::activity::ActivitySpec::weight(1234),
+        )
+        .unwrap();
+    let c = server.fleet_tenants()[2].hooks.clone();
+    c.requests.set_limited(true);
+    let stopped = within_wait(move || {
+        let mut node = ManuallyDrop::into_inner(node);
+        node.stop();
+    });
+    assert!(stopped.is_some(), "stop did not return within {WAIT:?}");
+    assert_eq!(weight(&server, "/tenants/a"), 4);
+    assert!(!c.requests.is_limited());
+    assert!(server.fleet_status().is_none());
+    // Dropping the socket wakes the thread, which then ends by itself.
+    drop(sock);
 }

@@ -1,0 +1,241 @@
+//! conn: a connection to Redis in which every call has a deadline for the whole exchange.
+//!
+//! The `redis` crate's synchronous `Connection` takes read and write timeouts, which the
+//! kernel applies per system call: a server (or a proxy, or a half-broken network path) that
+//! sends one byte per timeout keeps a call going for ever, and with it the fleet thread (leases
+//! not renewed, weights frozen, a stop that never returns). This connection implements the
+//! crate's [`ConnectionLike`] itself, so commands, pipelines and scripts are built and decoded
+//! by the crate as before, but it owns the socket: before every read and write it sets the
+//! socket's timeout to what is left of the call's deadline, and fails the call once none is
+//! left. A call (connect and its handshake, one command, one pipeline) thus returns within its
+//! `timeout` whatever the server sends.
+//!
+//! What it does of the crate's handshake: `AUTH` (with the URL's user and password) and
+//! `SELECT` (the URL's database); it speaks RESP2 only and does not send `CLIENT SETINFO`.
+//! TCP and Unix sockets (the crate is built without TLS). Two steps have no deadline of ours
+//! (known limits): the system's resolver, for a host name, and the connect of a Unix socket
+//! (it waits while the server's backlog is full).
+
+use redis::{ConnectionAddr, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn set_timeouts(&self, left: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(left))?;
+                s.set_write_timeout(Some(left))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(left))?;
+                s.set_write_timeout(Some(left))
+            }
+        }
+    }
+}
+
+/// What is left until `deadline`, or a timed-out error when nothing is.
+fn left(deadline: Instant) -> io::Result<Duration> {
+    match deadline.checked_duration_since(Instant::now()) {
+        Some(d) if !d.is_zero() => Ok(d),
+        _ => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "redis call past its deadline",
+        )),
+    }
+}
+
+/// The socket seen through one call's deadline.
+struct Bounded<'a> {
+    stream: &'a mut Stream,
+    deadline: Instant,
+}
+
+impl Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_timeouts(left(self.deadline)?)?;
+        match self.stream {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_timeouts(left(self.deadline)?)?;
+        match self.stream {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A connection whose every call ends within `timeout` (module doc).
+pub struct DeadlineConnection {
+    stream: Stream,
+    parser: redis::Parser,
+    timeout: Duration,
+    db: i64,
+    open: bool,
+}
+
+impl DeadlineConnection {
+    /// Connects to `info`'s address and runs the handshake, all within `timeout`.
+    pub fn connect(info: &redis::ConnectionInfo, timeout: Duration) -> RedisResult<Self> {
+        let deadline = Instant::now() + timeout;
+        let stream = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let mut last = None;
+                let mut found = None;
+                for addr in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&addr, left(deadline)?) {
+                        Ok(s) => {
+                            found = Some(s);
+                            break;
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                let s = match (found, last) {
+                    (Some(s), _) => s,
+                    (None, Some(e)) => return Err(e.into()),
+                    (None, None) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::NotFound,
+                            format!("{host} has no address"),
+                        )
+                        .into())
+                    }
+                };
+                s.set_nodelay(true)?;
+                Stream::Tcp(s)
+            }
+            ConnectionAddr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "only redis:// and redis+unix:// are supported (no TLS)",
+                )))
+            }
+        };
+        let settings = info.redis_settings();
+        let mut con = DeadlineConnection {
+            stream,
+            parser: redis::Parser::new(),
+            timeout,
+            db: settings.db(),
+            open: true,
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            con.call(&auth.get_packed_command(), 0, 1, deadline)?
+                .pop()
+                .unwrap_or(Value::Nil)
+                .extract_error()?;
+        }
+        if settings.db() != 0 {
+            let select = redis::cmd("SELECT").arg(settings.db()).get_packed_command();
+            con.call(&select, 0, 1, deadline)?
+                .pop()
+                .unwrap_or(Value::Nil)
+                .extract_error()?;
+        }
+        Ok(con)
+    }
+
+    /// Writes `cmd` and reads `offset + count` replies, all before `deadline`; returns the
+    /// last `count`. Any error leaves the connection closed (its state is unknown).
+    fn call(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+        deadline: Instant,
+    ) -> RedisResult<Vec<Value>> {
+        if !self.open {
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "connection closed").into());
+        }
+        let r = self.exchange(cmd, offset, count, deadline);
+        if r.is_err() {
+            self.open = false;
+        }
+        r
+    }
+
+    fn exchange(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+        deadline: Instant,
+    ) -> RedisResult<Vec<Value>> {
+        let mut io = Bounded {
+            stream: &mut self.stream,
+            deadline,
+        };
+        io.write_all(cmd)?;
+        let mut out = Vec::with_capacity(count);
+        let mut seen = 0;
+        while seen < offset + count {
+            let v = self.parser.parse_value(&mut io)?;
+            // Push messages (RESP3 only, which this connection does not ask for) are no reply.
+            if matches!(v, Value::Push { .. }) {
+                continue;
+            }
+            if seen >= offset {
+                out.push(v);
+            }
+            seen += 1;
+        }
+        Ok(out)
+    }
+}
+
+impl ConnectionLike for DeadlineConnection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let deadline = Instant::now() + self.timeout;
+        Ok(self
+            .call(cmd, 0, 1, deadline)?
+            .pop()
+            .expect("one reply read"))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let deadline = Instant::now() + self.timeout;
+        self.call(cmd, offset, count, deadline)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+}
