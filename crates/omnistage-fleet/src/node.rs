@@ -76,8 +76,10 @@ impl NodeConfig {
 /// lease targets are whole milliseconds of an interval, and are 0 (or, for the TTL, underflow)
 /// under 1 ms. The config allows 10 ms and up; this is the bound of [`FleetNode::start`].
 pub const SYNC_MIN: Duration = Duration::from_millis(1);
-/// The longest sync interval a node runs at: the config's `sync_ms` bound (the timeouts and
-/// TTLs are computed for intervals up to it).
+/// The longest sync interval a node runs at: the config's `sync_ms` bound. Every node reads
+/// an entry with a TTL longer than the one this interval gives
+/// ([`crate::store::ENTRY_TTL_MAX_MS`]) as garbage, so a node syncing less often would have
+/// its entries removed by the others.
 pub const SYNC_MAX: Duration = Duration::from_millis(omnistage_http::config::SYNC_MS_MAX as u64);
 
 /// TTL of a node's entry for an interval of `sync_ms`: 2 × sync_ms less a tenth of an interval
@@ -467,27 +469,14 @@ impl State {
         Self::debit_bytes(&measured);
         let own = self.own_entry(&measured, &config);
         let text = entry::encode(&own);
-        let mut read = self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms());
-        if read
-            .as_ref()
-            .is_err_and(|e| e.to_string().contains("WRONGTYPE"))
-        {
-            // The nodes set's key holds another type: garbage, removed, and the sync tried
-            // again (Redis itself answered: this is no fallback episode).
-            self.counters.garbage.fetch_add(1, Ordering::Relaxed);
-            let _ = self.store.delete_nodes_set();
-            read = self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms());
-        }
-        let read = match read {
-            Ok(r) => Some(r),
+        // (A nodes set of another type is garbage the sync script removes and counts.)
+        let read = match self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms()) {
+            Ok(r) => r,
             Err(e) => {
                 self.episode(Err(e.to_string()));
-                None
+                self.fallback(&measured);
+                return;
             }
-        };
-        let Some(read) = read else {
-            self.fallback(&measured);
-            return;
         };
         let mut garbage = read.garbage;
         let mut entries: Vec<NodeEntry> = vec![own];
@@ -761,5 +750,9 @@ mod tests {
             ..cfg(0)
         };
         assert_eq!(sub_ms.ttl_ms(), 1);
+        assert_eq!(
+            crate::store::ENTRY_TTL_MAX_MS,
+            cfg(SYNC_MAX.as_millis() as u64).ttl_ms()
+        );
     }
 }

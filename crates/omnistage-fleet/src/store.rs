@@ -15,21 +15,110 @@
 //! pipeline, one script): `timeout`, however the server trickles its reply, so a sync that
 //! meets a slow, dead or hostile Redis gives up within a few timeouts and the node falls back.
 //! Any error drops the connection; the next sync connects afresh (a restarted Redis is found
-//! again, and the Lua script is loaded again on `NOSCRIPT`).
+//! again, and the Lua scripts are loaded again on `NOSCRIPT`).
 //!
-//! Garbage is never trusted: a member of the nodes set that is not a node name, a key of the
-//! wrong type, or a bucket whose fields are not numbers is removed and counted.
+//! One sync is one script ([`SYNC_LUA`]) that publishes this node's entry and reads the others',
+//! and that bounds what it sends back: at most [`NODES_MAX`] entries, each at most
+//! [`entry::ENTRY_BYTES_MAX`].
+//!
+//! Garbage is never trusted: a member of the nodes set that is not a node name (non-UTF-8
+//! included), a node key with no TTL or one longer than any node sets ([`ENTRY_TTL_MAX_MS`]),
+//! of the wrong type or longer than [`entry::ENTRY_BYTES_MAX`], a nodes set of the wrong type,
+//! or a bucket whose fields are not numbers is removed and counted.
 
 use crate::conn::DeadlineConnection;
 use crate::entry;
-use redis::{Commands, ConnectionInfo, ConnectionLike, RedisError};
+use redis::{ConnectionInfo, ConnectionLike, RedisError};
 use std::time::Duration;
 
-/// Most nodes read per sync (members beyond it are ignored, in name order).
+/// Most nodes read per sync. A nodes set with more members (garbage, or more nodes than the
+/// fleet is built for) is read one `SSCAN` batch of about this many per sync, from a cursor
+/// kept across syncs, so the garbage in it is removed within `members / NODES_MAX` syncs while
+/// no sync reads more than this (the fill then sees only the nodes of that batch).
 pub const NODES_MAX: usize = 1024;
+/// The longest TTL a node gives its entry: that of the longest `sync_ms` a node accepts
+/// ([`crate::node::SYNC_MAX`]). A longer TTL, or none, is garbage: such a key never expires in
+/// time, so a dead node would hold its share for ever. The bound is not this node's own TTL
+/// because nodes may run different `sync_ms`, and a slower node's live entry is not garbage.
+pub const ENTRY_TTL_MAX_MS: u64 =
+    crate::node::entry_ttl_ms(crate::node::SYNC_MAX.as_millis() as u64);
+/// Members removed per `SREM` inside the sync script (Lua's `unpack` is limited by its C
+/// stack, about 8,000 values).
+const SREM_BATCH: usize = 1000;
 /// How long an idle cap's bucket is kept (a fresh bucket starts full, which is what an idle
 /// one is after `burst / rate`).
 const BUCKET_TTL_MS: u64 = 60_000;
+
+/// The sync script. `KEYS[1]`: the nodes set; `KEYS[2]`: this node's key. `ARGV`: this node's
+/// name, its entry, the entry's TTL (ms), the prefix of node keys, [`NODES_MAX`],
+/// [`entry::ENTRY_BYTES_MAX`], [`ENTRY_TTL_MAX_MS`], the `SSCAN` cursor, [`SREM_BATCH`].
+///
+/// Publishes the entry (a nodes set of another type is deleted first, as garbage), then reads
+/// the set: whole when it has at most `NODES_MAX` members, else one `SSCAN` batch from the
+/// cursor. Each member that is not a node name (`[A-Za-z0-9_.-]{1,64}`, so non-UTF-8 bytes
+/// are not) is garbage; of the other nodes' keys, an expired one is removed from the set
+/// (the node left), and one with no TTL or a TTL over the bound, of another type, or longer
+/// than the bound is garbage (key deleted, member removed). Returns
+/// `{garbage, next cursor ("0": the whole set was read), {node, entry, node, entry, ...}}`
+/// with at most `NODES_MAX` entries, each at most `ENTRY_BYTES_MAX` long.
+pub const SYNC_LUA: &str = r#"
+local node = ARGV[1]
+local nodes_max = tonumber(ARGV[5])
+local bytes_max = tonumber(ARGV[6])
+local ttl_max = tonumber(ARGV[7])
+local batch = tonumber(ARGV[9])
+local garbage = 0
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'set' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  garbage = garbage + 1
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('SADD', KEYS[1], node)
+local members
+local cursor = '0'
+if redis.call('SCARD', KEYS[1]) <= nodes_max then
+  members = redis.call('SMEMBERS', KEYS[1])
+else
+  local r = redis.call('SSCAN', KEYS[1], ARGV[8], 'COUNT', nodes_max)
+  cursor = r[1]
+  members = r[2]
+end
+local entries = {}
+local read = 0
+local gone = {}
+for _, m in ipairs(members) do
+  if #m > 64 or not string.find(m, '^[A-Za-z0-9_%.%-]+$') then
+    gone[#gone + 1] = m
+    garbage = garbage + 1
+  elseif m ~= node and read < nodes_max then
+    local key = ARGV[4] .. m
+    local ttl = redis.call('PTTL', key)
+    if ttl == -2 then
+      gone[#gone + 1] = m
+    elseif ttl == -1 or ttl > ttl_max then
+      redis.call('DEL', key)
+      gone[#gone + 1] = m
+      garbage = garbage + 1
+    else
+      local len = redis.pcall('STRLEN', key)
+      if type(len) ~= 'number' or len > bytes_max then
+        redis.call('DEL', key)
+        gone[#gone + 1] = m
+        garbage = garbage + 1
+      else
+        entries[#entries + 1] = m
+        entries[#entries + 1] = redis.call('GET', key)
+        read = read + 1
+      end
+    end
+  end
+end
+for i = 1, #gone, batch do
+  redis.call('SREM', KEYS[1], unpack(gone, i, math.min(i + batch - 1, #gone)))
+end
+return {garbage, cursor, entries}
+"#;
 
 /// The lease script: one token bucket per cap, refilled at `rate` per second from Redis's own
 /// clock, holding at most `burst`; `ask > 0` takes up to `ask` whole tokens, `ask < 0` gives
@@ -79,9 +168,10 @@ return {granted, garbage}
 /// What one sync read: every live node's entry value, and the garbage removed on the way.
 #[derive(Debug, Default)]
 pub struct Read {
-    /// `(node, value)` for every node whose key was still there.
+    /// `(node, value)` for every other node whose key was there, by name; at most
+    /// [`NODES_MAX`], each value at most [`entry::ENTRY_BYTES_MAX`].
     pub entries: Vec<(String, Vec<u8>)>,
-    /// Set members that were not node names.
+    /// Garbage removed (module doc).
     pub garbage: u64,
 }
 
@@ -91,7 +181,10 @@ pub struct Store {
     con: Option<DeadlineConnection>,
     timeout: Duration,
     prefix: String,
+    sync_script: redis::Script,
     script: redis::Script,
+    /// Where the next `SSCAN` of an oversized nodes set starts ("0": at the beginning).
+    cursor: Vec<u8>,
 }
 
 impl Store {
@@ -103,7 +196,9 @@ impl Store {
             con: None,
             timeout,
             prefix: prefix.to_string(),
+            sync_script: redis::Script::new(SYNC_LUA),
             script: redis::Script::new(LEASE_LUA),
+            cursor: b"0".to_vec(),
         })
     }
 
@@ -137,52 +232,47 @@ impl Store {
         r
     }
 
-    /// Publishes this node's entry (expiring after `ttl_ms`) and reads every node's.
+    /// Publishes this node's entry (expiring after `ttl_ms`) and reads the other nodes' (one
+    /// script, [`SYNC_LUA`]).
     pub fn sync(&mut self, node: &str, value: &str, ttl_ms: u64) -> Result<Read, RedisError> {
-        self.with(|con, st| {
-            let nodes_key = st.nodes_key();
-            let (members,): (Vec<String>,) = redis::pipe()
-                .cmd("SET")
-                .arg(st.node_key(node))
+        let cursor = self.cursor.clone();
+        let (garbage, next, flat) = self.with(|con, st| {
+            st.sync_script
+                .key(st.nodes_key())
+                .key(st.node_key(node))
+                .arg(node)
                 .arg(value)
-                .arg("PX")
                 .arg(ttl_ms.max(1))
-                .ignore()
-                .sadd(&nodes_key, node)
-                .ignore()
-                .smembers(&nodes_key)
-                .query(con)?;
-            let mut read = Read::default();
-            let mut names: Vec<String> = Vec::with_capacity(members.len().min(NODES_MAX));
-            let mut bad: Vec<String> = Vec::new();
-            for m in members {
-                if entry::valid_node(&m) {
-                    names.push(m);
-                } else {
-                    read.garbage += 1;
-                    bad.push(m);
+                .arg(format!("{}node:", st.prefix))
+                .arg(NODES_MAX)
+                .arg(entry::ENTRY_BYTES_MAX)
+                .arg(ENTRY_TTL_MAX_MS)
+                .arg(&cursor)
+                .arg(SREM_BATCH)
+                .invoke::<(u64, Vec<u8>, Vec<Vec<u8>>)>(con)
+        })?;
+        self.cursor = next;
+        let mut read = Read {
+            entries: Vec::new(),
+            garbage,
+        };
+        let mut flat = flat.into_iter();
+        while let (Some(name), Some(value)) = (flat.next(), flat.next()) {
+            // The script checked both; a reply that breaks them (a script replaced in Redis)
+            // is garbage too.
+            match String::from_utf8(name) {
+                Ok(n)
+                    if entry::valid_node(&n)
+                        && value.len() <= entry::ENTRY_BYTES_MAX
+                        && read.entries.len() < NODES_MAX =>
+                {
+                    read.entries.push((n, value))
                 }
+                _ => read.garbage += 1,
             }
-            names.sort_unstable();
-            names.truncate(NODES_MAX);
-            let keys: Vec<String> = names.iter().map(|n| st.node_key(n)).collect();
-            let values: Vec<Option<Vec<u8>>> = if keys.is_empty() {
-                Vec::new()
-            } else {
-                redis::cmd("MGET").arg(&keys).query(con)?
-            };
-            for (n, v) in names.into_iter().zip(values) {
-                match v {
-                    Some(v) => read.entries.push((n, v)),
-                    // Its key expired: the node is gone (it adds itself again if it returns).
-                    None => bad.push(n),
-                }
-            }
-            if !bad.is_empty() {
-                let _: () = con.srem(&nodes_key, &bad)?;
-            }
-            Ok(read)
-        })
+        }
+        read.entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(read)
     }
 
     /// Renews a lease: asks the bucket at `key` for `ask` tokens (negative: gives them back).
@@ -206,11 +296,6 @@ impl Store {
             let (granted, out_of_range) = crate::lease::clamp_grant(ask, granted);
             Ok((granted, garbage != 0 || out_of_range))
         })
-    }
-
-    /// Removes the nodes set (after it was found holding another type: garbage).
-    pub fn delete_nodes_set(&mut self) -> Result<(), RedisError> {
-        self.with(|con, st| con.del(st.nodes_key()))
     }
 
     /// Withdraws this node's entry at once (a clean stop; a dead node's expires instead).

@@ -121,12 +121,15 @@ fn a_failed_lease_after_a_good_sync_debits_the_bytes_once() {
         return;
     }
     let r = Redis::start();
-    // Syncs succeed, every lease call is refused (NOPERM): each tick renews, fails, falls back.
+    // Syncs succeed, every lease call is refused (NOPERM: the buckets' keys are not allowed):
+    // each tick syncs, renews, fails, falls back. (Denying EVALSHA would fail the sync too:
+    // it is a script.)
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("default")
-        .arg("-eval")
-        .arg("-evalsha")
+        .arg("resetkeys")
+        .arg("~d2:node:*")
+        .arg("~d2:nodes")
         .query(&mut r.con())
         .expect("acl");
     let server =

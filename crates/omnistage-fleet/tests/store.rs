@@ -1,16 +1,27 @@
-//! `Store` against a real `redis-server` of the test's own (skipped with a message when it is
-//! not installed), with the URL's user, password and database, and against a fake server that
-//! trickles its reply: the sync returns, with an error.
+//! `Store::sync` against a real `redis-server` of the test's own (skipped with a message when
+//! it is not installed) holding garbage that once broke or bloated a sync, and against a fake
+//! server that trickles its reply: every sync returns, reads no more than its bounds, and
+//! removes the garbage it met, counted once.
 
 mod common;
 
 use common::{redis_installed, within_wait, Redis, Trickle};
-use omnistage_fleet::entry::{self, NodeEntry};
-use omnistage_fleet::store::Store;
+use omnistage_fleet::entry::{self, NodeEntry, ENTRY_BYTES_MAX};
+use omnistage_fleet::store::{Store, NODES_MAX};
 use redis::Commands;
 use std::time::Duration;
 
 const TTL_MS: u64 = 190;
+
+fn store(r: &Redis, prefix: &str) -> Store {
+    Store::new(&r.url(), Duration::from_secs(1), prefix).expect("store")
+}
+
+fn members(con: &mut redis::Connection, key: &str) -> Vec<Vec<u8>> {
+    let mut m: Vec<Vec<u8>> = con.smembers(key).unwrap();
+    m.sort();
+    m
+}
 
 /// A valid entry of node `name` (no tenants), as a node would publish it.
 fn entry_text(name: &str) -> String {
@@ -20,6 +31,135 @@ fn entry_text(name: &str) -> String {
         link_capacity: 0,
         tenants: Vec::new(),
     })
+}
+
+#[test]
+fn a_non_utf8_member_is_garbage_removed_once() {
+    if !redis_installed("non_utf8") {
+        return;
+    }
+    let r = Redis::start();
+    let mut con = r.con();
+    let _: () = con.sadd("s1:nodes", &[0xffu8][..]).unwrap();
+    let mut st = store(&r, "s1:");
+    let first = st
+        .sync("t1", &entry_text("t1"), TTL_MS)
+        .expect("first sync");
+    assert_eq!((first.garbage, first.entries.len()), (1, 0));
+    assert_eq!(members(&mut con, "s1:nodes"), [b"t1".to_vec()]);
+    let second = st
+        .sync("t1", &entry_text("t1"), TTL_MS)
+        .expect("second sync");
+    assert_eq!((second.garbage, second.entries.len()), (0, 0));
+}
+
+#[test]
+fn a_value_over_the_entry_bound_is_not_read_and_is_garbage() {
+    if !redis_installed("huge_value") {
+        return;
+    }
+    let r = Redis::start();
+    let mut con = r.con();
+    let _: () = redis::cmd("SET")
+        .arg("s2:node:big")
+        .arg(vec![b'x'; 10 << 20])
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("s2:node:n2")
+        .arg(entry_text("n2"))
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = con.sadd("s2:nodes", &["big", "n2"]).unwrap();
+    let mut st = store(&r, "s2:");
+    let read = st.sync("t1", &entry_text("t1"), TTL_MS).expect("sync");
+    assert!(
+        read.entries.iter().all(|(_, v)| v.len() <= ENTRY_BYTES_MAX),
+        "a value over ENTRY_BYTES_MAX was read"
+    );
+    let names: Vec<&str> = read.entries.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["n2"]);
+    assert_eq!(read.garbage, 1);
+    assert!(!con.exists::<_, bool>("s2:node:big").unwrap(), "deleted");
+    assert_eq!(
+        members(&mut con, "s2:nodes"),
+        [b"n2".to_vec(), b"t1".to_vec()]
+    );
+}
+
+#[test]
+fn an_entry_without_a_ttl_or_with_one_past_any_nodes_is_garbage_removed() {
+    if !redis_installed("ghost") {
+        return;
+    }
+    let r = Redis::start();
+    let mut con = r.con();
+    // Valid entries: one with no TTL, one with a TTL of a day (no node sets more than 114 s).
+    let _: () = con.set("s3:node:ghost", entry_text("ghost")).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("s3:node:day")
+        .arg(entry_text("day"))
+        .arg("PX")
+        .arg(86_400_000)
+        .query(&mut con)
+        .unwrap();
+    // A node whose interval is the longest allowed (60 s): its entry is no garbage.
+    let _: () = redis::cmd("SET")
+        .arg("s3:node:slow")
+        .arg(entry_text("slow"))
+        .arg("PX")
+        .arg(114_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = con.sadd("s3:nodes", &["ghost", "day", "slow"]).unwrap();
+    let mut st = store(&r, "s3:");
+    let read = st.sync("t1", &entry_text("t1"), TTL_MS).expect("sync");
+    let names: Vec<&str> = read.entries.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["slow"]);
+    assert_eq!(read.garbage, 2);
+    assert!(!con.exists::<_, bool>("s3:node:ghost").unwrap());
+    assert!(!con.exists::<_, bool>("s3:node:day").unwrap());
+    assert_eq!(
+        members(&mut con, "s3:nodes"),
+        [b"slow".to_vec(), b"t1".to_vec()]
+    );
+    let again = st.sync("t1", &entry_text("t1"), TTL_MS).expect("sync");
+    assert_eq!((again.garbage, again.entries.len()), (0, 1));
+}
+
+#[test]
+fn a_nodes_set_past_the_bound_is_read_in_batches_and_cleaned_over_syncs() {
+    if !redis_installed("big_set") {
+        return;
+    }
+    let r = Redis::start();
+    let mut con = r.con();
+    // 3 × NODES_MAX members: valid names whose entries are gone, and names that are none.
+    let gone: Vec<String> = (0..2 * NODES_MAX).map(|i| format!("gone{i}")).collect();
+    let bad: Vec<String> = (0..NODES_MAX).map(|i| format!("bad name {i}")).collect();
+    let _: () = con.sadd("s4:nodes", &gone).unwrap();
+    let _: () = con.sadd("s4:nodes", &bad).unwrap();
+    let mut st = store(&r, "s4:");
+    let mut garbage = 0;
+    // Each sync removes one batch of about NODES_MAX; 3 × NODES_MAX go within a few more
+    // syncs than 3 (SSCAN's batches are approximate).
+    for _ in 0..20 {
+        let read = st.sync("t1", &entry_text("t1"), TTL_MS).expect("sync");
+        assert!(read.entries.len() <= NODES_MAX);
+        garbage += read.garbage;
+        if con.scard::<_, usize>("s4:nodes").unwrap() == 1 {
+            break;
+        }
+    }
+    assert_eq!(members(&mut con, "s4:nodes"), [b"t1".to_vec()]);
+    assert_eq!(
+        garbage, NODES_MAX as u64,
+        "the bad names, each counted once"
+    );
 }
 
 #[test]
