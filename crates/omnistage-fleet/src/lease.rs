@@ -16,9 +16,11 @@
 //! most the sum of their targets (each at most `burst`): the excess over a window is at most
 //! `(1 + nodes) × 2 × sync_ms` of the cap, and it does not accumulate (a long run averages to
 //! the cap). For bytes add one interval of each node's sending before its debit lands. When
-//! Redis is unreachable each node refills its pool locally at `cap / nodes last seen`
-//! ([`fallback_rate`]); with the nodes' count stale (a node died during the outage) the fleet
-//! may then run under the cap, or over it by the dead-or-born nodes' parts.
+//! Redis is unreachable (or a renewal fails) each node refills its pool locally at
+//! `cap / nodes last seen` ([`fallback_rate`]) for the time since the pool was last refilled
+//! or renewed, measured, up to two intervals of that rate; with the nodes' count stale (a node
+//! died during the outage) the fleet may then run under the cap, or over it by the
+//! dead-or-born nodes' parts.
 //!
 //! Pure: the caller passes rates and times.
 

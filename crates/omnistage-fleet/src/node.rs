@@ -7,22 +7,28 @@
 //! through `Server::set_send_weights`), renews the fleet caps' leases, and records what it
 //! computed in the server's [`FleetStatus`] for the admin API.
 //!
-//! When a sync fails (Redis down, slow past the timeout, restarted, refusing), the node is in a
-//! *fallback episode*: the configured weights come back, each cap's pool is refilled locally
-//! at `fleet cap / nodes last seen`, one line is logged when the episode starts and one when
-//! it ends, and the episode is counted. The first sync that succeeds again resynchronises:
-//! entries are published and the fill and leases take over at once.
+//! When a sync fails (Redis down, slow past its deadline, restarted, refusing), the node is in
+//! a *fallback episode*: the configured weights come back, each cap's pool is refilled locally
+//! at `fleet cap / nodes last seen` for the time since its last refill (measured), one line is
+//! logged when the episode starts and one when it ends, and the episode is counted. When the
+//! sync goes through but a lease renewal fails, the episode is the caps' only: the fill's
+//! weights stay, and only the pools whose renewal failed are refilled locally (one renewed in
+//! the same tick is not). The first tick that succeeds again resynchronises: entries are
+//! published and the fill and leases take over at once.
+//!
+//! Every Redis call ends within its deadline ([`NodeConfig::timeout`], [`crate::conn`]), so a
+//! tick ends too; and [`FleetNode::stop`] waits for the thread only so long.
 //!
 //! Nothing here is on the request path: requests only read the pools' atomics.
 
 use crate::entry::{self, NodeEntry, TenantEntry};
 use crate::lease;
-use crate::store::Store;
+use crate::store::{LeaseAsk, Store};
 use crate::water::{self, Demand, NodeDemand};
 use omnistage::account::ActivityId;
 use omnistage::activity::DEPTH_MAX;
 use omnistage_http::config::{ClusterConfig, Config};
-use omnistage_http::server::{FleetStatus, FleetTenant, FleetTenantStatus, Server};
+use omnistage_http::server::{FleetStatus, FleetTenant, FleetTenantStatus, LeasePool, Server};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -61,7 +67,8 @@ impl NodeConfig {
         })
     }
 
-    /// Deadline of each Redis call (connect, read, write): half an interval, within 5 ms..=1 s.
+    /// Deadline of each Redis call, for its whole exchange (connecting with its handshake, one
+    /// command, one pipeline, one script): half an interval, within 5 ms..=1 s.
     pub fn timeout(&self) -> Duration {
         (self.sync / 2).clamp(Duration::from_millis(5), Duration::from_secs(1))
     }
@@ -120,8 +127,9 @@ pub struct NodeCounters {
 }
 
 /// How long [`FleetNode::stop`] waits for the thread, in Redis deadlines
-/// ([`NodeConfig::timeout`]): a tick makes a few calls (connect, the sync, the leases) and the
-/// stop's withdrawal 2 more, each within one deadline; the rest is the fill's CPU time.
+/// ([`NodeConfig::timeout`]): a tick makes at most about 7 calls (connect, the sync script and
+/// the lease pipeline, each loaded and run again after a `NOSCRIPT`) and the stop's withdrawal
+/// 2 more, each within one deadline; the rest is the fill's CPU time.
 const STOP_WAIT_TIMEOUTS: u32 = 10;
 /// The least [`FleetNode::stop`] waits for the thread, whatever the deadline: room for the
 /// fill's CPU time on a loaded machine with a short interval.
@@ -305,6 +313,50 @@ struct State {
     /// In a fallback episode since this instant.
     down_since: Option<Instant>,
     nodes_last_seen: usize,
+    refills: Refills,
+}
+
+/// When each capped pool (tenant, `req` or `bytes`) was last given tokens, by a renewal or a
+/// local refill: the local refill credits the time since, measured, rather than one interval
+/// per tick (a tick that met a slow Redis lasts longer than an interval).
+#[derive(Debug, Default)]
+struct Refills {
+    last: HashMap<(String, &'static str), Instant>,
+}
+
+impl Refills {
+    /// The pool was given tokens at `now`.
+    fn mark(&mut self, tenant: &str, kind: &'static str, now: Instant) {
+        self.last.insert((tenant.to_string(), kind), now);
+    }
+
+    /// The time to credit the pool at `now`: since it was last given tokens, or one interval
+    /// (`sync`) if it never was; marks it given at `now`.
+    fn take(&mut self, tenant: &str, kind: &'static str, now: Instant, sync: Duration) -> Duration {
+        self.last
+            .insert((tenant.to_string(), kind), now)
+            .map_or(sync, |t| now.saturating_duration_since(t))
+    }
+
+    /// The pool's cap is off.
+    fn forget(&mut self, tenant: &str, kind: &'static str) {
+        self.last.remove(&(tenant.to_string(), kind));
+    }
+}
+
+/// Tokens a capped pool holding `held` gets without Redis after `elapsed`: the cap split over
+/// the nodes last seen, for that time, up to two intervals of that rate.
+fn local_refill(
+    cap: u64,
+    nodes_last_seen: usize,
+    sync: Duration,
+    held: i64,
+    elapsed: Duration,
+) -> i64 {
+    let rate = lease::fallback_rate(cap, nodes_last_seen);
+    let ceiling = lease::bucket_burst(rate.ceil() as u64, sync.as_millis() as u64);
+    let elapsed_ns = elapsed.as_nanos().min(u128::from(u64::MAX)) as u64;
+    lease::fallback_refill(rate, elapsed_ns, held, ceiling)
 }
 
 /// What the node measured for one tenant over the interval.
@@ -337,6 +389,7 @@ impl State {
             queued_before: HashMap::new(),
             down_since: None,
             nodes_last_seen: 1,
+            refills: Refills::default(),
         }
     }
 
@@ -469,11 +522,14 @@ impl State {
         Self::debit_bytes(&measured);
         let own = self.own_entry(&measured, &config);
         let text = entry::encode(&own);
-        // (A nodes set of another type is garbage the sync script removes and counts.)
         let read = match self.store.sync(&self.cfg.node, &text, self.cfg.ttl_ms()) {
             Ok(r) => r,
             Err(e) => {
-                self.episode(Err(e.to_string()));
+                let what = format!(
+                    "configured weights and fleet caps / {} node(s)",
+                    self.nodes_last_seen
+                );
+                self.episode(Err((e.to_string(), &what)));
                 self.fallback(&measured);
                 return;
             }
@@ -491,14 +547,23 @@ impl State {
         self.counters.garbage.fetch_add(garbage, Ordering::Relaxed);
         self.nodes_last_seen = entries.len();
         let status = self.apply_fill(&measured, &entries);
-        if let Err(e) = self.renew_leases(&measured) {
-            self.episode(Err(e));
-            self.fallback(&measured);
-            return;
+        match self.renew_leases(&measured) {
+            Ok(()) => {
+                self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+                self.episode(Ok(()));
+                self.publish_status(status, &measured, true);
+            }
+            Err(e) => {
+                // The sync itself went through: the fill stands (weights and targets from the
+                // entries just read); only the caps whose renewal failed were refilled locally.
+                let what = format!(
+                    "the fleet's weights, and the caps not renewed at fleet cap / {} node(s)",
+                    self.nodes_last_seen
+                );
+                self.episode(Err((format!("lease: {e}"), &what)));
+                self.publish_status(status, &measured, false);
+            }
         }
-        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        self.episode(Ok(()));
-        self.publish_status(status, &measured, true);
     }
 
     /// Water-fills both resources over `entries` (this node's first) and sets the local
@@ -585,74 +650,120 @@ impl State {
         }
     }
 
-    /// Renews every fleet cap's lease through Redis.
+    /// Renews every fleet cap's lease through Redis, in one pipeline. A pool at its target
+    /// asks for nothing; a pool whose renewal fails (the pipeline, or its own script) is
+    /// refilled locally as in a fallback, and only such a pool: one renewed in this tick is
+    /// not paid twice. Err: the first failure.
     fn renew_leases(&mut self, measured: &[Measured]) -> Result<(), String> {
         let sync_ms = self.cfg.sync.as_millis() as u64;
-        for m in measured {
-            let h = &m.t.hooks;
-            for (cap, pool, demand, kind) in [
-                (m.t.caps.rate_per_s, &h.requests, m.req_demand_per_s, "req"),
-                (
-                    m.t.caps.net_cap_bytes_per_s,
-                    &h.bytes,
-                    m.bytes_demand_per_s,
-                    "bytes",
-                ),
-            ] {
+        let now = Instant::now();
+        // (tenant, pool kind) per ask, beside the asks.
+        let mut who: Vec<(usize, usize)> = Vec::new();
+        let mut asks: Vec<LeaseAsk> = Vec::new();
+        for (i, m) in measured.iter().enumerate() {
+            for (k, (cap, pool, demand, kind)) in Self::pools(m).into_iter().enumerate() {
                 let Some(cap) = cap else {
                     pool.set_limited(false);
+                    self.refills.forget(&m.t.name, kind);
                     continue;
                 };
                 pool.set_limited(true);
                 let target = lease::lease_target(demand, cap, sync_ms);
                 let ask = lease::lease_delta(target, pool.tokens());
                 if ask == 0 {
+                    // At its target (two intervals of demand): as good as renewed.
+                    self.refills.mark(&m.t.name, kind, now);
                     continue;
                 }
-                let key = self.store.cap_key(&m.t.name, kind);
-                let burst = lease::bucket_burst(cap, sync_ms);
-                match self.store.lease(&key, cap, burst, ask) {
-                    Ok((granted, garbage)) => {
-                        if garbage {
-                            self.counters.garbage.fetch_add(1, Ordering::Relaxed);
-                        }
-                        pool.add(granted);
+                who.push((i, k));
+                asks.push(LeaseAsk {
+                    key: self.store.cap_key(&m.t.name, kind),
+                    rate_per_s: cap,
+                    burst: lease::bucket_burst(cap, sync_ms),
+                    ask,
+                });
+            }
+        }
+        let replies = match self.store.leases(&asks) {
+            Ok(r) => r
+                .into_iter()
+                .map(|r| r.map_err(|e| e.to_string()))
+                .collect(),
+            Err(e) => vec![Err(e.to_string()); asks.len()],
+        };
+        let mut first_error = None;
+        for ((i, k), reply) in who.into_iter().zip(replies) {
+            let m = &measured[i];
+            let (cap, pool, _, kind) = Self::pools(m)[k];
+            match reply {
+                Ok((granted, garbage)) => {
+                    if garbage {
+                        self.counters.garbage.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(e) => return Err(e.to_string()),
+                    pool.add(granted);
+                    self.refills.mark(&m.t.name, kind, now);
+                }
+                Err(e) => {
+                    let cap = cap.expect("asked for a cap");
+                    self.refill_locally(&m.t.name, kind, cap, pool, now);
+                    first_error.get_or_insert(e);
                 }
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// A tenant's two pools with their caps, recent demand and key kind.
+    fn pools(m: &Measured) -> [(Option<u64>, &LeasePool, f64, &'static str); 2] {
+        let h = &m.t.hooks;
+        [
+            (m.t.caps.rate_per_s, &h.requests, m.req_demand_per_s, "req"),
+            (
+                m.t.caps.net_cap_bytes_per_s,
+                &h.bytes,
+                m.bytes_demand_per_s,
+                "bytes",
+            ),
+        ]
+    }
+
+    /// Refills a capped pool without Redis: at `cap / nodes last seen` for the time since it
+    /// was last refilled or renewed, up to two intervals of that rate.
+    fn refill_locally(
+        &mut self,
+        tenant: &str,
+        kind: &'static str,
+        cap: u64,
+        pool: &LeasePool,
+        now: Instant,
+    ) {
+        let elapsed = self.refills.take(tenant, kind, now, self.cfg.sync);
+        pool.add(local_refill(
+            cap,
+            self.nodes_last_seen,
+            self.cfg.sync,
+            pool.tokens(),
+            elapsed,
+        ));
     }
 
     /// Without Redis: configured weights, and each cap's pool refilled locally at
-    /// `cap / nodes last seen`.
+    /// `cap / nodes last seen` for the time since its last refill.
     fn fallback(&mut self, measured: &[Measured]) {
-        let sync_ms = self.cfg.sync.as_millis() as u64;
-        let elapsed_ns = self.cfg.sync.as_nanos() as u64;
+        let now = Instant::now();
         let mut send = Vec::new();
         let mut rows = Vec::new();
         for m in measured {
             self.set_cpu_weight(&m.t.path, m.weight);
             send.push((m.t.name.as_str(), None));
-            let h = &m.t.hooks;
-            for (cap, pool) in [
-                (m.t.caps.rate_per_s, &h.requests),
-                (m.t.caps.net_cap_bytes_per_s, &h.bytes),
-            ] {
+            for (cap, pool, _, kind) in Self::pools(m) {
                 let Some(cap) = cap else {
                     pool.set_limited(false);
+                    self.refills.forget(&m.t.name, kind);
                     continue;
                 };
                 pool.set_limited(true);
-                let rate = lease::fallback_rate(cap, self.nodes_last_seen);
-                let ceiling = lease::bucket_burst(rate.ceil() as u64, sync_ms);
-                pool.add(lease::fallback_refill(
-                    rate,
-                    elapsed_ns,
-                    pool.tokens(),
-                    ceiling,
-                ));
+                self.refill_locally(&m.t.name, kind, cap, pool, now);
             }
             rows.push(FleetTenantStatus {
                 name: m.t.name.clone(),
@@ -667,17 +778,17 @@ impl State {
         self.publish_status(rows, measured, false);
     }
 
-    /// Starts or ends a fallback episode (logged once each way, counted when it starts).
-    fn episode(&mut self, r: Result<(), String>) {
+    /// Starts or ends a fallback episode (logged once each way, counted when it starts);
+    /// `Err((error, what falls back))`.
+    fn episode(&mut self, r: Result<(), (String, &str)>) {
         match (r, self.down_since) {
-            (Err(e), None) => {
+            (Err((e, what)), None) => {
                 self.down_since = Some(Instant::now());
                 self.counters.episodes.fetch_add(1, Ordering::Relaxed);
                 self.store.reset();
                 eprintln!(
-                    "omnistage: fleet: node {}: redis {} unreachable ({e}); local weights and \
-                     fleet caps / {} node(s) until it answers",
-                    self.cfg.node, self.cfg.redis, self.nodes_last_seen
+                    "omnistage: fleet: node {}: redis {} failed ({e}); {what} until it answers",
+                    self.cfg.node, self.cfg.redis
                 );
             }
             (Err(_), Some(_)) => self.store.reset(),
@@ -754,5 +865,38 @@ mod tests {
             crate::store::ENTRY_TTL_MAX_MS,
             cfg(SYNC_MAX.as_millis() as u64).ttl_ms()
         );
+    }
+
+    #[test]
+    fn the_local_refill_credits_the_time_since_the_last_refill() {
+        let sync = Duration::from_millis(50);
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut r = Refills::default();
+        // Never refilled: one interval.
+        assert_eq!(r.take("c", "req", ms(0), sync), sync);
+        // Ticks that met a slow Redis: 300 ms, then 20 ms, measured, not 50 ms a tick.
+        assert_eq!(
+            r.take("c", "req", ms(300), sync),
+            Duration::from_millis(300)
+        );
+        assert_eq!(r.take("c", "req", ms(320), sync), Duration::from_millis(20));
+        // A renewal counts as a refill; the other pool has its own time.
+        r.mark("c", "req", ms(400));
+        assert_eq!(r.take("c", "req", ms(450), sync), sync);
+        assert_eq!(r.take("c", "bytes", ms(450), sync), sync);
+        // A cap switched off and on starts again from one interval.
+        r.forget("c", "req");
+        assert_eq!(r.take("c", "req", ms(10_000), sync), sync);
+        // What that time is worth: 1,000/s over 2 nodes is 500/s; 300 ms give 150 tokens,
+        // 20 ms 10; the ceiling is two intervals of that rate (50), less what is held.
+        let at =
+            |elapsed_ms, held| local_refill(1000, 2, sync, held, Duration::from_millis(elapsed_ms));
+        assert_eq!(at(20, 0), 10);
+        assert_eq!(at(50, 0), 25);
+        assert_eq!(at(300, 0), 50);
+        assert_eq!(at(300, 45), 5);
+        assert_eq!(at(300, -20), 70);
+        assert_eq!(at(0, 0), 0);
     }
 }

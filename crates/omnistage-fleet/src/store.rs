@@ -19,7 +19,7 @@
 //!
 //! One sync is one script ([`SYNC_LUA`]) that publishes this node's entry and reads the others',
 //! and that bounds what it sends back: at most [`NODES_MAX`] entries, each at most
-//! [`entry::ENTRY_BYTES_MAX`].
+//! [`entry::ENTRY_BYTES_MAX`]. All leases of a sync are one pipeline of the lease script.
 //!
 //! Garbage is never trusted: a member of the nodes set that is not a node name (non-UTF-8
 //! included), a node key with no TTL or one longer than any node sets ([`ENTRY_TTL_MAX_MS`]),
@@ -175,6 +175,21 @@ pub struct Read {
     pub garbage: u64,
 }
 
+/// One lease renewal's outcome: the tokens granted (negative: given back; held to the ask) and
+/// whether the bucket held garbage, or the error Redis gave for this renewal.
+pub type Grant = Result<(i64, bool), RedisError>;
+
+/// One lease renewal of [`Store::leases`].
+#[derive(Clone, Debug)]
+pub struct LeaseAsk {
+    /// The bucket's key ([`Store::cap_key`]).
+    pub key: String,
+    pub rate_per_s: u64,
+    pub burst: u64,
+    /// Tokens asked for (negative: given back).
+    pub ask: i64,
+}
+
 /// A connection to the fleet's Redis, made lazily and dropped on any error.
 pub struct Store {
     info: ConnectionInfo,
@@ -275,7 +290,59 @@ impl Store {
         Ok(read)
     }
 
-    /// Renews a lease: asks the bucket at `key` for `ask` tokens (negative: gives them back).
+    /// Renews leases, all in one pipeline: per ask, `Ok((granted, garbage))` or the error
+    /// Redis gave for it (the others are granted all the same). `Err`: no reply at all (what
+    /// a script that ran before the connection failed took is lost, which only lowers the
+    /// fleet's rate).
+    pub fn leases(&mut self, asks: &[LeaseAsk]) -> Result<Vec<Grant>, RedisError> {
+        if asks.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.with(|con, st| {
+            let run = |con: &mut DeadlineConnection, which: &[usize]| {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for &i in which {
+                    let a = &asks[i];
+                    pipe.cmd("EVALSHA")
+                        .arg(st.script.get_hash())
+                        .arg(1)
+                        .arg(&a.key)
+                        .arg(a.rate_per_s)
+                        .arg(a.burst)
+                        .arg(a.ask)
+                        .arg(BUCKET_TTL_MS);
+                }
+                pipe.query::<Vec<Result<(i64, i64), RedisError>>>(con)
+            };
+            let all: Vec<usize> = (0..asks.len()).collect();
+            let mut out = run(con, &all)?;
+            // A Redis without the script (restarted, flushed) refuses each EVALSHA, and runs
+            // none: load it and ask again for those only.
+            let missing: Vec<usize> = all
+                .into_iter()
+                .filter(|&i| matches!(&out[i], Err(e) if e.code() == Some("NOSCRIPT")))
+                .collect();
+            if !missing.is_empty() {
+                st.script.load(con)?;
+                for (i, r) in missing.iter().zip(run(con, &missing)?) {
+                    out[*i] = r;
+                }
+            }
+            Ok(out
+                .into_iter()
+                .zip(asks)
+                .map(|(r, a)| {
+                    r.map(|(granted, garbage)| {
+                        let (granted, out_of_range) = crate::lease::clamp_grant(a.ask, granted);
+                        (granted, garbage != 0 || out_of_range)
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// Renews one lease: asks the bucket at `key` for `ask` tokens (negative: gives them back).
     /// Returns `(granted, garbage)`.
     pub fn lease(
         &mut self,
@@ -284,18 +351,15 @@ impl Store {
         burst: u64,
         ask: i64,
     ) -> Result<(i64, bool), RedisError> {
-        self.with(|con, st| {
-            let (granted, garbage): (i64, i64) = st
-                .script
-                .key(key)
-                .arg(rate_per_s)
-                .arg(burst)
-                .arg(ask)
-                .arg(BUCKET_TTL_MS)
-                .invoke(con)?;
-            let (granted, out_of_range) = crate::lease::clamp_grant(ask, granted);
-            Ok((granted, garbage != 0 || out_of_range))
-        })
+        let ask = LeaseAsk {
+            key: key.to_string(),
+            rate_per_s,
+            burst,
+            ask,
+        };
+        self.leases(std::slice::from_ref(&ask))?
+            .pop()
+            .expect("one reply per ask")
     }
 
     /// Withdraws this node's entry at once (a clean stop; a dead node's expires instead).

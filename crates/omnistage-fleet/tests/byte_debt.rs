@@ -1,6 +1,7 @@
 //! The bytes pool of `fleet_net_cap` is debited once per sync, and only while the cap is on:
 //! an uncapped tenant builds no debt that a cap added later would inherit, and a sync whose
-//! lease call fails (so the node falls back in the same tick) does not debit twice.
+//! lease call fails (so the node refills that pool locally in the same tick) does not debit
+//! twice.
 //!
 //! Bytes are charged to the tenant's activity directly (`Runtime::charge_external`), and
 //! every assertion reads the pool's balance from a published [`FleetStatus`] (taken at the
@@ -122,8 +123,8 @@ fn a_failed_lease_after_a_good_sync_debits_the_bytes_once() {
     }
     let r = Redis::start();
     // Syncs succeed, every lease call is refused (NOPERM: the buckets' keys are not allowed):
-    // each tick syncs, renews, fails, falls back. (Denying EVALSHA would fail the sync too:
-    // it is a script.)
+    // each tick syncs, renews, fails, refills the pool locally. (Denying EVALSHA would fail
+    // the sync too: it is a script.)
     let _: () = redis::cmd("ACL")
         .arg("SETUSER")
         .arg("default")

@@ -2,7 +2,8 @@
 //! not installed): its entry is published with a TTL of 2 × sync_ms, garbage in Redis is
 //! removed and counted once, the lease script grants and takes back tokens atomically, a fleet
 //! cap's pool is filled from Redis, other nodes' entries move the local weights and a dead
-//! node's share comes back when its entry expires, and with Redis killed the node falls back
+//! node's share comes back when its entry expires, a lease that fails after a good sync leaves
+//! the fill in place and refills locally only that cap, and with Redis killed the node falls back
 //! (configured weights, one episode) and resynchronises when Redis is back, and against a
 //! server that never finishes a reply the caps are refilled locally and the node stops; a node
 //! whose thread is stuck stops all the same, within its bound. A node refuses an interval it
@@ -18,7 +19,7 @@ use omnistage_fleet::store::Store;
 use omnistage_fleet::water::{Demand, WEIGHT_FLOOR, WEIGHT_SCALE};
 use omnistage_fleet::{FleetNode, NodeConfig};
 use omnistage_http::config::{parse_config, SYNC_MS_MAX};
-use omnistage_http::server::{Server, ServerOptions};
+use omnistage_http::server::{FleetStatus, FleetTenantStatus, Server, ServerOptions};
 use redis::Commands;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering;
@@ -32,6 +33,11 @@ const SYNC: Duration = Duration::from_millis(50);
 const QUIET_SYNC: Duration = Duration::from_millis(200);
 
 fn server(redis_url: &str) -> Arc<Server> {
+    server_with(redis_url, "")
+}
+
+/// The test server, with `more` appended to its config (more tenants).
+fn server_with(redis_url: &str, more: &str) -> Arc<Server> {
     let text = format!(
         r#"
 [server]
@@ -64,6 +70,7 @@ docroot = "."
 synthetic = true
 weight = 1
 fleet_rate_per_s = 100
+{more}
 "#
     );
     Arc::new(
@@ -500,6 +507,15 @@ fn a_node_refuses_an_interval_it_cannot_run_at() {
     }
 }
 
+/// Tenant `name`'s row in the latest status.
+fn row(s: &FleetStatus, name: &str) -> FleetTenantStatus {
+    s.tenants
+        .iter()
+        .find(|t| t.name == name)
+        .cloned()
+        .expect("tenant row")
+}
+
 #[test]
 fn against_a_server_that_never_finishes_a_reply_the_caps_refill_locally_and_the_node_stops() {
     let t = Trickle::start();
@@ -564,4 +580,65 @@ fn a_node_whose_thread_is_stuck_stops_within_its_bound_and_puts_the_local_state_
     assert!(server.fleet_status().is_none());
     // Dropping the socket wakes the thread, which then ends by itself.
     drop(sock);
+}
+
+#[test]
+fn a_failed_lease_after_a_good_sync_keeps_the_fill_and_refills_only_the_failed_cap() {
+    if !redis_installed("lease_fails") {
+        return;
+    }
+    let r = Redis::start();
+    // Entries and c's bucket are allowed, d's bucket is not (NOPERM): every sync goes through,
+    // c's lease too, d's fails.
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("resetkeys")
+        .arg("~p8:node:*")
+        .arg("~p8:nodes")
+        .arg("~p8:cap:c:*")
+        .query(&mut r.con())
+        .expect("acl");
+    let d = r#"
+[[tenant]]
+name = "d"
+hosts = ["d.test"]
+docroot = "."
+synthetic = true
+weight = 1
+fleet_rate_per_s = 100
+"#;
+    let server = server_with(&r.url(), d);
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p8:")).expect("node");
+    let mut con = r.con();
+    let n2 = b_backlogged_on("n2", 900_000_000);
+    // d is asked for requests (its pool's demand, so every renewal asks Redis for more and
+    // fails); what d admits came from local refills, its only source.
+    let dh = server.fleet_tenants()[3].hooks.clone();
+    let mut admitted = 0;
+    // The status of a tick whose sync went through (it saw n2) and whose lease of d failed,
+    // after d was refilled locally: the fill stands (b's target is n2's core; a, with no
+    // demand anywhere, has its configured share as a fill weight, 4 of 7 of 10,000, not its
+    // configured weight 4 of a fallback), and c, renewed from Redis (its target is 1 token: no
+    // demand), was not refilled locally on top (which gives it 2 or more a tick). Awaited as a
+    // whole: a tick whose sync or whole pipeline failed (a reply past its deadline on a loaded
+    // machine) publishes another status, a fallback's; the old code published only those.
+    let mut seen = None;
+    wait_for("the fill kept and only d refilled locally", || {
+        publish(&mut con, "p8:", &n2);
+        if dh.requests.try_take(1) {
+            admitted += 1;
+        }
+        seen = server.fleet_status().filter(|s| {
+            !s.connected
+                && s.nodes_seen == 2
+                && (row(s, "b").cpu_share_target - 0.5).abs() < 1e-9
+                && row(s, "a").cpu_weight == 5714
+                && row(s, "c").lease_requests <= 2
+        });
+        admitted > 0 && seen.is_some()
+    });
+    let s = seen.unwrap();
+    assert!(s.episodes >= 1);
+    stop(node, server);
 }

@@ -1,13 +1,14 @@
 //! `Store::sync` against a real `redis-server` of the test's own (skipped with a message when
 //! it is not installed) holding garbage that once broke or bloated a sync, and against a fake
 //! server that trickles its reply: every sync returns, reads no more than its bounds, and
-//! removes the garbage it met, counted once.
+//! removes the garbage it met, counted once. And the leases of a tick: one pipeline, an
+//! outcome per renewal.
 
 mod common;
 
 use common::{redis_installed, within_wait, Redis, Trickle};
 use omnistage_fleet::entry::{self, NodeEntry, ENTRY_BYTES_MAX};
-use omnistage_fleet::store::{Store, NODES_MAX};
+use omnistage_fleet::store::{LeaseAsk, Store, NODES_MAX};
 use redis::Commands;
 use std::time::Duration;
 
@@ -200,4 +201,46 @@ fn a_sync_against_a_trickling_server_ends_with_an_error() {
         r.expect("the sync returned").is_err(),
         "a reply never finished"
     );
+}
+
+#[test]
+fn leases_go_in_one_pipeline_each_with_its_own_outcome_and_the_script_is_reloaded() {
+    if !redis_installed("leases") {
+        return;
+    }
+    let r = Redis::start();
+    // The buckets of x are allowed, those of y not (NOPERM for y's renewal alone).
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("resetkeys")
+        .arg("~s7:cap:x:*")
+        .query(&mut r.con())
+        .expect("acl");
+    let mut st = store(&r, "s7:");
+    let ask = |tenant: &str, kind: &str, ask| LeaseAsk {
+        key: st.cap_key(tenant, kind),
+        rate_per_s: 1,
+        burst: 10,
+        ask,
+    };
+    let asks = [ask("x", "req", 4), ask("y", "req", 4), ask("x", "bytes", 3)];
+    // A Redis that lost its scripts (restarted, flushed): loaded again, each ask run once.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut r.con())
+        .unwrap();
+    let out = st.leases(&asks).expect("a reply");
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0].as_ref().ok(), Some(&(4, false)));
+    assert!(
+        out[1].as_ref().is_err_and(|e| e.code() == Some("NOPERM")),
+        "{:?}",
+        out[1]
+    );
+    assert_eq!(out[2].as_ref().ok(), Some(&(3, false)));
+    // x's request bucket gave 4 of 10 once (not twice): 6 left, bar a refill of 1 a second.
+    let (g, _) = st.lease(&asks[0].key, 1, 10, 100).expect("lease");
+    assert!((6..=7).contains(&g), "{g}");
+    assert!(st.leases(&[]).expect("nothing to ask").is_empty());
 }
