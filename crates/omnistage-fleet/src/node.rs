@@ -609,8 +609,13 @@ impl State {
         let link = water::water_fill(&weights, &link_nodes);
         let cpu_total: u64 = entries.iter().map(|e| e.cpu_capacity).sum();
         let link_total: u64 = entries.iter().map(|e| e.link_capacity).sum();
-        let cpu_w = water::local_weights(&weights, cpu_nodes[0].capacity, &cpu.alloc[0]);
-        let link_w = water::local_weights(&weights, link_nodes[0].capacity, &link.alloc[0]);
+        // The configured shares of the tenants without demand here are shares among this
+        // node's tenants (the first `measured.len()` weights): a tenant known only from other
+        // nodes' entries has no weight here to share with. This node's entry names only its
+        // own tenants, so its part of the fill indexes only those.
+        let local = &weights[..measured.len()];
+        let cpu_w = water::local_weights(local, cpu_nodes[0].capacity, &cpu.alloc[0]);
+        let link_w = water::local_weights(local, link_nodes[0].capacity, &link.alloc[0]);
         let mut send = Vec::new();
         let mut rows = Vec::with_capacity(measured.len());
         for (i, m) in measured.iter().enumerate() {

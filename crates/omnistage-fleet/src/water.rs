@@ -192,6 +192,11 @@ pub fn link_backlogged(picks: u64, picks_waiting: u64, waiting_now: bool) -> boo
 /// `WEIGHT_SCALE × given / capacity`, at least [`WEIGHT_FLOOR`]; a tenant without demand here
 /// its configured share of [`WEIGHT_SCALE`] (at least 1). With no capacity, every tenant gets
 /// its configured share. One weight per entry of `weights`, each in `1..=WEIGHT_SCALE`.
+///
+/// `weights` are this node's tenants' only (the first entries of the fill's weights): the
+/// configured shares are shares among the tenants this node schedules, and a tenant known only
+/// from other nodes' entries would dilute them. Entries of `alloc` beyond `weights` are
+/// ignored.
 pub fn local_weights(weights: &[u32], capacity: u64, alloc: &[(usize, u64)]) -> Vec<u32> {
     let sum: u64 = weights
         .iter()
@@ -423,6 +428,34 @@ mod tests {
         );
         // Rounded, never 0.
         assert_eq!(local_weights(&[1, 100_000], 0, &[]), vec![1, 10_000]);
+    }
+
+    #[test]
+    fn local_weights_share_among_the_local_tenants_only() {
+        // Tenants 0..3 are this node's (4 : 1 : 1), tenant 3 is known only from node 1, where
+        // it is backlogged with the largest weight; nobody has demand here.
+        let weights = [4, 1, 1, WEIGHT_SCALE];
+        let fill = water_fill(
+            &weights,
+            &[node(1000, &[]), node(1000, &[(3, backlogged())])],
+        );
+        assert_eq!(fill.target, vec![0, 0, 0, 1000]);
+        assert_eq!(
+            local_weights(&weights[..3], 1000, &fill.alloc[0]),
+            vec![6667, 1667, 1667]
+        );
+        // With demand here, the given tenants follow the fill; the others keep their share.
+        let fill = water_fill(
+            &weights,
+            &[
+                node(1000, &[(1, backlogged())]),
+                node(1000, &[(3, backlogged())]),
+            ],
+        );
+        assert_eq!(
+            local_weights(&weights[..3], 1000, &fill.alloc[0]),
+            vec![6667, WEIGHT_SCALE, 1667]
+        );
     }
 
     #[test]

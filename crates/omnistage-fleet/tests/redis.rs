@@ -1,8 +1,9 @@
 //! A node against a real `redis-server` of the test's own (skipped with a message when it is
 //! not installed): its entry is published with a TTL of 2 × sync_ms, garbage in Redis is
 //! removed and counted once, the lease script grants and takes back tokens atomically, a fleet
-//! cap's pool is filled from Redis, other nodes' entries move the local weights and a dead
-//! node's share comes back when its entry expires, a lease that fails after a good sync leaves
+//! cap's pool is filled from Redis, other nodes' entries move the local weights (tenants known
+//! only from other nodes do not dilute the local configured shares) and a dead node's share
+//! comes back when its entry expires, a lease that fails after a good sync leaves
 //! the fill in place and refills locally only that cap, and with Redis killed the node falls back
 //! (configured weights, one episode) and resynchronises when Redis is back, and against a
 //! server that never finishes a reply the caps are refilled locally and the node stops; a node
@@ -640,5 +641,41 @@ fleet_rate_per_s = 100
     });
     let s = seen.unwrap();
     assert!(s.episodes >= 1);
+    stop(node, server);
+}
+
+#[test]
+fn tenants_known_only_from_other_nodes_do_not_dilute_the_local_configured_shares() {
+    if !redis_installed("dilute") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let cfg = NodeConfig {
+        sync: QUIET_SYNC,
+        ..node_config(&r.url(), "p9:")
+    };
+    let node = FleetNode::start(server.clone(), cfg).expect("node");
+    let mut con = r.con();
+    // Another node where tenant z, unknown here, is backlogged with the largest weight.
+    let mut n2 = b_backlogged_on("n2", 900_000_000);
+    n2.tenants[0].name = "z".into();
+    n2.tenants[0].weight = WEIGHT_SCALE;
+    let mut seen = None;
+    wait_for("two nodes seen", || {
+        publish(&mut con, "p9:", &n2);
+        seen = server
+            .fleet_status()
+            .filter(|s| s.connected && s.nodes_seen == 2);
+        seen.is_some()
+    });
+    // Nobody has demand here: a, b, c get their configured shares among themselves (4 : 1 : 1
+    // of 10,000), whatever z weighs.
+    let s = seen.unwrap();
+    let w: Vec<u32> = ["a", "b", "c"]
+        .iter()
+        .map(|n| row(&s, n).cpu_weight)
+        .collect();
+    assert_eq!(w, [6667, 1667, 1667], "{s:?}");
     stop(node, server);
 }
