@@ -1,14 +1,14 @@
 //! A node against a real `redis-server` of the test's own (skipped with a message when it is
-//! not installed): its entry is published with a TTL of 2 × sync_ms, garbage in Redis is
-//! removed and counted once, the lease script grants and takes back tokens atomically, a fleet
-//! cap's pool is filled from Redis, other nodes' entries move the local weights (tenants known
-//! only from other nodes do not dilute the local configured shares) and a dead node's share
-//! comes back when its entry expires, a lease that fails after a good sync leaves
-//! the fill in place and refills locally only that cap, and with Redis killed the node falls back
-//! (configured weights, one episode) and resynchronises when Redis is back, and against a
-//! server that never finishes a reply the caps are refilled locally and the node stops; a node
-//! whose thread is stuck stops all the same, within its bound. A node refuses an interval it
-//! cannot run at.
+//! not installed): its entry is published with a TTL under 2 × sync_ms (1.9 ×), garbage in
+//! Redis is removed and counted once, the lease script grants and takes back tokens
+//! atomically, a fleet cap's pool is filled from Redis, other nodes' entries move the local
+//! weights (tenants known only from other nodes do not dilute the local configured shares) and
+//! a dead node's share comes back when its entry expires, a lease that fails after a good sync
+//! leaves the fill in place and refills locally only that cap, with Redis killed the node falls
+//! back (configured weights, one episode, the caps refilled locally) and resynchronises when
+//! Redis is back, and against a server that never finishes a reply the caps are refilled
+//! locally and the node stops; a node whose thread is stuck stops all the same, within its
+//! bound. A node refuses an interval it cannot run at.
 //!
 //! Assertions are on states, each awaited with a bounded timeout; no speed is asserted.
 
@@ -442,9 +442,13 @@ fn redis_killed_falls_back_and_restarted_resyncs() {
             .is_some_and(|s| !s.connected && s.episodes > before)
     });
     let outage = node.counters().episodes.load(Ordering::Relaxed);
-    // Configured shares again, and the cap refilled locally (cap / 1 node seen).
+    // Configured shares again, and the cap refilled locally (cap / 1 node seen): emptied, the
+    // pool has tokens again while Redis is down.
     wait_for("configured weight", || weight(&server, "/tenants/a") == 4);
     assert!(c.requests.is_limited());
+    while c.requests.try_take(1) {}
+    wait_for("the cap refilled locally", || c.requests.tokens() > 0);
+    assert!(server.fleet_status().is_some_and(|s| !s.connected));
     // Moved away again and put back by a later sync of the same outage.
     move_a_away();
     wait_for("configured weight again", || {
