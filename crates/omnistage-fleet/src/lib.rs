@@ -15,15 +15,21 @@
 //!
 //! Failure is local: no request waits for Redis (the request path reads only local atomics);
 //! with Redis down, slow or restarted a node goes back to its configured weights and to
-//! `fleet cap / nodes last seen`, logs once per episode, counts episodes, and resynchronises
-//! when Redis answers again. A node that dies stops refreshing its key, which expires, and the
-//! others reclaim its share within 3 × `sync_ms`.
+//! `fleet cap / nodes last seen` (credited for the time since each pool's last refill), logs
+//! once per episode, counts episodes, and resynchronises when Redis answers again; when only a
+//! lease renewal fails, the fill's weights stay and only that cap is refilled locally. Every
+//! Redis call has a deadline for its whole exchange ([`conn`]: a server that trickles its
+//! reply cannot hold the thread), and stopping waits for the thread only a bounded time. What
+//! one sync reads is bounded ([`store`]: at most `NODES_MAX` entries of at most
+//! `ENTRY_BYTES_MAX` each), and garbage in Redis (non-UTF-8 set members, entries without a
+//! TTL, oversized values) is removed and counted once. A node that dies stops refreshing its
+//! key, which expires, and the others reclaim its share within 3 × `sync_ms`.
 //!
 //! The layer sits between the admin API and the HTTP server (ARCHITECTURE.md's `fleet`): it
 //! uses the server's and the runtime's public API; what the admin API shows of it goes
 //! through the server's [`omnistage_http::server::FleetStatus`]. `water`, `entry` and `lease`
-//! are pure (no clock, no I/O) and tested with exact expectations; `node` and `store` do the
-//! I/O.
+//! are pure (no clock, no I/O) and tested with exact expectations; `node`, `store` and
+//! `conn` do the I/O.
 
 pub mod conn;
 pub mod entry;
