@@ -6,9 +6,11 @@
 //! not renewed, weights frozen, a stop that never returns). This connection implements the
 //! crate's [`ConnectionLike`] itself, so commands, pipelines and scripts are built and decoded
 //! by the crate as before, but it owns the socket: before every read and write it sets the
-//! socket's timeout to what is left of the call's deadline, and fails the call once none is
-//! left. A call (connect and its handshake, one command, one pipeline) thus returns within its
-//! `timeout` whatever the server sends.
+//! socket's timeout to what is left of the call's deadline, and once none is left it takes
+//! only what has already arrived, for at most [`LATE_TIMEOUTS`] more deadlines, then fails the
+//! call. A call (connect and its handshake, one command, one pipeline) thus waits for the
+//! server at most its `timeout`, and returns within `(1 + LATE_TIMEOUTS) × timeout` whatever
+//! the server sends.
 //!
 //! What it does of the crate's handshake: `AUTH` (with the URL's user and password) and
 //! `SELECT` (the URL's database); it speaks RESP2 only and does not send `CLIENT SETINFO`.
@@ -42,26 +44,53 @@ impl Stream {
     }
 }
 
+/// Past its deadline a call still takes what has already arrived (a read or a write that need
+/// not wait), for up to this many more deadlines. A fleet thread descheduled past its deadline
+/// (a busy node, a stalled VM) would otherwise fail a call whose reply was already in the
+/// socket, and start a fallback episode for nothing; the end bounds a server that floods its
+/// reply faster than it is read.
+pub const LATE_TIMEOUTS: u32 = 1;
+/// The wait of a read or write past the deadline: it takes what is there (the kernel rounds
+/// it up to a clock tick, a few ms at most).
+const LATE_WAIT: Duration = Duration::from_micros(1);
+
 /// What is left until `deadline`, or a timed-out error when nothing is.
 fn left(deadline: Instant) -> io::Result<Duration> {
     match deadline.checked_duration_since(Instant::now()) {
         Some(d) if !d.is_zero() => Ok(d),
-        _ => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            "redis call past its deadline",
-        )),
+        _ => Err(timed_out()),
     }
 }
 
-/// The socket seen through one call's deadline.
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "redis call past its deadline")
+}
+
+/// The socket seen through one call's deadline (waits end there) and end (late reads and
+/// writes of what is there end there).
 struct Bounded<'a> {
     stream: &'a mut Stream,
     deadline: Instant,
+    end: Instant,
+}
+
+impl Bounded<'_> {
+    /// The socket timeout of the next read or write.
+    fn wait(&self) -> io::Result<Duration> {
+        let now = Instant::now();
+        if now < self.deadline {
+            Ok(self.deadline - now)
+        } else if now < self.end {
+            Ok(LATE_WAIT)
+        } else {
+            Err(timed_out())
+        }
+    }
 }
 
 impl Read for Bounded<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.stream.set_timeouts(left(self.deadline)?)?;
+        self.stream.set_timeouts(self.wait()?)?;
         match self.stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
@@ -71,7 +100,7 @@ impl Read for Bounded<'_> {
 
 impl Write for Bounded<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.stream.set_timeouts(left(self.deadline)?)?;
+        self.stream.set_timeouts(self.wait()?)?;
         match self.stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
@@ -189,6 +218,7 @@ impl DeadlineConnection {
         let mut io = Bounded {
             stream: &mut self.stream,
             deadline,
+            end: deadline + self.timeout * LATE_TIMEOUTS,
         };
         io.write_all(cmd)?;
         let mut out = Vec::with_capacity(count);
@@ -237,5 +267,75 @@ impl ConnectionLike for DeadlineConnection {
 
     fn is_open(&self) -> bool {
         self.open
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection on one end of a socket pair, the other end for the test to play the server.
+    fn pair(timeout: Duration) -> (DeadlineConnection, UnixStream) {
+        let (a, b) = UnixStream::pair().expect("socket pair");
+        let con = DeadlineConnection {
+            stream: Stream::Unix(a),
+            parser: redis::Parser::new(),
+            timeout,
+            db: 0,
+            open: true,
+        };
+        (con, b)
+    }
+
+    const PING: &[u8] = b"*1\r\n$4\r\nPING\r\n";
+
+    #[test]
+    fn a_reply_already_there_is_taken_past_the_deadline_until_its_end() {
+        let timeout = Duration::from_secs(2);
+        let ago = |ms| {
+            Instant::now()
+                .checked_sub(Duration::from_millis(ms))
+                .unwrap()
+        };
+        // The reply arrived while the thread was held past its deadline: taken.
+        let (mut con, mut server) = pair(timeout);
+        server.write_all(b"+PONG\r\n").unwrap();
+        let r = con.call(PING, 0, 1, ago(1000));
+        assert_eq!(r.unwrap(), vec![Value::SimpleString("PONG".into())]);
+        // Past the deadline and its late part (one more timeout): failed, though it is there.
+        let (mut con, mut server) = pair(timeout);
+        server.write_all(b"+PONG\r\n").unwrap();
+        let e = con.call(PING, 0, 1, ago(3000)).unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert!(!con.is_open());
+        // Past the deadline with nothing there: failed without waiting for the server (a
+        // clock tick at most; the bound here is generous).
+        let (mut con, _server) = pair(timeout);
+        let t = Instant::now();
+        let e = con.call(PING, 0, 1, ago(1000)).unwrap_err();
+        assert!(e.is_timeout() || e.is_io_error(), "{e}");
+        assert!(t.elapsed() < timeout, "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_reply_that_comes_in_time_is_read_across_several_reads() {
+        let (mut con, mut server) = pair(Duration::from_secs(5));
+        let t = std::thread::spawn(move || {
+            for part in [&b"*2\r\n:1"[..], b"\r\n$2\r", b"\nok\r\n"] {
+                std::thread::sleep(Duration::from_millis(5));
+                server.write_all(part).unwrap();
+            }
+            server
+        });
+        let deadline = Instant::now() + con.timeout;
+        let r = con.call(PING, 0, 1, deadline).unwrap();
+        assert_eq!(
+            r,
+            vec![Value::Array(vec![
+                Value::Int(1),
+                Value::BulkString(b"ok".to_vec())
+            ])]
+        );
+        let _server = t.join().unwrap();
     }
 }

@@ -16,8 +16,9 @@
 //! the same tick is not). The first tick that succeeds again resynchronises: entries are
 //! published and the fill and leases take over at once.
 //!
-//! Every Redis call ends within its deadline ([`NodeConfig::timeout`], [`crate::conn`]), so a
-//! tick ends too; and [`FleetNode::stop`] waits for the thread only so long.
+//! Every Redis call waits for Redis at most its deadline ([`NodeConfig::timeout`]) and ends
+//! within twice it ([`crate::conn`]), so a tick ends too; and [`FleetNode::stop`] waits for
+//! the thread only so long.
 //!
 //! Nothing here is on the request path: requests only read the pools' atomics.
 
@@ -127,10 +128,11 @@ pub struct NodeCounters {
 }
 
 /// How long [`FleetNode::stop`] waits for the thread, in Redis deadlines
-/// ([`NodeConfig::timeout`]): a tick makes at most about 7 calls (connect, the sync script and
-/// the lease pipeline, each loaded and run again after a `NOSCRIPT`) and the stop's withdrawal
-/// 2 more, each within one deadline; the rest is the fill's CPU time.
-const STOP_WAIT_TIMEOUTS: u32 = 10;
+/// ([`NodeConfig::timeout`]): a tick makes at most 7 calls (connect, the sync script and the
+/// lease pipeline, the last two loaded and run again after a `NOSCRIPT`) and the stop's
+/// withdrawal 2 more, each ended within `1 + conn::LATE_TIMEOUTS` (2) deadlines: 18; the rest
+/// is the fill's CPU time.
+const STOP_WAIT_TIMEOUTS: u32 = 20;
 /// The least [`FleetNode::stop`] waits for the thread, whatever the deadline: room for the
 /// fill's CPU time on a loaded machine with a short interval.
 const STOP_WAIT_MIN: Duration = Duration::from_secs(1);
