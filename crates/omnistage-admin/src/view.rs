@@ -125,9 +125,9 @@ pub(crate) fn by_stage_activity(s: &Sample) -> BTreeMap<(StageId, ActivityId), A
     }
     for q in &s.queues {
         let a = m.entry((q.stage, q.activity)).or_default();
-        a.queued += q.queued as u64;
-        a.delayed += q.delayed as u64;
-        a.c.rejected += q.rejected;
+        a.queued = a.queued.wrapping_add(q.queued as u64);
+        a.delayed = a.delayed.wrapping_add(q.delayed as u64);
+        a.c.rejected = a.c.rejected.wrapping_add(q.rejected);
     }
     m
 }
@@ -864,6 +864,36 @@ mod tests {
         assert!(d.contains(r#""a\"b" [shape=box];"#), "{d}");
         assert!(d.contains(r#""io" -> "a\"b" [label="3 (2/s)"];"#), "{d}");
         assert!(d.starts_with("digraph omnistage {") && d.ends_with("}\n"));
+    }
+
+    /// A histogram's sum wraps by design (as the ledger's counters do): two cells near
+    /// `u64::MAX` for one (stage, activity) on two cores add without a panic.
+    #[test]
+    fn histogram_sums_near_the_top_add_without_a_panic() {
+        use omnistage::account::{LatencyRow, Snapshot};
+        let mut h = HistSnapshot::default();
+        h.counts[3] = 1;
+        h.sum = u64::MAX - 1;
+        let row = |core| LatencyRow {
+            activity: 7,
+            stage: 1,
+            core,
+            wait: h,
+            response: h,
+        };
+        let s = Sample {
+            at_ns: 0,
+            snap: Snapshot::default(),
+            lat: vec![row(0), row(1)],
+            stretches: Vec::new(),
+            queues: Vec::new(),
+            edges: Vec::new(),
+        };
+        let m = by_activity(&s);
+        let a = &m[&7];
+        assert_eq!(a.resp.count(), 2);
+        assert_eq!(a.resp.sum, (u64::MAX - 1).wrapping_add(u64::MAX - 1));
+        assert_eq!(a.wait.sum, a.resp.sum);
     }
 
     #[test]

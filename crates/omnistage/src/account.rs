@@ -174,12 +174,15 @@ impl HistSnapshot {
         self.counts.iter().sum()
     }
 
-    /// Adds another histogram's counts (merging cores, stages or activities).
+    /// Adds another histogram's counts (merging cores, stages or activities). Wrapping, as
+    /// the cells themselves do: a sum of nanoseconds can pass 2^64 (each cell's sum wraps by
+    /// design), and two cells near the top must add without a panic; an interval in which one
+    /// wrapped reads as 0 ([`HistSnapshot::since`] saturates).
     pub fn add(&mut self, o: &HistSnapshot) {
         for (a, b) in self.counts.iter_mut().zip(o.counts.iter()) {
-            *a += b;
+            *a = a.wrapping_add(*b);
         }
-        self.sum += o.sum;
+        self.sum = self.sum.wrapping_add(o.sum);
     }
 
     /// What was recorded since `earlier` (a snapshot of the same histograms taken before).
