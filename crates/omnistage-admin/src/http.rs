@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -167,7 +167,7 @@ fn handler_loop(rx: &Mutex<Receiver<TcpStream>>, shared: &Shared) {
     // A panic in a handler is reported (and counted in /metrics) as the admin stage's.
     omnistage::exec::panic::set_thread_stage("admin");
     loop {
-        let next = rx.lock().expect("admin queue lock").recv();
+        let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
         match next {
             Ok(mut s) => serve(&mut s, shared),
             Err(_) => return,

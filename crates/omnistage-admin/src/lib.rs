@@ -464,3 +464,53 @@ impl Tenants for omnistage_http::server::Server {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An owner with tenants that has none: just the runtime.
+    struct Bare(Arc<Runtime>);
+
+    impl Tenants for Bare {
+        fn set_tenant(&self, path: &str, _: &TenantChange) -> Result<(), TenantError> {
+            Err(TenantError::NotATenant(path.into()))
+        }
+    }
+
+    fn bare() -> InProcess {
+        let rt = Arc::new(Runtime::builder().workers(1).start().unwrap());
+        InProcess::with_tenants(Arc::new(Bare(rt)), |b: &Bare| &*b.0, None)
+    }
+
+    const TREE: &[u8] = b"GET /api/v1/tree HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+
+    /// A panic while the shaped groups' table or the sampler's state is locked leaves the lock
+    /// poisoned; the tree is still served (it once answered 500 from then on, until a restart).
+    #[test]
+    fn a_poisoned_lock_does_not_take_the_tree_down() {
+        let ip = bare();
+        assert_eq!(ip.answer(TREE).unwrap().status, 200);
+        std::thread::scope(|s| {
+            let _ = s
+                .spawn(|| {
+                    let _g = ip.shared.shaped.lock();
+                    panic!("a panic under the shaped lock (expected by the test)");
+                })
+                .join();
+            let _ = s
+                .spawn(|| {
+                    let _g = ip.shared.state.lock();
+                    panic!("a panic under the sampler lock (expected by the test)");
+                })
+                .join();
+        });
+        assert!(ip.shared.shaped.is_poisoned() && ip.shared.state.is_poisoned());
+        let r = ip.answer(TREE).unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let hist = ip
+            .answer(b"GET /api/v1/history HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        assert_eq!(hist.status, 200);
+    }
+}

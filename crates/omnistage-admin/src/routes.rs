@@ -12,6 +12,7 @@ use omnistage::admit::P90Params;
 use omnistage::exec::{Predicate, Runtime, RuntimeError};
 use omnistage::sched::{PolicyKind, ShaperKind, ShaperSpec};
 use omnistage_http::persist::{Edit, Setting};
+use std::sync::PoisonError;
 
 /// The dashboard page and its script, embedded in the binary.
 const INDEX_HTML: &str = include_str!("../assets/index.html");
@@ -236,7 +237,13 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
         return r;
     }
     let rt = shared.source.runtime();
-    let window = || shared.state.lock().expect("sampler lock").window();
+    let window = || {
+        shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .window()
+    };
     // The proxy's counters, when the owner is an HTTP server.
     let upstreams = || {
         shared
@@ -308,7 +315,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let st = shared.state.lock().expect("sampler lock");
+            let st = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             Response::json(
                 200,
                 &model::History {
@@ -348,7 +355,12 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
                 if let Some(r) = configured_refusal(shared, path, "move") {
                     return r;
                 }
-                if shared.shaped.lock().expect("shaped lock").holds_under(path) {
+                if shared
+                    .shaped
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .holds_under(path)
+                {
                     return Response::error(
                         409,
                         &format!(
@@ -375,7 +387,11 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let window = shared.state.lock().expect("sampler lock").window();
+            let window = shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .window();
             let mut t = view::tree(rt, &Sample::take(rt), window.as_ref());
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
@@ -399,7 +415,11 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             }
             match rt.remove_activity(path) {
                 Ok(()) => {
-                    shared.shaped.lock().expect("shaped lock").remove(path);
+                    shared
+                        .shaped
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(path);
                     changed(rt, path, 0, "removed")
                 }
                 Err(e) => runtime_error(&e, path),
@@ -411,7 +431,12 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
 
 /// The attached shaped groups, for the tree.
 fn shaped_list(shared: &Shared, rt: &Runtime) -> Vec<model::Shaped> {
-    shared.shaped.lock().expect("shaped lock").list(rt.now_ns())
+    let now = rt.now_ns();
+    shared
+        .shaped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .list(now)
 }
 
 /// 409 when `path` is, or holds, an activity the server's running configuration owns: the

@@ -9,7 +9,7 @@ use omnistage::account::{EdgeRow, LatencyRow, Snapshot, StretchRow};
 use omnistage::exec::{QueueStat, Runtime};
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// Points of share history kept (five minutes at the default one-second interval).
@@ -79,14 +79,14 @@ impl State {
 pub(crate) fn tick(rt: &Runtime, state: &Mutex<State>) {
     let sample = Arc::new(Sample::take(rt));
     let window = {
-        let mut st = state.lock().expect("sampler lock");
+        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         st.prev = st.last.take();
         st.last = Some(sample);
         st.window()
     };
     if let Some(w) = window {
         let point = view::history_point(rt, &w);
-        let mut st = state.lock().expect("sampler lock");
+        let mut st = state.lock().unwrap_or_else(PoisonError::into_inner);
         st.history.push_back(point);
         while st.history.len() > HISTORY_POINTS {
             st.history.pop_front();

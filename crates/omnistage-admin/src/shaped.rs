@@ -27,6 +27,7 @@ use omnistage::activity::ActivitySpec;
 use omnistage::exec::{ExternalBytes, Runtime};
 use omnistage::sched::ShaperSpec;
 use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Entry {
@@ -97,7 +98,7 @@ fn check_rate(rate: Option<u64>, what: &str) -> Result<(), Response> {
 
 /// `POST {path}:attach`.
 pub(crate) fn attach(
-    table: &std::sync::Mutex<Table>,
+    table: &Mutex<Table>,
     rt: &Runtime,
     configured: &[String],
     req: &crate::routes::Request,
@@ -131,12 +132,18 @@ pub(crate) fn attach(
             ),
         );
     }
-    let mut t = table.lock().expect("shaped lock");
-    if !t.contains(path) && t.by_path.len() >= SHAPED_GROUPS_MAX {
-        return Response::error(
+    // The runtime is called with the table unlocked (a panic in it must not poison the table
+    // every tree read takes). Attaches are serialised by the changing routes' lock, so the
+    // table cannot gain or lose this path meanwhile; it is checked again on insert anyway.
+    let full = |t: &Table| !t.contains(path) && t.by_path.len() >= SHAPED_GROUPS_MAX;
+    let refused_full = || {
+        Response::error(
             409,
             &format!("{SHAPED_GROUPS_MAX} shaped groups are attached already: remove one's activity first"),
-        );
+        )
+    };
+    if full(&table.lock().unwrap_or_else(PoisonError::into_inner)) {
+        return refused_full();
     }
     if rt.activity_id(path).is_none() {
         if let Err(e) = rt.create_activity(path, ActivitySpec::default()) {
@@ -144,6 +151,10 @@ pub(crate) fn attach(
         }
     }
     let now = rt.now_ns();
+    let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
+    if full(&t) {
+        return refused_full();
+    }
     let (status, e) = match t.by_path.get(path) {
         Some(e) => (200, *e),
         None => {
@@ -157,12 +168,13 @@ pub(crate) fn attach(
             (201, e)
         }
     };
+    drop(t);
     Response::json(status, &shaped(path, &e, now))
 }
 
 /// `POST {path}:report`.
 pub(crate) fn report(
-    table: &std::sync::Mutex<Table>,
+    table: &Mutex<Table>,
     rt: &Runtime,
     req: &crate::routes::Request,
     path: &str,
@@ -186,16 +198,26 @@ pub(crate) fn report(
             &format!("{name} = {v}: one report carries at most {SHAPED_REPORT_BYTES_MAX} bytes of each kind"),
         );
     }
-    let mut t = table.lock().expect("shaped lock");
-    if !t.contains(path) {
-        return Response::error(
+    let not_attached = || {
+        Response::error(
             404,
             &format!("no shaped group is attached to {path}: attach first"),
-        );
+        )
+    };
+    // The runtime is called with the table unlocked (a panic in it must not poison the table).
+    if !table
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(path)
+    {
+        return not_attached();
     }
     let Some(id) = rt.activity_id(path) else {
         // Removed behind our back (the route that removes it drops the entry too).
-        t.remove(path);
+        table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(path);
         return Response::error(404, &format!("no activity {path}: attach again"));
     };
     let bytes = ExternalBytes {
@@ -208,10 +230,16 @@ pub(crate) fn report(
         return runtime_error(&e, path);
     }
     let now = rt.now_ns();
-    let e = t.by_path.get_mut(path).expect("checked above");
+    let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
+    // Detached meanwhile (its activity removed): the bytes were charged, the entry is gone.
+    let Some(e) = t.by_path.get_mut(path) else {
+        drop(t);
+        return not_attached();
+    };
     e.reports += 1;
     e.last_report_ns = now;
     let e = *e;
+    drop(t);
     Response::json(200, &shaped(path, &e, now))
 }
 
@@ -219,11 +247,15 @@ pub(crate) fn report(
 /// attached (the change is the server's business), `Ok(Some(apply))` when it has and the
 /// change is one it can take.
 pub(crate) fn check_change(
-    table: &std::sync::Mutex<Table>,
+    table: &Mutex<Table>,
     path: &str,
     change: Option<&TenantChange>,
 ) -> Result<Option<ShapedChange>, Response> {
-    if !table.lock().expect("shaped lock").contains(path) {
+    if !table
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(path)
+    {
         return Ok(None);
     }
     let Some(tc) = change else {
@@ -259,8 +291,8 @@ pub(crate) struct ShapedChange {
 }
 
 impl ShapedChange {
-    pub(crate) fn apply(&self, table: &std::sync::Mutex<Table>, path: &str) {
-        let mut t = table.lock().expect("shaped lock");
+    pub(crate) fn apply(&self, table: &Mutex<Table>, path: &str) {
+        let mut t = table.lock().unwrap_or_else(PoisonError::into_inner);
         // Detached meanwhile (its activity removed): nothing to change.
         let Some(e) = t.by_path.get_mut(path) else {
             return;
