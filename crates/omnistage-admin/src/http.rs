@@ -88,9 +88,9 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
     let listener = TcpListener::bind(cfg.listen)
         .map_err(|e| format!("admin: cannot listen on {}: {e}", cfg.listen))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let state = Arc::new(Mutex::new(State::default()));
+    let state = Arc::new(Mutex::new(State::new(cfg.sample_interval)));
     // A first sample now, so rates exist one interval after start.
-    sampler::tick(source.runtime(), &state);
+    sampler::tick_contained(&*source, &state);
     let shared = Arc::new(Shared {
         source: source.clone(),
         state: state.clone(),
@@ -386,4 +386,92 @@ fn write_response(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
     s.write_all(head.as_bytes())?;
     s.write_all(&r.body)?;
     s.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use omnistage::exec::Runtime;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+
+    /// A source whose runtime the sampler thread can reach once; from its second call on, it
+    /// panics there (the first sample, taken at start on the caller's thread, and the request
+    /// handlers are served).
+    struct Flaky {
+        rt: Runtime,
+        sampler_calls: AtomicUsize,
+        /// `Runtime::now_ns` at the first panic (0: none yet).
+        first_panic_ns: AtomicU64,
+    }
+
+    impl Source for Flaky {
+        fn runtime(&self) -> &Runtime {
+            if std::thread::current().name() == Some("omnistage-admin-sampler")
+                && self.sampler_calls.fetch_add(1, Ordering::SeqCst) >= 1
+            {
+                let _ = self.first_panic_ns.compare_exchange(
+                    0,
+                    self.rt.now_ns().max(1),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+                panic!("the sampler's source fails (expected by the test)");
+            }
+            &self.rt
+        }
+    }
+
+    fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+        let end = Instant::now() + Duration::from_secs(20);
+        while !f() {
+            assert!(Instant::now() < end, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A sampler that panics goes on sampling (each failure counted), and once its last good
+    /// sample is stale the tree gives no rates instead of that sample's as current (the thread
+    /// once died, and the API served its last window as current for good).
+    #[test]
+    fn a_panicking_sampler_is_reported_stale() {
+        let flaky = Arc::new(Flaky {
+            rt: Runtime::builder().workers(1).start().unwrap(),
+            sampler_calls: AtomicUsize::new(0),
+            first_panic_ns: AtomicU64::new(0),
+        });
+        let cfg = AdminConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: None,
+            sample_interval: Duration::from_millis(50),
+            threads: 1,
+        };
+        let running = start(flaky.clone(), cfg).unwrap();
+        let c =
+            crate::client::Client::new(&format!("http://{}", running.local_addr()), None).unwrap();
+        let tree = || -> serde_json::Value {
+            let r = c.request("GET", "/api/v1/tree", None).unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            serde_json::from_slice(&r.body).unwrap()
+        };
+        wait_for("the sampler's first panic", || {
+            flaky.first_panic_ns.load(Ordering::SeqCst) != 0
+        });
+        // The last good sample is older than the panic; wait (on the runtime's clock) until it
+        // is older than the staleness bound: two intervals, at least one second.
+        let panic_ns = flaky.first_panic_ns.load(Ordering::SeqCst);
+        wait_for("the last sample to grow stale", || {
+            flaky.rt.now_ns() > panic_ns + 2_000_000_000
+        });
+        let t = tree();
+        assert!(t["root"]["rate"].is_null(), "stale rates served: {t}");
+        assert!(t["interval_s"].is_null(), "{t}");
+        assert!(t["sample_age_s"].as_f64().unwrap() >= 2.0, "{t}");
+        // The sampler thread is alive and counts each failure.
+        let failures = t["sampler_failures"].as_u64().unwrap();
+        assert!(failures >= 1, "{t}");
+        wait_for("another failure counted", || {
+            tree()["sampler_failures"].as_u64().unwrap() > failures
+        });
+        running.stop();
+    }
 }

@@ -155,6 +155,22 @@ pub struct Tree {
     /// The fleet this node belongs to (`[cluster]`), as its fleet thread last saw it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<Fleet>,
+    #[serde(flatten)]
+    pub sampler: SamplerStatus,
+}
+
+/// How current the rates are: the sampler's last sample and its failures. Rates (and
+/// `interval_s`) are `null` while the last sample is stale: older than two intervals, and at
+/// least a second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplerStatus {
+    /// Seconds since the sampler's last sample (`null` before the first).
+    #[serde(default)]
+    pub sample_age_s: Option<f64>,
+    /// Samples that failed (a panic while sampling) since start; each is also counted in
+    /// `/metrics` (`omnistage_admin_sampler_failures`).
+    #[serde(default)]
+    pub sampler_failures: u64,
 }
 
 /// A node of a fleet (crate `omnistage-fleet`): what it last computed, as the server keeps it.
@@ -216,6 +232,8 @@ pub struct Stage {
 pub struct Stages {
     pub interval_s: Option<f64>,
     pub stages: Vec<Stage>,
+    #[serde(flatten)]
+    pub sampler: SamplerStatus,
 }
 
 /// A node of the stage graph.
@@ -263,6 +281,8 @@ pub struct HistoryPoint {
 pub struct History {
     pub interval_s: f64,
     pub points: Vec<HistoryPoint>,
+    #[serde(flatten)]
+    pub sampler: SamplerStatus,
 }
 
 /// A CPU cap as a change gives it.

@@ -237,13 +237,6 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
         return r;
     }
     let rt = shared.source.runtime();
-    let window = || {
-        shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .window()
-    };
     // The proxy's counters, when the owner is an HTTP server.
     let upstreams = || {
         shared
@@ -257,11 +250,18 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let server = shared
+            let mut server = shared
                 .source
                 .tenants()
                 .map(|t| t.server_counters())
                 .unwrap_or_default();
+            server.push((
+                "omnistage_admin_sampler_failures",
+                "Samples the admin API's sampler failed to take (a panic while sampling); while \
+                 its last sample is older than two intervals (and a second) the API's rates are \
+                 null.",
+                sampled(shared, rt).1.sampler_failures,
+            ));
             let fleet = shared.source.tenants().and_then(|t| t.fleet());
             let body =
                 metrics::render(rt, &Sample::take(rt), &upstreams(), &server, fleet.as_ref());
@@ -271,7 +271,9 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let mut t = view::tree(rt, &Sample::take(rt), window().as_ref());
+            let (win, status) = sampled(shared, rt);
+            let mut t = view::tree(rt, &Sample::take(rt), win.as_ref());
+            t.sampler = status;
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
                 t.fleet = ten.fleet();
@@ -283,13 +285,16 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            Response::json(200, &view::stages(rt, &Sample::take(rt), window().as_ref()))
+            let (win, status) = sampled(shared, rt);
+            let mut st = view::stages(rt, &Sample::take(rt), win.as_ref());
+            st.sampler = status;
+            Response::json(200, &st)
         }),
         "/api/v1/graph" | "/api/v1/graph.dot" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &["format"]) {
                 return r;
             }
-            let g = view::graph(rt, &Sample::take(rt), window().as_ref());
+            let g = view::graph(rt, &Sample::take(rt), sampled(shared, rt).0.as_ref());
             let format = query_get(&req.query, "format").unwrap_or(if path.ends_with(".dot") {
                 "dot"
             } else {
@@ -315,12 +320,18 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let st = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let (win, sampler) = sampled(shared, rt);
+            let points = shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .history();
             Response::json(
                 200,
                 &model::History {
-                    interval_s: st.window().map(|w| w.dt_s()).unwrap_or(0.0),
-                    points: st.history(),
+                    interval_s: win.map(|w| w.dt_s()).unwrap_or(0.0),
+                    points,
+                    sampler,
                 },
             )
         }),
@@ -387,11 +398,7 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            let window = shared
-                .state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .window();
+            let window = sampled(shared, rt).0;
             let mut t = view::tree(rt, &Sample::take(rt), window.as_ref());
             if let Some(ten) = shared.source.tenants() {
                 view::fill_cache_bytes(&mut t.root, &ten.cache_bytes());
@@ -427,6 +434,23 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
         }
         _ => Response::method_not_allowed("GET, PUT, DELETE"),
     }
+}
+
+/// The sampler's window at this moment (`None` before two samples and while the last one is
+/// stale), and how current it is.
+fn sampled(
+    shared: &Shared,
+    rt: &Runtime,
+) -> (Option<crate::sampler::Window>, model::SamplerStatus) {
+    let now = rt.now_ns();
+    let st = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+    (
+        st.window(now),
+        model::SamplerStatus {
+            sample_age_s: st.age_s(now),
+            sampler_failures: st.failures(),
+        },
+    )
 }
 
 /// The attached shaped groups, for the tree.

@@ -424,6 +424,7 @@ pub(crate) fn tree(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> model:
     }
     model::Tree {
         fleet: None,
+        sampler: Default::default(),
         version,
         uptime_s: rt.now_ns() as f64 / 1e9,
         workers: rt.workers(),
@@ -596,6 +597,7 @@ pub(crate) fn stages(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> mode
         });
     }
     model::Stages {
+        sampler: Default::default(),
         interval_s: win.map(|w| w.dt_s()),
         stages: out,
     }

@@ -463,6 +463,7 @@ mod tests {
             interval_s: Some(1.0),
             cpu_ns_per_s: Some(1.5e9),
             fleet: None,
+            sampler: Default::default(),
             root: node(
                 "/",
                 100,
