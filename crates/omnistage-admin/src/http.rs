@@ -37,6 +37,10 @@ pub(crate) struct Shared {
     pub(crate) token: Option<String>,
     /// Shaped groups attached from outside (`omnistage shape --admin`).
     pub(crate) shaped: Mutex<crate::shaped::Table>,
+    /// Held by the routes that change the tree (`PUT`, `DELETE`, `:move`, `:attach`) from
+    /// reading what they change to writing it: a `PUT` copies the activity's whole spec,
+    /// changes its fields and writes the copy back, so two at once lost one's change.
+    pub(crate) changes: Mutex<()>,
 }
 
 /// The threads of a running admin server.
@@ -96,6 +100,7 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
         state: state.clone(),
         token: cfg.token.clone(),
         shaped: Default::default(),
+        changes: Default::default(),
     });
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::sync_channel::<TcpStream>(ACCEPT_QUEUE);

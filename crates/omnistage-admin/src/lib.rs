@@ -342,6 +342,7 @@ impl InProcess {
                 state: Default::default(),
                 token,
                 shaped: Default::default(),
+                changes: Default::default(),
             },
         }
     }

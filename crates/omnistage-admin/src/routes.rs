@@ -357,6 +357,18 @@ fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response {
     if let Err(e) = parse_path(path) {
         return Response::error(400, &e.to_string());
     }
+    // The changing routes one at a time (see `Shared::changes`); reads and `:report` (which
+    // only adds to counters) are not held up.
+    let changing = matches!(
+        (req.method.as_str(), verb),
+        ("POST", Some("move" | "attach")) | ("PUT" | "DELETE", None)
+    );
+    let _changing = changing.then(|| {
+        shared
+            .changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    });
     if let Some(verb) = verb {
         if req.method != "POST" {
             return Response::method_not_allowed("POST");
