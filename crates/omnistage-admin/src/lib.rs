@@ -37,13 +37,15 @@
 //! the server's running config owns (a tenant's or a class's: the reason says to edit the
 //! config file and reload instead), a p90 change to an activity under its tenant's
 //! class-priority controller, a network or disk cap of 0 B/s, a cache budget over the server's
-//! `cache_bytes_max`...; nothing changes: every part of a request is checked before any part is
-//! applied or written to the file), 411/413/
+//! `cache_bytes_max`, a reload of the server that fails...; nothing changes: every part of a
+//! request is checked before any part is applied, and the file is written only after the change
+//! is applied), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
 //! `application/json`, 501 for what the runtime cannot change (`persist=true` without an HTTP
 //! server, or on a removal or move; network and
-//! disk caps, cache budgets, send orders, moving connections), 503 when all handler threads are busy and
-//! the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
+//! disk caps, cache budgets, send orders, moving connections), 500 when a change was applied
+//! but its config file could not be written after all (the reason says so), 503 when all
+//! handler threads are busy and the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
 //!
 //! Off a loopback address the server refuses to start without a bearer token; with a token
 //! every API path and `/metrics` require `Authorization: Bearer <token>` (the dashboard page
@@ -191,6 +193,13 @@ pub trait Tenants: Send + Sync {
     /// without one (the embedded default), or when the file changed on disk since it was
     /// loaded, or when the edit would make it invalid.
     fn persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
+        Err(TenantError::Refused(
+            "this server keeps no config file to write changes to".into(),
+        ))
+    }
+    /// Whether [`Tenants::persist`] would take `edits` now, without writing: the API checks
+    /// before it changes the server, and writes the file only once the change is applied.
+    fn check_persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
         Err(TenantError::Refused(
             "this server keeps no config file to write changes to".into(),
         ))

@@ -862,9 +862,9 @@ fn tenant_change(change: &ActivityChange) -> Result<Option<crate::TenantChange>,
 }
 
 /// `PUT /api/v1/activities/{path}`: every part of the change is parsed and checked first (the
-/// body, the server-side settings, the activity's settings, the admission predicate), then the
-/// file is written (`persist=true`), then the change is applied; so a refused request changes
-/// nothing.
+/// body, the server-side settings, the activity's settings, the admission predicate, whether
+/// the file takes it), then the change is applied, then the file is written (`persist=true`);
+/// so a refused request changes nothing, and the file never holds a change that did not run.
 fn put_activity(
     rt: &Runtime,
     tenants: Option<&dyn crate::Tenants>,
@@ -1000,52 +1000,57 @@ fn put_activity(
             );
         }
     }
-    if let (Some(t), Some(tc)) = (tenants, &tenant_change) {
-        if let Err(e) = t.check_tenant(path, tc) {
-            return match e {
-                crate::TenantError::NotATenant(m) => Response::error(404, &m),
-                crate::TenantError::Refused(m) => Response::error(409, &m),
-            };
-        }
-    }
-    if let (Some(edits), Some(t)) = (&edits, tenants) {
-        // The file first: a change it refuses (changed on disk, invalid, embedded default)
-        // changes nothing; one it took is then applied live, as a reload would.
-        if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
-            t.persist(edits)
-        {
-            return Response::error(409, &format!("not persisted, nothing changed: {m}"));
-        }
-    }
-    if let (Some(t), Some(tc)) = (tenants, &tenant_change) {
-        if let Err(e) = t.set_tenant(path, tc) {
-            return match e {
-                crate::TenantError::NotATenant(m) => Response::error(404, &m),
-                crate::TenantError::Refused(m) => Response::error(409, &m),
-            };
-        }
-    }
     // A configured tenant's weight is also its weight on the link (the HTTP server's send
     // scheduler takes it from the running configuration), and the running configuration is
     // what a later change of the tenant applies again: a new weight or CPU cap goes into it,
     // as this change's own (the server does not read weights back from the runtime, where a
-    // fleet node's are the fleet's). Before the activity is set, so that the activity ends
-    // with this request's spec exactly (the config rebuilds a cap's burst its own way). An
-    // activity the configuration does not own has no node on the link (NotATenant: nothing
-    // to do).
-    if weight_changed || cap_changed {
-        if let Some(t) = tenants {
-            let fold = crate::TenantChange {
-                weight: weight_changed.then_some(spec.weight),
-                cpu_cap: cap_changed.then_some(spec.cap),
-                ..Default::default()
-            };
-            if let Err(crate::TenantError::Refused(m)) = t.set_tenant(path, &fold) {
-                return Response::error(
-                    409,
-                    &format!("the weight and CPU cap were not changed: {m}"),
-                );
-            }
+    // fleet node's are the fleet's). It goes with the server-side settings, as one change of
+    // the running configuration, checked here and applied before the activity is set (so the
+    // activity ends with this request's spec exactly: the config rebuilds a cap's burst its
+    // own way). An activity the configuration does not own has no node on the link
+    // (NotATenant when only the weight or cap changed: nothing to do there).
+    let fold_only = tenant_change.is_none();
+    let server_change = if tenant_change.is_some() || weight_changed || cap_changed {
+        let mut c = tenant_change.clone().unwrap_or_default();
+        if weight_changed {
+            c.weight = Some(spec.weight);
+        }
+        if cap_changed {
+            c.cpu_cap = Some(spec.cap);
+        }
+        tenants.map(|t| (t, c))
+    } else {
+        None
+    };
+    let server_error = |e: crate::TenantError, refused: &str| match e {
+        crate::TenantError::NotATenant(m) => Response::error(404, &m),
+        crate::TenantError::Refused(m) => Response::error(409, &format!("{refused}: {m}")),
+    };
+    let server_change = match server_change {
+        Some((t, c)) => match t.check_tenant(path, &c) {
+            Ok(()) => Some((t, c)),
+            Err(crate::TenantError::NotATenant(_)) if fold_only => None,
+            Err(e) => return server_error(e, "refused, nothing changed"),
+        },
+        None => None,
+    };
+    if let (Some(edits), Some(t)) = (&edits, tenants) {
+        // Whether the file takes the change (changed on disk, invalid, embedded default) is
+        // checked before anything changes; it is written last, once the change runs, so a
+        // change the server then fails to apply is not in the file either.
+        if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
+            t.check_persist(edits)
+        {
+            return Response::error(409, &format!("not persisted, nothing changed: {m}"));
+        }
+    }
+    if let Some((t, c)) = server_change {
+        match t.set_tenant(path, &c) {
+            Ok(()) => {}
+            Err(crate::TenantError::NotATenant(_)) if fold_only => {}
+            // One reload applies all of it or none (a certificate that no longer loads, say).
+            Err(e) if persist => return server_error(e, "not changed, nor written to the file"),
+            Err(e) => return server_error(e, "not changed"),
         }
     }
     let (id, action) = match &existing {
@@ -1065,6 +1070,21 @@ fn put_activity(
     }
     if let Some(c) = shaped_change {
         c.apply(shaped_groups, path);
+    }
+    if let (Some(edits), Some(t)) = (&edits, tenants) {
+        if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
+            t.persist(edits)
+        {
+            // Checked above, so only a failed write or an edit of the file since gets here;
+            // the change runs, and the answer says so.
+            return Response::error(
+                500,
+                &format!(
+                    "{path} was {action} and runs, but the config file was not written (it \
+                     keeps what it had): {m}"
+                ),
+            );
+        }
     }
     changed(rt, path, id, action)
 }

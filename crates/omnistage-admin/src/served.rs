@@ -108,12 +108,24 @@ impl Tenants for Served {
     fn persist(&self, edits: &[Edit]) -> Result<(), TenantError> {
         let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         match file.as_mut() {
-            None => Err(TenantError::Refused(
-                "this server runs on the embedded default config: there is no file to write \
-                 the change to; start it with --config FILE to persist changes"
-                    .into(),
-            )),
+            None => Err(no_file()),
             Some(f) => f.apply(edits).map_err(TenantError::Refused),
         }
     }
+
+    fn check_persist(&self, edits: &[Edit]) -> Result<(), TenantError> {
+        let file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        match file.as_ref() {
+            None => Err(no_file()),
+            Some(f) => f.check(edits).map_err(TenantError::Refused),
+        }
+    }
+}
+
+fn no_file() -> TenantError {
+    TenantError::Refused(
+        "this server runs on the embedded default config: there is no file to write the change \
+         to; start it with --config FILE to persist changes"
+            .into(),
+    )
 }

@@ -736,3 +736,60 @@ fn a_class_weight_set_through_the_api_outlives_another_tenants_change() {
         .unwrap();
     assert_eq!(b.cache_bytes, Some(1 << 20));
 }
+
+/// A persisted change the server then fails to apply (here every reload fails: the TLS
+/// certificate went bad after start) is refused with the file as it was: the file is written
+/// only once the change runs. (It was written first, and the answer said "not changed" while
+/// the file kept the edit.)
+#[test]
+fn a_change_the_server_cannot_apply_is_not_written_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = rcgen::generate_simple_self_signed(vec!["a".to_string()]).unwrap();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nlisten_tls = [\"127.0.0.2:0\"]\n\
+         tls_cert = '{}'\ntls_key = '{}'\n\n\
+         [[tenant]]\nname = \"a\"\nhosts = [\"a\"]\ndocroot = '{d}'\nweight = 50\n",
+        cert.display(),
+        key.display(),
+        d = dir.path().display()
+    );
+    let (s, path) = served(&toml, dir.path(), true);
+    let (_h, c) = admin_of(&s);
+    std::fs::write(&cert, "not a certificate\n").unwrap();
+    let before = std::fs::read_to_string(&path).unwrap();
+    let weight = || {
+        s.runtime().with_activities(|t| {
+            t.lookup("/tenants/a")
+                .map(|id| t.get(id).unwrap().spec.weight)
+        })
+    };
+    for body in [
+        r#"{"weight": 70}"#,
+        r#"{"cap_net": "10MB/s"}"#,
+        r#"{"weight": 70, "cap": {"cores": 0.5}}"#,
+    ] {
+        let r = c
+            .request(
+                "PUT",
+                "/api/v1/activities/tenants/a?persist=true",
+                Some(body.as_bytes()),
+            )
+            .unwrap();
+        assert_eq!(r.status, 409, "{body}: {}", r.text());
+        assert!(
+            r.error_message().contains("cert.pem"),
+            "{body}: {}",
+            r.text()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            before,
+            "{body}: refused, yet written to the file"
+        );
+        assert_eq!(weight(), Some(50), "{body}");
+    }
+}

@@ -84,6 +84,23 @@ impl ConfigFile {
 
     /// Applies `edits` to the file (all or none); see the module doc.
     pub fn apply(&mut self, edits: &[Edit]) -> Result<(), String> {
+        let new_text = self.edited(edits)?;
+        replace_atomically(&self.path, new_text.as_bytes())
+            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
+        self.loaded = new_text.into_bytes();
+        Ok(())
+    }
+
+    /// Whether [`ConfigFile::apply`] would take `edits` now, without writing anything: every
+    /// refusal but a failing write (the admin API checks before it changes the server, and
+    /// writes the file after).
+    pub fn check(&self, edits: &[Edit]) -> Result<(), String> {
+        self.edited(edits).map(|_| ())
+    }
+
+    /// The file's text with `edits` applied, checked: refused when the file changed on disk
+    /// since it was loaded, or when the result is not a valid config.
+    fn edited(&self, edits: &[Edit]) -> Result<String, String> {
         let now = std::fs::read(&self.path)
             .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
         if now != self.loaded {
@@ -97,10 +114,7 @@ impl ConfigFile {
         let new_text = edit_text(text, edits)?;
         parse_config_of_file(&new_text, &self.path)
             .map_err(|e| format!("the change would make the config file invalid: {e}"))?;
-        replace_atomically(&self.path, new_text.as_bytes())
-            .map_err(|e| format!("cannot write {}: {e}", self.path.display()))?;
-        self.loaded = new_text.into_bytes();
-        Ok(())
+        Ok(new_text)
     }
 }
 
