@@ -2,16 +2,19 @@
 //! `httparse`.
 //!
 //! One acceptor thread hands connections to a fixed pool of handler threads through a bounded
-//! queue; when the queue is full the acceptor answers 503 itself and closes. Each connection
-//! carries one request (`Connection: close`), so an idle browser connection never holds a
-//! handler thread. Limits: request head [`HEAD_BYTES_MAX`], [`HEADERS_MAX`] headers, body
-//! [`BODY_BYTES_MAX`], and [`REQUEST_TIMEOUT`] to receive the whole request.
+//! queue; when the queue is full, or the peer's address already has [`PEER_CONNECTIONS_MAX`]
+//! connections accepted and not yet done, the acceptor answers 503 itself and closes. Each
+//! connection carries one request (`Connection: close`), so an idle browser connection never
+//! holds a handler thread. Limits: request head [`HEAD_BYTES_MAX`], [`HEADERS_MAX`] headers,
+//! body [`BODY_BYTES_MAX`]; [`HEAD_TIMEOUT`] to receive the head and [`REQUEST_TIMEOUT`] the
+//! whole request, both counted from the accept; [`WRITE_DEADLINE`] to write the whole answer.
 
 use crate::routes::{self, Headers, Request, Response};
 use crate::sampler::{self, State};
 use crate::{AdminConfig, Source};
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,12 +27,27 @@ pub(crate) const HEAD_BYTES_MAX: usize = 16 * 1024;
 pub(crate) const HEADERS_MAX: usize = 64;
 /// Largest request body.
 pub(crate) const BODY_BYTES_MAX: usize = 64 * 1024;
-/// Time allowed to receive a whole request.
+/// Time allowed to receive the request head, from the accept: a connection that sends nothing
+/// holds a handler thread until then, so this bounds how long a request waits behind idle
+/// connections (at 5 s, as long as the whole request may take, ~68 idle connections renewed
+/// every 5 s kept every other client out). Every client of ours sends its head at once.
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time allowed to receive a whole request (head and body), from the accept.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time allowed to write an answer.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time allowed to write a whole answer: a client that reads it slowly (a few bytes at a time,
+/// each write progressing) is cut off then rather than holding a handler thread for as long as
+/// it likes.
+pub(crate) const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+/// Time the acceptor spends writing a 503 itself (it accepts nothing meanwhile).
+const REFUSAL_WRITE_DEADLINE: Duration = Duration::from_millis(100);
 /// Accepted connections waiting for a handler thread.
 pub(crate) const ACCEPT_QUEUE: usize = 64;
+/// Most connections one peer address may have accepted and not yet done (waiting or being
+/// served); past it the acceptor answers 503. Half the accept queue: one address cannot fill
+/// it, so clients at other addresses still get in. Clients on the same host (loopback: `top`,
+/// shaped launchers, a scraper) share one address and this bound; they hold a connection for a
+/// request each, milliseconds.
+pub(crate) const PEER_CONNECTIONS_MAX: usize = ACCEPT_QUEUE / 2;
 
 pub(crate) struct Shared {
     pub(crate) source: Arc<dyn Source>,
@@ -103,7 +121,7 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
         changes: Default::default(),
     });
     let stopping = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = mpsc::sync_channel::<TcpStream>(ACCEPT_QUEUE);
+    let (tx, rx) = mpsc::sync_channel::<Conn>(ACCEPT_QUEUE);
     let rx = Arc::new(Mutex::new(rx));
     let mut handlers = Vec::with_capacity(cfg.threads);
     for i in 0..cfg.threads {
@@ -140,14 +158,68 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
     })
 }
 
-fn accept_loop(listener: TcpListener, tx: SyncSender<TcpStream>, stopping: &AtomicBool) {
+/// Connections accepted and not yet done, by peer address.
+#[derive(Default)]
+struct Peers(Mutex<HashMap<IpAddr, usize>>);
+
+impl Peers {
+    /// A slot for one more connection of `ip`, or `None` at [`PEER_CONNECTIONS_MAX`].
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = m.entry(ip).or_insert(0);
+        if *n >= PEER_CONNECTIONS_MAX {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection's place in [`Peers`], given back when it is done.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = m.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// An accepted connection on its way to a handler.
+struct Conn {
+    stream: TcpStream,
+    /// When it was accepted: the request's deadlines count from here, so time spent waiting in
+    /// the queue is not given again.
+    accepted: Instant,
+    _slot: PeerSlot,
+}
+
+fn refuse(mut s: TcpStream, msg: &str) {
+    let r = Response::error(503, msg);
+    let _ = write_response_by(&mut s, &r, Instant::now() + REFUSAL_WRITE_DEADLINE);
+    let _ = s.shutdown(Shutdown::Both);
+}
+
+fn accept_loop(listener: TcpListener, tx: SyncSender<Conn>, stopping: &AtomicBool) {
+    let peers = Arc::new(Peers::default());
     loop {
         let conn = listener.accept();
         if stopping.load(Ordering::Acquire) {
             return;
         }
-        let stream = match conn {
-            Ok((s, _)) => s,
+        let (stream, peer) = match conn {
+            Ok(c) => c,
             Err(e) => {
                 // Out of descriptors and the like: back off briefly rather than spin.
                 eprintln!("omnistage admin: accept: {e}");
@@ -155,26 +227,38 @@ fn accept_loop(listener: TcpListener, tx: SyncSender<TcpStream>, stopping: &Atom
                 continue;
             }
         };
-        match tx.try_send(stream) {
+        let Some(slot) = peers.take(peer.ip()) else {
+            refuse(
+                stream,
+                &format!(
+                    "{PEER_CONNECTIONS_MAX} connections from {} are open already; try again",
+                    peer.ip()
+                ),
+            );
+            continue;
+        };
+        let conn = Conn {
+            stream,
+            accepted: Instant::now(),
+            _slot: slot,
+        };
+        match tx.try_send(conn) {
             Ok(()) => {}
-            Err(TrySendError::Full(mut s)) => {
-                let _ = s.set_write_timeout(Some(Duration::from_millis(100)));
-                let r = Response::error(503, "the admin server is busy; try again");
-                let _ = write_response(&mut s, &r);
-                let _ = s.shutdown(Shutdown::Both);
+            Err(TrySendError::Full(c)) => {
+                refuse(c.stream, "the admin server is busy; try again");
             }
             Err(TrySendError::Disconnected(_)) => return,
         }
     }
 }
 
-fn handler_loop(rx: &Mutex<Receiver<TcpStream>>, shared: &Shared) {
+fn handler_loop(rx: &Mutex<Receiver<Conn>>, shared: &Shared) {
     // A panic in a handler is reported (and counted in /metrics) as the admin stage's.
     omnistage::exec::panic::set_thread_stage("admin");
     loop {
         let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
         match next {
-            Ok(mut s) => serve(&mut s, shared),
+            Ok(mut c) => serve(&mut c.stream, c.accepted, shared),
             Err(_) => return,
         }
     }
@@ -189,10 +273,9 @@ enum ReadError {
     Gone,
 }
 
-fn serve(s: &mut TcpStream, shared: &Shared) {
+fn serve(s: &mut TcpStream, accepted: Instant, shared: &Shared) {
     let _ = s.set_nodelay(true);
-    let _ = s.set_write_timeout(Some(WRITE_TIMEOUT));
-    let resp = match read_request(s) {
+    let resp = match read_request(s, accepted) {
         Ok(req) => {
             // A handler that panics answers 500 and the thread goes on.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -291,14 +374,17 @@ pub(crate) fn parse_head(buf: &[u8]) -> Result<Option<Head>, Response> {
     }
 }
 
-fn read_request(s: &mut TcpStream) -> Result<Request, ReadError> {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
+/// Reads one request: its head by `accepted` + [`HEAD_TIMEOUT`], all of it by `accepted` +
+/// [`REQUEST_TIMEOUT`].
+fn read_request(s: &mut TcpStream, accepted: Instant) -> Result<Request, ReadError> {
+    let head_deadline = accepted + HEAD_TIMEOUT;
+    let deadline = accepted + REQUEST_TIMEOUT;
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     let head = loop {
         match parse_head(&buf) {
             Ok(Some(h)) => break h,
-            Ok(None) => read_some(s, &mut buf, &mut chunk, deadline, HEAD_BYTES_MAX)?,
+            Ok(None) => read_some(s, &mut buf, &mut chunk, head_deadline, HEAD_BYTES_MAX)?,
             Err(r) => return Err(ReadError::Answer(r)),
         }
     };
@@ -311,7 +397,14 @@ fn read_request(s: &mut TcpStream) -> Result<Request, ReadError> {
     Ok(req)
 }
 
-/// Reads more bytes (at most up to `limit` in `buf`) before the deadline.
+fn timed_out() -> ReadError {
+    ReadError::Answer(Response::error(408, "request not received in time"))
+}
+
+/// Reads more bytes (at most up to `limit` in `buf`) before the deadline. Past it (a
+/// connection that waited in the queue longer than its deadline), only bytes that have arrived
+/// already are read: a request sent at once is still served, an idle connection is answered at
+/// once.
 fn read_some(
     s: &mut TcpStream,
     buf: &mut Vec<u8>,
@@ -320,31 +413,33 @@ fn read_some(
     limit: usize,
 ) -> Result<(), ReadError> {
     let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(ReadError::Answer(Response::error(
-            408,
-            "request not received in time",
-        )));
+    let late = left.is_zero();
+    if late {
+        s.set_nonblocking(true).map_err(|_| ReadError::Gone)?;
+    } else {
+        let _ = s.set_read_timeout(Some(left));
     }
-    let _ = s.set_read_timeout(Some(left));
     let want = limit.saturating_sub(buf.len()).clamp(1, chunk.len());
-    match s.read(&mut chunk[..want]) {
+    let res = s.read(&mut chunk[..want]);
+    if late {
+        s.set_nonblocking(false).map_err(|_| ReadError::Gone)?;
+    }
+    match res {
         Ok(0) => Err(ReadError::Gone),
         Ok(n) => {
             buf.extend_from_slice(&chunk[..n]);
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted && !late => Ok(()),
         Err(e)
             if matches!(
                 e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                std::io::ErrorKind::WouldBlock
+                    | std::io::ErrorKind::TimedOut
+                    | std::io::ErrorKind::Interrupted
             ) =>
         {
-            Err(ReadError::Answer(Response::error(
-                408,
-                "request not received in time",
-            )))
+            Err(timed_out())
         }
         Err(_) => Err(ReadError::Gone),
     }
@@ -373,7 +468,13 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// Writes `r` within [`WRITE_DEADLINE`].
 fn write_response(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
+    write_response_by(s, r, Instant::now() + WRITE_DEADLINE)
+}
+
+/// Writes `r` by `deadline`, however slowly the peer reads.
+fn write_response_by(s: &mut TcpStream, r: &Response, deadline: Instant) -> std::io::Result<()> {
     let mut head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
         r.status,
@@ -388,9 +489,30 @@ fn write_response(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
         head.push_str("\r\n");
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes())?;
-    s.write_all(&r.body)?;
-    s.flush()
+    write_all_by(s, head.as_bytes(), deadline)?;
+    write_all_by(s, &r.body, deadline)
+}
+
+/// `write_all` that gives up at `deadline`: each write may block only for the time left (a
+/// per-call timeout alone restarts with every write that progresses).
+fn write_all_by(s: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "answer not written by its deadline",
+            ));
+        }
+        s.set_write_timeout(Some(left))?;
+        match s.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -432,6 +554,57 @@ mod tests {
             assert!(Instant::now() < end, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    struct Plain(Runtime);
+
+    impl Source for Plain {
+        fn runtime(&self) -> &Runtime {
+            &self.0
+        }
+    }
+
+    /// One address has at most [`PEER_CONNECTIONS_MAX`] connections in: the next one is
+    /// answered 503 by the acceptor at once, and once they are done the address gets in again.
+    #[test]
+    fn one_address_has_at_most_its_share_of_the_connections() {
+        let cfg = AdminConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: None,
+            sample_interval: Duration::from_secs(1),
+            threads: 1,
+        };
+        let running = start(
+            Arc::new(Plain(Runtime::builder().workers(1).start().unwrap())),
+            cfg,
+        )
+        .unwrap();
+        let addr = running.local_addr();
+        // Idle (each is answered 408 a second after its accept; these take milliseconds).
+        let idle: Vec<TcpStream> = (0..PEER_CONNECTIONS_MAX)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut extra = TcpStream::connect(addr).unwrap();
+        extra
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = extra.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 503 "), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{PEER_CONNECTIONS_MAX} connections from 127.0.0.1"
+            )),
+            "{text}"
+        );
+        drop(idle);
+        let c = crate::client::Client::new(&format!("http://{addr}"), None).unwrap();
+        wait_for("the address to get in again", || {
+            c.request("GET", "/api/v1/tree", None)
+                .is_ok_and(|r| r.status == 200)
+        });
+        running.stop();
     }
 
     /// A sampler that panics goes on sampling (each failure counted), and once its last good
@@ -478,5 +651,58 @@ mod tests {
             tree()["sampler_failures"].as_u64().unwrap() > failures
         });
         running.stop();
+    }
+}
+
+#[cfg(test)]
+mod write_tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A client that reads its answer slowly (64 KiB every 100 ms: steady progress, so no single
+    /// write ever waits long) holds the handler only until the answer's deadline, not for as
+    /// long as it takes to read it all.
+    #[test]
+    fn a_slow_reader_is_cut_off_at_the_write_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                while !stop.load(Ordering::Relaxed) {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => std::thread::sleep(Duration::from_millis(100)),
+                    }
+                }
+            })
+        };
+        let (mut s, _) = listener.accept().unwrap();
+        // Far more than the socket buffers hold: 64 MiB at 640 KiB/s would take 100 s.
+        let r = Response {
+            status: 200,
+            content_type: "text/plain",
+            headers: Vec::new(),
+            body: vec![b'x'; 64 << 20],
+        };
+        let (tx, rx) = mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let t = Instant::now();
+            let res = write_response(&mut s, &r);
+            let _ = tx.send((res.is_ok(), t.elapsed()));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(8));
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+        writer.join().unwrap();
+        let (ok, took) = got.expect("the write ended within its deadline and a margin");
+        assert!(
+            !ok,
+            "a 64 MiB answer was written to a slow reader in {took:?}"
+        );
+        assert!(took >= WRITE_DEADLINE, "{took:?}");
     }
 }

@@ -45,7 +45,9 @@
 //! server, or on a removal or move; network and
 //! disk caps, cache budgets, send orders, moving connections), 500 when a change was applied
 //! but its config file could not be written after all (the reason says so), 503 when all
-//! handler threads are busy and the accept queue is full. Every error body is `{"status": N, "error": "reason"}`.
+//! handler threads are busy and the accept queue is full or the client's address has 32
+//! connections open already, 408 for a request head not received within a second of the
+//! accept (or a whole request within 5 s). Every error body is `{"status": N, "error": "reason"}`.
 //!
 //! Off a loopback address the server refuses to start without a bearer token; with a token
 //! every API path and `/metrics` require `Authorization: Bearer <token>` (the dashboard page
