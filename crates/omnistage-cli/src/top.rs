@@ -17,7 +17,11 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
-use std::time::{Duration, Instant};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How often the view looks for a fetched tree while no key is pressed.
+const UI_TICK: Duration = Duration::from_millis(50);
 
 #[derive(Args)]
 pub struct TopArgs {
@@ -352,57 +356,83 @@ pub fn run(a: TopArgs) -> Result<(), String> {
         tree_view: !a.flat,
         source: a.admin.url(),
     };
-    let fetch = |app: &mut App| match client.get_json::<Tree>("/api/v1/tree") {
-        Ok(t) => {
-            app.tree = Some(t);
-            app.error = None;
-        }
-        Err(e) => app.error = Some(e),
-    };
     if a.once {
-        fetch(&mut app);
-        if let Some(e) = &app.error {
-            return Err(e.clone());
+        match client.get_json::<Tree>("/api/v1/tree") {
+            Ok(t) => app.tree = Some(t),
+            Err(e) => return Err(e),
         }
         crate::print_stdout(&frame_text(&app, a.width.max(40), a.height.max(8)));
         return Ok(());
     }
     let interval = Duration::from_millis(a.interval_ms);
+    // The tree is fetched on a thread of its own, so the keys are answered while a fetch waits
+    // on a slow server (each fetch is bounded by the client's deadline).
+    let (results, fetched) = mpsc::sync_channel::<Result<Tree, String>>(1);
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("omnistage-top-fetch".into())
+        .spawn(move || loop {
+            if results
+                .send(client.get_json::<Tree>("/api/v1/tree"))
+                .is_err()
+            {
+                return;
+            }
+            match stopped.recv_timeout(interval) {
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                _ => return,
+            }
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
     let mut terminal = ratatui::init();
     let result = (|| -> Result<(), String> {
-        let mut next = Instant::now();
+        let mut redraw = true;
         loop {
-            if Instant::now() >= next {
-                fetch(&mut app);
-                next = Instant::now() + interval;
+            match fetched.try_recv() {
+                Ok(Ok(t)) => {
+                    app.tree = Some(t);
+                    app.error = None;
+                    redraw = true;
+                }
+                Ok(Err(e)) => {
+                    app.error = Some(e);
+                    redraw = true;
+                }
+                Err(_) => {}
             }
-            terminal
-                .draw(|f| draw(f, &app))
-                .map_err(|e| e.to_string())?;
-            let wait = next.saturating_duration_since(Instant::now());
-            if event::poll(wait).map_err(|e| e.to_string())? {
-                if let Event::Key(k) = event::read().map_err(|e| e.to_string())? {
-                    if k.kind != KeyEventKind::Press {
-                        continue;
+            if redraw {
+                terminal
+                    .draw(|f| draw(f, &app))
+                    .map_err(|e| e.to_string())?;
+                redraw = false;
+            }
+            if !event::poll(UI_TICK).map_err(|e| e.to_string())? {
+                continue;
+            }
+            redraw = true;
+            if let Event::Key(k) = event::read().map_err(|e| e.to_string())? {
+                if k.kind != KeyEventKind::Press {
+                    continue;
+                }
+                match k.code {
+                    KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
+                    KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => {
+                        return Ok(())
                     }
-                    match k.code {
-                        KeyCode::Char('q') | KeyCode::Esc => return Ok(()),
-                        KeyCode::Char('c') if k.modifiers.contains(KeyModifiers::CONTROL) => {
-                            return Ok(())
+                    KeyCode::Char('t') => app.tree_view = !app.tree_view,
+                    KeyCode::Char(c) => {
+                        if let Some(s) = SortKey::of_key(c) {
+                            app.key = s;
                         }
-                        KeyCode::Char('t') => app.tree_view = !app.tree_view,
-                        KeyCode::Char(c) => {
-                            if let Some(s) = SortKey::of_key(c) {
-                                app.key = s;
-                            }
-                        }
-                        _ => {}
                     }
+                    _ => {}
                 }
             }
         }
     })();
     ratatui::restore();
+    // The fetcher ends at its next wait (or when its fetch in progress ends); not joined.
+    drop(stop);
     result
 }
 
