@@ -137,7 +137,15 @@ pub struct RowView {
     pub starved: bool,
 }
 
+/// `s` without control characters: text from the server (names, paths, errors) is drawn on
+/// the operator's terminal, where an escape sequence would clear it, retitle it, or worse
+/// (ratatui passes them through).
+pub(crate) fn printable(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).collect()
+}
+
 fn row_of(n: &Node, label: String) -> RowView {
+    let label = printable(&label);
     let rate = n.rate.as_ref();
     let starved = matches!((n.share, n.target_share), (Some(s), Some(t)) if t - s > 0.05);
     RowView {
@@ -223,7 +231,7 @@ pub fn draw(f: &mut Frame<'_>, app: &App) {
     let summary = match &app.tree {
         Some(t) => format!(
             "omnistage top — {} — up {:.0} s, {} workers, {} CPU charged, tree v{}{}",
-            app.source,
+            printable(&app.source),
             t.uptime_s,
             t.workers,
             t.cpu_ns_per_s
@@ -232,10 +240,10 @@ pub fn draw(f: &mut Frame<'_>, app: &App) {
             t.version,
             fleet_mark(t.fleet.as_ref())
         ),
-        None => format!("omnistage top — {} — connecting…", app.source),
+        None => format!("omnistage top — {} — connecting…", printable(&app.source)),
     };
     let status = match &app.error {
-        Some(e) => Line::styled(e.clone(), Style::default().fg(Color::Red)),
+        Some(e) => Line::styled(printable(e), Style::default().fg(Color::Red)),
         None => Line::from(format!(
             "sort: {}   view: {}   (rates and p90 over the last second)",
             app.key.name(),
@@ -313,10 +321,13 @@ pub fn draw(f: &mut Frame<'_>, app: &App) {
 fn fleet_mark(fleet: Option<&omnistage_admin::model::Fleet>) -> String {
     match fleet {
         None => String::new(),
-        Some(f) if f.connected => format!(" — fleet node {} of {}", f.node, f.nodes_seen),
+        Some(f) if f.connected => {
+            format!(" — fleet node {} of {}", printable(&f.node), f.nodes_seen)
+        }
         Some(f) => format!(
             " — fleet node {}: Redis unreachable, local shares (episode {})",
-            f.node, f.episodes
+            printable(&f.node),
+            f.episodes
         ),
     }
 }
@@ -571,6 +582,38 @@ mod tests {
             ..app
         };
         assert!(frame_text(&none, 80, 10).contains("cannot reach"));
+    }
+
+    /// Text from the server (an error, a node's name and path, a fleet node's name) reaches
+    /// the terminal without its control characters: an escape sequence in an activity's name
+    /// must not clear or retitle the operator's terminal.
+    #[test]
+    fn server_text_reaches_the_terminal_without_control_characters() {
+        let mut t = sample();
+        let n = &mut t.root.children[1];
+        n.name = "t\x1b]0;retitled\x07".into();
+        n.path = "/t\x1b[31m".into();
+        t.fleet = Some(omnistage_admin::model::Fleet {
+            node: "n\x1b[2J".into(),
+            connected: true,
+            nodes_seen: 2,
+            ..Default::default()
+        });
+        for tree_view in [true, false] {
+            let app = App {
+                tree: Some(t.clone()),
+                error: Some("x\x1b[2Jy\r\n\x7f\u{9b}z".into()),
+                key: SortKey::Name,
+                tree_view,
+                source: "http://127.0.0.1:9090".into(),
+            };
+            let text = frame_text(&app, 160, 12);
+            assert!(
+                !text.chars().any(|c| c.is_control() && c != '\n'),
+                "{text:?}"
+            );
+            assert!(text.contains("x[2Jyz"), "{text}");
+        }
     }
 
     #[test]
