@@ -17,6 +17,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 use ratatui::{Frame, Terminal};
+use std::io::IsTerminal;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -349,6 +350,14 @@ pub fn frame_text(app: &App, width: u16, height: u16) -> String {
     out
 }
 
+/// Why the live view cannot start, and what to use instead.
+fn no_terminal(why: &str) -> String {
+    format!(
+        "top draws on a terminal and cannot start here ({why}): use --once to print one frame \
+         as text"
+    )
+}
+
 pub fn run(a: TopArgs) -> Result<(), String> {
     if !(100..=60_000).contains(&a.interval_ms) {
         return Err("--interval-ms must be in 100..=60000".into());
@@ -375,6 +384,15 @@ pub fn run(a: TopArgs) -> Result<(), String> {
         crate::print_stdout(&frame_text(&app, a.width.max(40), a.height.max(8)));
         return Ok(());
     }
+    if !std::io::stdout().is_terminal() {
+        return Err(no_terminal("its output is not a terminal"));
+    }
+    // A terminal on stdout may still not be one we can drive (no controlling terminal).
+    let mut terminal = ratatui::try_init().map_err(|e| {
+        // Whatever of it was set up (raw mode) is undone.
+        ratatui::restore();
+        no_terminal(&e.to_string())
+    })?;
     let interval = Duration::from_millis(a.interval_ms);
     // The tree is fetched on a thread of its own, so the keys are answered while a fetch waits
     // on a slow server (each fetch is bounded by the client's deadline).
@@ -394,8 +412,10 @@ pub fn run(a: TopArgs) -> Result<(), String> {
                 _ => return,
             }
         })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
-    let mut terminal = ratatui::init();
+        .map_err(|e| {
+            ratatui::restore();
+            format!("cannot start a thread: {e}")
+        })?;
     let result = (|| -> Result<(), String> {
         let mut redraw = true;
         loop {

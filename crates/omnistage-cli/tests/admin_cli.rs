@@ -179,3 +179,34 @@ fn set_tree_graph_and_top_against_a_running_server() {
     assert!(status.success(), "{status}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `omnistage top` without a terminal (output to a pipe, as in a script or under CI) says to use
+/// `--once` and exits with status 2, instead of panicking in the terminal library.
+#[test]
+fn top_without_a_terminal_says_to_use_once() {
+    let mut child = Command::new(common::BIN)
+        .args(["top", "--admin", "http://127.0.0.1:1"])
+        .env_remove("OMNISTAGE_ADMIN_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let status = status.unwrap_or_else(|| panic!("top kept running without a terminal: {err}"));
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("--once") && !err.contains("panicked"), "{err}");
+}
