@@ -191,7 +191,8 @@ pub struct Admission {
 /// One (stage, activity) queue.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageActivity {
-    /// The activity's path (`#id` once removed).
+    /// The activity's path (a removed activity's rows are left out; its work stays in the
+    /// stage's totals).
     pub activity: String,
     pub id: u32,
     pub queued: u64,

@@ -550,14 +550,16 @@ pub(crate) fn stages(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> mode
         let mut rows = Vec::new();
         for (&(s, a), agg) in now.range((sid, 0)..=(sid, ActivityId::MAX)) {
             debug_assert_eq!(s, sid);
+            // A removed activity's rows are left out (its work stays in the stage's totals):
+            // with activities made and removed all day, they only grew the document.
+            let Some(info) = acts.get(&a) else {
+                continue;
+            };
             let ia = interval
                 .as_ref()
                 .map(|(m, dt)| (m.get(&(s, a)).cloned().unwrap_or_default(), *dt));
             rows.push(model::StageActivity {
-                activity: acts
-                    .get(&a)
-                    .map(|i| i.path.clone())
-                    .unwrap_or_else(|| format!("#{a}")),
+                activity: info.path.clone(),
                 id: a,
                 queued: agg.queued,
                 delayed: agg.delayed,
@@ -565,7 +567,7 @@ pub(crate) fn stages(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> mode
                 rate: ia.as_ref().map(|(i, dt)| i.rates(*dt)),
                 latency: agg.latency(),
                 latency_1s: ia.as_ref().map(|(i, _)| i.latency()),
-                admission: if cfg.is_some() && acts.contains_key(&a) {
+                admission: if cfg.is_some() {
                     admission_of(rt, s, Some(a))
                 } else {
                     None

@@ -602,3 +602,38 @@ fn requests_past_the_limits_are_refused() {
     // And the server still answers.
     assert_eq!(raw(addr, b"GET /api/v1/tree HTTP/1.1\r\n\r\n"), 200);
 }
+
+/// A removed activity's rows leave `/api/v1/stages` (its work stays in the stages' totals).
+#[test]
+fn removed_activities_leave_the_stages() {
+    let r = rig(1);
+    let (_h, c) = admin(&r.rt, None);
+    let x =
+        r.rt.create_activity("/t/x", omnistage::activity::ActivitySpec::default())
+            .unwrap();
+    r.pipeline(x, 5);
+    let front = |s: &Stages| {
+        s.stages
+            .iter()
+            .find(|st| st.name == "front")
+            .unwrap()
+            .clone()
+    };
+    let s: Stages = c.get_json("/api/v1/stages").unwrap();
+    assert!(front(&s).activities.iter().any(|a| a.id == x));
+    let before = front(&s).total.messages;
+    assert_eq!(
+        req(&c, "DELETE", "/api/v1/activities/t/x", None).status,
+        200
+    );
+    let s: Stages = c.get_json("/api/v1/stages").unwrap();
+    for st in &s.stages {
+        assert!(
+            st.activities.iter().all(|a| a.id != x),
+            "{}: {:?}",
+            st.name,
+            st.activities
+        );
+    }
+    assert_eq!(front(&s).total.messages, before);
+}
