@@ -3,7 +3,7 @@
 //!
 //! Units are in the field names: `_ns` nanoseconds, `_s` seconds, `bytes_*` bytes; rates are
 //! per second over the sampler's last complete interval (`interval_s`, about one second) and
-//! are `null` until two samples exist.
+//! are `null` until two samples exist, and while the last one is stale ([`SamplerStatus`]).
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
