@@ -233,11 +233,23 @@ impl Server {
         let work = b
             .stage::<Work, _, _>("http.work", work_cfg, |_| on_work)
             .map_err(|e| e.to_string())?;
+        // The timer and send stages' messages are bounded by the connections (at most two
+        // deadlines and one pump per connection, and `CONNECTIONS_MAX` is 1,000,000), and
+        // their queues must not refuse them: delayed sends pass their queue's gate, and a
+        // refused sweep, log flush or pump timer is retried only when other work arms one.
+        let bounded_by_connections = StageConfig {
+            queue_limit: omnistage::exec::QUEUE_LIMIT_MAX,
+            ..Default::default()
+        };
+        const _: () = assert!(
+            3 * crate::config::CONNECTIONS_MAX as usize + 1024 <= omnistage::exec::QUEUE_LIMIT_MAX,
+            "the timer and send queues must hold every connection's messages"
+        );
         let timer = b
-            .stage::<Tick, _, _>("http.timer", StageConfig::default(), |_| on_tick)
+            .stage::<Tick, _, _>("http.timer", bounded_by_connections.clone(), |_| on_tick)
             .map_err(|e| e.to_string())?;
         let send = b
-            .stage::<Pump, _, _>("http.send", StageConfig::default(), |_| on_send)
+            .stage::<Pump, _, _>("http.send", bounded_by_connections, |_| on_send)
             .map_err(|e| e.to_string())?;
         // One finished read per dispatch: each writes its chunk (FLOW_CHUNK_BYTES) to the
         // socket at once, which on loopback holds the worker for tens to hundreds of µs (the
