@@ -49,11 +49,13 @@ pub struct Edit {
 impl ConfigFile {
     /// Reads and parses `path`; the config and the file that remembers these bytes.
     pub fn load(path: &Path) -> Result<(Config, ConfigFile), ConfigError> {
-        let loaded = std::fs::read(path).map_err(|e| ConfigError {
+        // A regular file of bounded size only: this runs at start and on SIGHUP, in the
+        // thread that also handles SIGTERM (`read_config_bytes`).
+        let loaded = crate::config::read_config_bytes(path).map_err(|message| ConfigError {
             path: Some(path.to_path_buf()),
             line: None,
             column: None,
-            message: format!("cannot read: {e}"),
+            message,
         })?;
         let text = std::str::from_utf8(&loaded).map_err(|_| ConfigError {
             path: Some(path.to_path_buf()),
@@ -101,8 +103,8 @@ impl ConfigFile {
     /// The file's text with `edits` applied, checked: refused when the file changed on disk
     /// since it was loaded, or when the result is not a valid config.
     fn edited(&self, edits: &[Edit]) -> Result<String, String> {
-        let now = std::fs::read(&self.path)
-            .map_err(|e| format!("cannot read {}: {e}", self.path.display()))?;
+        let now = crate::config::read_config_bytes(&self.path)
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
         if now != self.loaded {
             return Err(format!(
                 "{} changed on disk since it was loaded: reload it (SIGHUP) first, then repeat \

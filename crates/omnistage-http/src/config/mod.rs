@@ -199,7 +199,9 @@ pub const UPSTREAM_CONCURRENCY_MAX: i64 = 100_000;
 pub const UPSTREAM_IDLE_CONNECTIONS_MAX: i64 = 10_000;
 /// Largest `body_bytes_max`: 1 TiB.
 pub const BODY_BYTES_MAX: i64 = 1 << 40;
-/// Largest config file [`load_config`] reads: 4 MiB.
+/// Largest config file [`load_config`] and [`crate::persist::ConfigFile::load`] read (at start
+/// and on every SIGHUP): 4 MiB. A larger one is refused after at most this many bytes plus one
+/// are read, so the thread that also handles SIGTERM never reads without bound.
 pub const CONFIG_BYTES_MAX: u64 = 4 << 20;
 
 /// The whole configuration.
@@ -620,12 +622,43 @@ pub fn load_config(path: &Path) -> Result<Config, ConfigError> {
         column: None,
         message,
     };
-    let meta = std::fs::metadata(path).map_err(|e| plain(format!("cannot read: {e}")))?;
-    if meta.len() > CONFIG_BYTES_MAX {
-        return Err(plain(format!("larger than {CONFIG_BYTES_MAX} bytes")));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| plain(format!("cannot read: {e}")))?;
+    let bytes = read_config_bytes(path).map_err(plain)?;
+    let text = String::from_utf8(bytes).map_err(|_| plain("not UTF-8".into()))?;
     parse_config_of_file(&text, path).map_err(with_path)
+}
+
+/// The bytes of the config file at `path`, which must be a regular file of at most
+/// [`CONFIG_BYTES_MAX`] bytes. Opened without blocking and checked on the open descriptor: a
+/// FIFO (or `/dev/stdin` on a pipe or a terminal) would block the reader until someone writes
+/// to it, for ever on a SIGHUP, and `/dev/zero` would be read until memory ran out. At most
+/// `CONFIG_BYTES_MAX + 1` bytes are read, so a file that grows after the check is refused too.
+/// The error is a sentence for [`ConfigError::message`].
+pub fn read_config_bytes(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err(
+            "not a regular file (a config must be a file: not a FIFO, a device or a directory)"
+                .into(),
+        );
+    }
+    if meta.len() > CONFIG_BYTES_MAX {
+        return Err(format!("larger than {CONFIG_BYTES_MAX} bytes"));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(CONFIG_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > CONFIG_BYTES_MAX {
+        return Err(format!("larger than {CONFIG_BYTES_MAX} bytes"));
+    }
+    Ok(bytes)
 }
 
 /// Parses and validates `text`, the contents of the config file at `path`: relative docroots,
