@@ -21,8 +21,9 @@ pub struct ServeArgs {
     /// one tenant on 127.0.0.1:8080.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Worker threads (overrides the config).
-    #[arg(long)]
+    /// Worker threads (overrides the config), 1..=256 (the runtime's limit).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+        .range(1..=omnistage::exec::WORKERS_MAX as u64))]
     workers: Option<usize>,
     /// Pin worker i to CPU i (the disk readers then stay on the workers' CPUs, at nice 19).
     #[arg(long)]

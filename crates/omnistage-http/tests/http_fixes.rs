@@ -105,3 +105,35 @@ fn a_config_that_is_a_fifo_or_a_device_is_refused_at_once() {
         assert!(e.contains("not a regular file"), "{e}");
     }
 }
+
+/// Finding 4. Once: `workers = 0` from the command line (`ServerOptions::workers`) made
+/// `Server::start` index an empty list of listeners (a panic); the config accepted up to 1024
+/// workers where the runtime takes 256.
+#[test]
+fn a_worker_count_outside_the_runtimes_range_is_refused_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    let started = std::panic::catch_unwind(|| {
+        Server::start(
+            config(&toml),
+            ServerOptions {
+                workers: Some(0),
+                ..Default::default()
+            },
+        )
+        .map(|_| ())
+    });
+    let e = started
+        .expect("workers 0 must not panic")
+        .expect_err("workers 0 refused");
+    assert!(e.contains("outside 1..=256"), "{e}");
+    // The config's bound is the runtime's: 256 is accepted, 257 refused with its line.
+    let with =
+        |n: u32| parse_config(&toml.replace("[server]\n", &format!("[server]\nworkers = {n}\n")));
+    assert_eq!(with(256).unwrap().server.workers, Some(256));
+    let e = with(257).unwrap_err();
+    assert!(e.message.contains("outside 1..=256"), "{e}");
+}

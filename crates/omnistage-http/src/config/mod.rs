@@ -6,7 +6,7 @@
 //! ```toml
 //! [server]                          # optional; every key has a default
 //! listen = ["127.0.0.1:8080"]       # one or more listeners (default 127.0.0.1:8080), ≤ 64
-//! workers = 2                       # optional, 1..=1024; omitted = one per CPU (the glue decides)
+//! workers = 2                       # optional, 1..=256; omitted = one per CPU, at most 256
 //! connections_max = 10000           # 1..=1,000,000; at the limit a new connection takes the
 //!                                   # place of the oldest one on its worker that has not yet
 //!                                   # completed a request for a tenant, else it is refused
@@ -152,8 +152,10 @@ pub const WAKE_CREDIT_US_MAX: i64 = (omnistage::sched::WAKE_CREDIT_MAX / 1_000) 
 pub const WAKE_CREDIT_US_DEFAULT: u64 = 1_000;
 /// Most listeners of the server.
 pub const LISTENERS_MAX: usize = 64;
-/// Most worker threads.
-pub const WORKERS_MAX: i64 = 1024;
+/// Most worker threads: the runtime's own limit ([`omnistage::exec::WORKERS_MAX`], 256), so a
+/// config the check accepts is one the server can start (it accepted up to 1024, which the
+/// runtime then refused at start).
+pub const WORKERS_MAX: i64 = omnistage::exec::WORKERS_MAX as i64;
 /// Most connections, server-wide.
 pub const CONNECTIONS_MAX: i64 = 1_000_000;
 /// Most pipelined requests per connection.

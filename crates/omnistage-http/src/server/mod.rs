@@ -94,7 +94,7 @@ use work::{calibrate_burn, on_work, Work};
 use crate::config::{AccessLog, Config};
 use omnistage::account::StageId;
 use omnistage::activity::INFRA;
-use omnistage::exec::{Affinity, Ctx, IoEvent, Runtime, StageConfig, StageRef};
+use omnistage::exec::{Affinity, Ctx, IoEvent, Runtime, StageConfig, StageRef, WORKERS_MAX};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -103,6 +103,25 @@ use std::time::{Duration, Instant};
 
 /// How long `drain` waits for the cores to write out their access-log buffers.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
+
+/// The number of workers a server starts with: `--workers` (`ServerOptions::workers`), else
+/// the config's `workers`, else one per CPU; each must lie in 1..=[`WORKERS_MAX`] (the
+/// runtime's limit), and the CPU count is capped at it. A count of 0 once made the server index
+/// an empty list of listeners (a panic), and the CPU count was taken as it came.
+fn worker_count(option: Option<usize>, config: Option<usize>) -> Result<usize, String> {
+    for (what, n) in [("--workers", option), ("workers", config)] {
+        if let Some(n) = n {
+            if !(1..=WORKERS_MAX).contains(&n) {
+                return Err(format!("{what} {n} is outside 1..={WORKERS_MAX}"));
+            }
+        }
+    }
+    Ok(option.or(config).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(WORKERS_MAX)
+    }))
+}
 
 /// The stages of one server, handed to handlers.
 #[derive(Clone, Copy)]
@@ -137,11 +156,7 @@ pub struct Server {
 impl Server {
     /// Binds the listeners and starts the workers.
     pub fn start(config: Config, opts: ServerOptions) -> Result<Server, String> {
-        let workers = opts.workers.or(config.server.workers).unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        });
+        let workers = worker_count(opts.workers, config.server.workers)?;
         // One listening socket per (address, worker) with SO_REUSEPORT, so the kernel spreads
         // connections over the cores; a port 0 is resolved by the first bind.
         let mut per_core: Vec<Vec<TcpListener>> = (0..workers).map(|_| Vec::new()).collect();
