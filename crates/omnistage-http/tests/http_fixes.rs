@@ -137,3 +137,64 @@ fn a_worker_count_outside_the_runtimes_range_is_refused_not_a_panic() {
     let e = with(257).unwrap_err();
     assert!(e.message.contains("outside 1..=256"), "{e}");
 }
+
+/// Finding 11. Once: `drain` computed `Instant::now() + grace` unchecked, so a grace near
+/// `u64::MAX` seconds (`serve --drain-s 18446744073709551615`) panicked at SIGTERM.
+#[test]
+fn a_drain_with_an_enormous_grace_is_bounded_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        &format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+            dir.path().display()
+        ),
+        1,
+    );
+    // No connection is open: the drain returns at once whatever its grace.
+    let drained = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        server.drain(Duration::from_secs(u64::MAX))
+    }));
+    assert!(drained.is_ok(), "drain panicked");
+}
+
+/// Finding 6. Once: the drain closed the listeners and waited for every connection to end, and
+/// a keep-alive client idle after its answer was closed only by `keepalive_timeout` (here a
+/// minute): one such client held every drain to its whole grace. Now the drain closes
+/// connections idle between requests at once.
+#[test]
+fn a_drain_closes_an_idle_keep_alive_connection_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let docroot = www(dir.path(), "a", "hello\n");
+    let server = start(
+        &format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\nkeepalive_timeout_ms = 60000\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+            docroot.display()
+        ),
+        2,
+    );
+    let mut s = TcpStream::connect(server.local_addrs()[0]).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(s, "GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while !got.ends_with(b"hello\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    // Answered and kept alive; now idle.
+    let began = Instant::now();
+    server.drain(Duration::from_secs(10));
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the drain waited {took:?} for an idle keep-alive connection"
+    );
+    // The client sees the close (not a reset, not an answer).
+    assert_eq!(s.read(&mut buf).unwrap(), 0);
+}

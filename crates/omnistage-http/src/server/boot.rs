@@ -1,6 +1,7 @@
 //! `http.boot`: a core's life cycle. `Start` takes this core's listening sockets, registers
-//! them and builds the core's [`CoreServer`]; `Drain` stops accepting; `FlushLog` writes out the
-//! core's access-log buffer for `Server::drain`. Runs in `/infra`.
+//! them and builds the core's [`CoreServer`]; `Drain` stops accepting and closes the
+//! connections idle between requests (`timer::start_drain`); `FlushLog` writes out the core's
+//! access-log buffer for `Server::drain`. Runs in `/infra`.
 
 use super::conn::READ_CHUNK_BYTES;
 use super::core_server::{with_core, CoreServer, CORE, LOG_BUFFER_BYTES};
@@ -78,6 +79,7 @@ pub(super) fn on_boot(
                     scratch: vec![0u8; READ_CHUNK_BYTES].into_boxed_slice(),
                     unclaimed: VecDeque::new(),
                     log_flush_armed: false,
+                    draining_since_ns: 0,
                 })
             });
             with_core(|cs| super::timer::arm_log_flush(ctx, cs));
@@ -88,6 +90,7 @@ pub(super) fn on_boot(
                     let _ = ctx.io_deregister(h, &mut l);
                 }
                 cs.flush_log();
+                super::timer::start_drain(ctx, cs);
             });
         }
         Boot::FlushLog(done) => {

@@ -108,6 +108,16 @@ pub(super) struct CoreServer {
     /// refused re-arm (the core's timer table full) is retried at the next sweep's arming
     /// ([`super::timer::arm_log_flush`]) instead of stopping the flushes for good.
     pub(super) log_flush_armed: bool,
+    /// When this core began to drain (`Boot::Drain`, on the worker's clock); 0: not draining.
+    pub(super) draining_since_ns: u64,
+}
+
+impl Drop for CoreServer {
+    /// The worker stops (the runtime's shutdown, after a drain or a drop): the access log
+    /// lines logged since the last flush are written out, not lost with the buffer.
+    fn drop(&mut self) {
+        self.flush_log();
+    }
 }
 
 /// Entries [`CoreServer::unclaimed`] may hold beyond twice this core's connections before it

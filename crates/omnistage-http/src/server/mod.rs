@@ -101,6 +101,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+/// Longest grace `Server::drain` gives open connections: a day, beyond any drain an operator
+/// means, and small enough that the deadline (`Instant::now() + grace`) cannot overflow, which
+/// panicked for a grace near `u64::MAX` seconds (`serve --drain-s`).
+pub const DRAIN_GRACE_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How long `drain` waits for the cores to write out their access-log buffers.
 const LOG_FLUSH_WAIT: Duration = Duration::from_secs(1);
 
@@ -371,17 +376,28 @@ impl Server {
         upstream_pool::snapshot(&self.shared.upstream_counters)
     }
 
-    /// Stops accepting, lets open connections finish for up to `grace`, writes out the access
-    /// log, then stops.
-    pub fn drain(self, grace: Duration) {
-        self.shared.draining.store(true, Ordering::Release);
-        let workers = self.rt.workers();
-        for core in 0..workers {
+    /// Starts the drain without waiting for it: every core closes its listeners (new
+    /// connections are refused from then on) and its connections idle between requests, and
+    /// answers from then on close their connections. For a caller that has other things to
+    /// stop before it can call [`Server::drain`] (`omnistage serve` stops its admin API and
+    /// fleet thread in between); calling it again, or `drain` after it, starts nothing new.
+    pub fn stop_accepting(&self) {
+        if self.shared.draining.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for core in 0..self.rt.workers() {
             let _ = self
                 .rt
                 .send(&self.boot, INFRA, Affinity::Core(core as u16), Boot::Drain);
         }
-        let deadline = Instant::now() + grace;
+    }
+
+    /// Stops accepting ([`Server::stop_accepting`]), lets open connections finish for up to
+    /// `grace` (at most [`DRAIN_GRACE_MAX`]), writes out the access log, then stops.
+    pub fn drain(self, grace: Duration) {
+        self.stop_accepting();
+        let workers = self.rt.workers();
+        let deadline = Instant::now() + grace.min(DRAIN_GRACE_MAX);
         while Instant::now() < deadline
             && self.shared.stats.open_connections.load(Ordering::Acquire) > 0
         {

@@ -11,6 +11,61 @@ use omnistage::activity::INFRA;
 use omnistage::exec::{Ctx, SendOpts};
 use std::sync::atomic::Ordering;
 
+/// During a drain, a connection's state is looked at again at least this often, so one that
+/// was busy when the drain began (its answer kept it alive) closes within this of its answer
+/// instead of after `keepalive_timeout`, which would hold `Server::drain` to its whole grace.
+const DRAIN_RECHECK_NS: u64 = 100_000_000;
+/// During a drain, a request head still arriving gets at most this long from the drain's start
+/// (or its `header_timeout`, if sooner): enough for a head already on its way, and a client
+/// that opened a connection and sent nothing does not hold the drain for `header_timeout`.
+const DRAIN_HEADER_NS: u64 = 1_000_000_000;
+
+/// Whether connection `c` is idle between requests: it has been answered and nothing of it
+/// is in progress (no bytes of a next request, no answer, body, disk read or proxied request,
+/// no continuation queued, not lingering). A drain closes these at once.
+fn idle_between_requests(c: &super::conn::Conn) -> bool {
+    c.requests > 0
+        && c.inbuf.is_empty()
+        && !c.busy
+        && !c.closing
+        && !c.yielded
+        && c.body.is_none()
+        && c.proxy.is_none()
+        && c.lingering_until_ns == 0
+        && !c.sending()
+}
+
+/// `Boot::Drain` on this core: connections idle between requests are closed now (through
+/// `flush`, so a TLS one sends its close_notify), and every other one is looked at again
+/// within [`DRAIN_RECHECK_NS`] (`handle`'s `Deadline` closes it once it is idle, and bounds
+/// a head still arriving by [`DRAIN_HEADER_NS`]). Keep-alive clients idle after their answer
+/// once held the drain for all of `keepalive_timeout`.
+pub(super) fn start_drain(ctx: &mut Ctx<'_>, cs: &mut CoreServer) {
+    let now = ctx.now_ns();
+    cs.draining_since_ns = now.max(1);
+    let keys: Vec<u64> = cs
+        .conns
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, c)| {
+            let c = c.as_ref()?;
+            Some(super::core_server::key_of(slot as u32, c.generation))
+        })
+        .collect();
+    for key in keys {
+        let Some(c) = cs.conn(key) else { continue };
+        if idle_between_requests(c) {
+            c.closing = true;
+            flush(ctx, cs, key);
+        } else {
+            let due = now.saturating_add(DRAIN_RECHECK_NS);
+            if c.deadline_ns == 0 || due < c.deadline_ns {
+                set_deadline(ctx, cs, key, Kind::Conn, due);
+            }
+        }
+    }
+}
+
 pub(super) enum Tick {
     /// This core's earliest deadline, as armed when it was due at `due_ns`, has come: hand out
     /// the entries due (a stale sweep, replaced by a sooner one, does nothing).
@@ -181,7 +236,14 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
             let idle_ns = cs.live.config.server.keepalive_timeout.as_nanos() as u64;
             let shared = cs.shared.clone();
             let held = cs.send.as_ref().is_some_and(|ss| ss.holds(key));
+            let draining_since = cs.draining_since_ns;
             let Some(c) = cs.conn(key) else { return };
+            if draining_since != 0 && idle_between_requests(c) {
+                // Draining, and its last answer is out: closed now (not a timeout).
+                c.closing = true;
+                flush(ctx, cs, key);
+                return;
+            }
             if c.lingering_until_ns != 0 {
                 // Lingering after its last answer (`conn::linger_or_close`): its time is up.
                 let until = c.lingering_until_ns;
@@ -217,13 +279,25 @@ fn handle(ctx: &mut Ctx<'_>, cs: &mut CoreServer, t: Tick) {
                 // The server is working on it (a queued request, a disk read): look again.
                 now + idle_ns
             } else if !c.inbuf.is_empty() || c.requests == 0 {
-                // Receiving a request head: bounded from its first byte (slowloris).
-                c.request_start_ns + header_ns
+                // Receiving a request head: bounded from its first byte (slowloris), and
+                // during a drain from the drain's start too.
+                let due = c.request_start_ns.saturating_add(header_ns);
+                if draining_since != 0 {
+                    due.min(draining_since.saturating_add(DRAIN_HEADER_NS))
+                } else {
+                    due
+                }
             } else {
                 c.last_active_ns + idle_ns
             };
             if now < deadline {
-                set_deadline(ctx, cs, key, Kind::Conn, deadline);
+                let next = if draining_since != 0 {
+                    // Looked at again soon: it closes once it is idle (`start_drain`).
+                    deadline.min(now.saturating_add(DRAIN_RECHECK_NS))
+                } else {
+                    deadline
+                };
+                set_deadline(ctx, cs, key, Kind::Conn, next);
                 return;
             }
             shared.stats.timeouts.fetch_add(1, Ordering::Relaxed);
