@@ -52,7 +52,7 @@ fn print_stdout(text: &str) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("omnistage: cannot write to stdout: {e}");
+        let _ = writeln!(std::io::stderr(), "omnistage: cannot write to stdout: {e}");
         std::process::exit(2);
     }
 }
@@ -86,7 +86,9 @@ fn main() {
         }),
     };
     if let Err(e) = result {
-        eprintln!("omnistage: {e}");
+        // Not `eprintln!`, which panics when stderr is gone (the status still says it failed).
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "omnistage: {e}");
         std::process::exit(2);
     }
 }

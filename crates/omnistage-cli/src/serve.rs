@@ -8,8 +8,9 @@ use omnistage_admin::{start_admin_with_tenants, AdminConfig, Served, TOKEN_ENV};
 use omnistage_fleet::{FleetNode, NodeConfig};
 use omnistage_http::config::default_config;
 use omnistage_http::persist::ConfigFile;
-use omnistage_http::server::{Server, ServerOptions};
+use omnistage_http::server::{Server, ServerOptions, DRAIN_GRACE_MAX};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,8 +33,10 @@ pub struct ServeArgs {
     /// measurements only.
     #[arg(long)]
     bypass: bool,
-    /// Seconds open connections get to finish after SIGTERM.
-    #[arg(long, default_value_t = 10)]
+    /// Seconds open connections get to finish after SIGTERM (at most a day); a second SIGTERM
+    /// or SIGINT stops at once.
+    #[arg(long, default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(0..=DRAIN_GRACE_MAX.as_secs()))]
     drain_s: u64,
     /// Admin API and dashboard listener (`ADDR:PORT`), or `off`.
     #[arg(long, default_value = omnistage_admin::DEFAULT_LISTEN)]
@@ -42,6 +45,13 @@ pub struct ServeArgs {
     /// variable); mandatory when `--admin` is not a loopback address.
     #[arg(long)]
     admin_token: Option<String>,
+}
+
+/// Writes one line to stderr, ignoring a failure: `eprintln!` panics when stderr is gone (a
+/// closed pipe, a full disk), and here that was the thread that handles SIGHUP and SIGTERM,
+/// so a reload or a drain killed the server instead.
+fn warn(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The admin listener's settings from the command line, or `None` for `--admin off`.
@@ -91,6 +101,10 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         .listeners()
         .map(|(_, tls)| if tls { "https" } else { "http" })
         .collect();
+    // The handlers first: a SIGTERM while the server starts waits for the loop below instead
+    // of killing the process with the default action.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let server = Server::start(
         config,
         ServerOptions {
@@ -100,12 +114,12 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         },
     )?;
     for (addr, scheme) in server.local_addrs().iter().zip(schemes) {
-        eprintln!(
+        warn(format_args!(
             "omnistage: serving {} tenant(s) [{}] on {scheme}://{addr}/ with {} worker(s)",
             tenants.len(),
             tenants.join(", "),
             server.runtime().workers()
-        );
+        ));
     }
     // The admin server and the fleet thread share the server (and through it the runtime)
     // until they are stopped.
@@ -113,12 +127,12 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let mut fleet = match node_cfg {
         None => None,
         Some(cfg) => {
-            eprintln!(
+            warn(format_args!(
                 "omnistage: node {} of the fleet at {}, syncing every {} ms",
                 cfg.node,
                 cfg.redis,
                 cfg.sync.as_millis()
-            );
+            ));
             Some(FleetNode::start(server.shared_server(), cfg)?)
         }
     };
@@ -127,51 +141,60 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         Some(cfg) => {
             let h = start_admin_with_tenants(server.clone(), Served::runtime, cfg)
                 .map_err(|e| format!("{e} (use --admin ADDR:PORT, or --admin off)"))?;
-            eprintln!(
+            warn(format_args!(
                 "omnistage: admin API and dashboard on http://{}/",
                 h.local_addr()
-            );
+            ));
             Some(h)
         }
     };
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
-        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     for sig in signals.forever() {
-        match sig {
-            SIGHUP => match server.reload_file() {
-                Ok((p, c, reloaded)) => {
-                    eprintln!("omnistage: reloaded {p}");
-                    for not_applied in &reloaded.not_applied {
-                        eprintln!("omnistage: reload: {not_applied}");
-                    }
-                    if c.cluster != cluster {
-                        eprintln!("omnistage: reload: [cluster] changes only on restart");
-                    }
-                    if let Some(f) = &fleet {
-                        f.reload(&c);
-                    }
+        if sig != SIGHUP {
+            break;
+        }
+        match server.reload_file() {
+            Ok((p, c, reloaded)) => {
+                warn(format_args!("omnistage: reloaded {p}"));
+                for not_applied in &reloaded.not_applied {
+                    warn(format_args!("omnistage: reload: {not_applied}"));
                 }
-                Err(e) => eprintln!("omnistage: reload: {e}"),
-            },
-            _ => {
-                eprintln!("omnistage: draining (up to {} s)", a.drain_s);
-                if let Some(h) = admin.as_mut() {
-                    h.stop();
+                if c.cluster != cluster {
+                    warn(format_args!(
+                        "omnistage: reload: [cluster] changes only on restart"
+                    ));
                 }
-                if let Some(f) = fleet.as_mut() {
-                    f.stop();
+                if let Some(f) = &fleet {
+                    f.reload(&c);
                 }
-                let server = match Arc::try_unwrap(server).ok().and_then(Served::into_server) {
-                    Some(s) => s,
-                    None => {
-                        return Err("the admin server or the fleet still holds the server".into())
-                    }
-                };
-                server.drain(Duration::from_secs(a.drain_s));
-                eprintln!("omnistage: stopped");
-                return Ok(());
             }
+            Err(e) => warn(format_args!("omnistage: reload: {e}")),
         }
     }
+    warn(format_args!("omnistage: draining (up to {} s)", a.drain_s));
+    // The server's drain first: its listeners close and its idle connections with them, so
+    // clients go elsewhere while the admin API and the fleet thread stop (the admin API
+    // finishes the requests it has, which may take seconds).
+    server.server().stop_accepting();
+    // A second SIGTERM or SIGINT during the drain stops at once (a SIGHUP now is ignored).
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().find(|&s| s != SIGHUP) {
+            warn(format_args!(
+                "omnistage: signal {sig} during the drain: stopping at once"
+            ));
+            std::process::exit(128 + sig);
+        }
+    });
+    if let Some(h) = admin.as_mut() {
+        h.stop();
+    }
+    if let Some(f) = fleet.as_mut() {
+        f.stop();
+    }
+    let server = match Arc::try_unwrap(server).ok().and_then(Served::into_server) {
+        Some(s) => s,
+        None => return Err("the admin server or the fleet still holds the server".into()),
+    };
+    server.drain(Duration::from_secs(a.drain_s));
+    warn(format_args!("omnistage: stopped"));
     Ok(())
 }

@@ -46,7 +46,12 @@ pub(super) fn on_boot(
                 match ctx.io_register(&mut l, mio::Interest::READABLE, &stages.accept, i as u64) {
                     Ok(h) => listeners.push((l, h, addr, tls)),
                     Err(e) => {
-                        eprintln!("omnistage: core {core}: cannot register listener {addr}: {e}")
+                        // Not `eprintln!`: it panics when stderr is gone.
+                        use std::io::Write;
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "omnistage: core {core}: cannot register listener {addr}: {e}"
+                        );
                     }
                 }
             }

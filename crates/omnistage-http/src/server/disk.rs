@@ -216,7 +216,9 @@ impl DiskPool {
 
     fn reader(&self, rt: &Runtime, stages: Stages) {
         if let Err(e) = rt.enter_helper_thread(READER_NICE) {
-            eprintln!("omnistage: disk reader: {e}");
+            // Not `eprintln!`: it panics when stderr is gone.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "omnistage: disk reader: {e}");
         }
         while let Some(job) = self.next_job() {
             let result = read(&job);
