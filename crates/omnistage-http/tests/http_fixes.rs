@@ -198,3 +198,224 @@ fn a_drain_closes_an_idle_keep_alive_connection_at_once() {
     // The client sees the close (not a reset, not an answer).
     assert_eq!(s.read(&mut buf).unwrap(), 0);
 }
+
+/// Finding 1. Once: a reload applied the tenants one after the other (each one's activities,
+/// the classes it dropped removed at once, its admission) and swapped the live state at the
+/// end, so an error half-way (here the runtime's 65,536 activities running out) left the
+/// tenants before it applied: tenant `a`'s class `gold` was gone while the old config, which
+/// still had it, kept serving. Now the room is checked before anything changes, and dropped
+/// classes are removed only once the new config is live.
+#[test]
+fn a_reload_refused_half_way_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let docroot = www(dir.path(), "a", "gold\n");
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n\n[[tenant.class]]\nname = \"gold\"\nheader = \"x-class: gold\"\n",
+        docroot.display()
+    );
+    let server = start(&toml, 1);
+    let addr = server.local_addrs()[0];
+    let rt = server.runtime();
+    let gold = rt.activity_id("/tenants/a/gold").expect("class made");
+    // `a` without its class first, then more tenants and classes than the runtime can hold
+    // (built by hand: the config check would refuse such a file).
+    let mut big = config(&toml);
+    let a = big.tenants[0].clone();
+    big.tenants[0].classes.clear();
+    for i in 0..1_030 {
+        let mut t = a.clone();
+        t.name = format!("t{i}");
+        t.hosts = vec![format!("t{i}.test")];
+        t.classes = (0..63)
+            .map(|j| {
+                let mut c = a.classes[0].clone();
+                c.name = format!("c{j}");
+                c
+            })
+            .collect();
+        big.tenants.push(t);
+    }
+    let e = server
+        .reload(big)
+        .expect_err("more activities than the runtime holds");
+    assert!(e.contains("65536"), "{e}");
+    assert_eq!(
+        rt.activity_id("/tenants/a/gold"),
+        Some(gold),
+        "the class is still there"
+    );
+    assert_eq!(
+        rt.activity_id("/tenants/t0"),
+        None,
+        "no tenant of the refused config"
+    );
+    let served = rt.with_activities(|t| t.len());
+    assert!(
+        served < 16,
+        "{served} activities: the refused config made some"
+    );
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: a\r\nx-class: gold\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = String::new();
+    let _ = s.read_to_string(&mut r);
+    assert_eq!(status_and_body(&r), (200, "gold\n".to_string()));
+}
+
+/// Finding 1, the config's side: tenants and classes together are bounded (half the runtime's
+/// activities, so a reload replacing every class still fits while the old ones are live).
+#[test]
+fn a_config_with_too_many_activities_is_refused() {
+    let tenant = |i: usize, classes: usize| {
+        let mut t =
+            format!("[[tenant]]\nname = \"t{i}\"\nhosts = [\"t{i}.test\"]\ndocroot = \".\"\n");
+        for j in 0..classes {
+            t.push_str(&format!(
+                "[[tenant.class]]\nname = \"c{j}\"\nprefix = \"/c{j}/\"\n"
+            ));
+        }
+        t
+    };
+    // 512 tenants of 63 classes: 32,768 activities, over 32,752; 511 of them fit.
+    let text = |n: usize| -> String { (0..n).map(|i| tenant(i, 63)).collect() };
+    assert!(parse_config(&text(511)).is_ok());
+    let e = parse_config(&text(512)).unwrap_err();
+    assert!(e.message.contains("32752"), "{e}");
+}
+
+/// Finding 2. Once: a reload put the file's `listen` and its tenants' listener bindings into
+/// the live config although listeners change only on restart, so tenant `b`, moved in the file
+/// from running listener B to C (not running), was no longer served on B (421 there) and not
+/// on C either. Now such a reload is refused and `b` is still served on B.
+#[test]
+fn a_reload_binding_a_tenant_to_a_listener_not_running_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = www(dir.path(), "a", "a\n");
+    let b = www(dir.path(), "b", "b\n");
+    let toml = |listen: &str, b_listen: &str| {
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\", {listen}]\n\n[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\n\n[[tenant]]\nname = \"b\"\nlisten = [{b_listen}]\ndocroot = '{}'\n",
+            a.display(),
+            b.display()
+        )
+    };
+    let server = start(&toml("\"127.0.0.2:0\"", "\"127.0.0.2:0\""), 1);
+    let on_b = server.local_addrs()[1];
+    assert_eq!(get(on_b, "whatever", "/"), (200, "b\n".to_string()));
+    let moved = config(&toml("\"127.0.0.3:0\"", "\"127.0.0.3:0\""));
+    let e = server
+        .reload(moved)
+        .expect_err("b bound to a listener that does not run");
+    assert!(
+        e.contains("127.0.0.3:0") && e.contains("not running"),
+        "{e}"
+    );
+    assert_eq!(get(on_b, "whatever", "/"), (200, "b\n".to_string()));
+    // A reload that changes `listen` alone is applied, with the listeners as they run.
+    let reloaded = server
+        .reload(config(&toml(
+            "\"127.0.0.2:0\", \"127.0.0.3:0\"",
+            "\"127.0.0.2:0\"",
+        )))
+        .unwrap();
+    assert!(
+        reloaded.not_applied.iter().any(|n| n.contains("listen")),
+        "{reloaded:?}"
+    );
+    assert_eq!(
+        server.config().server.listen.len(),
+        2,
+        "the live config names the listeners that run"
+    );
+    assert_eq!(get(on_b, "whatever", "/"), (200, "b\n".to_string()));
+}
+
+/// Writes a self-signed certificate and key for `sans` as `<name>-cert.pem` and
+/// `<name>-key.pem`; returns their paths.
+fn make_cert(dir: &Path, name: &str, sans: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let ck =
+        rcgen::generate_simple_self_signed(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("rcgen");
+    let cert = dir.join(format!("{name}-cert.pem"));
+    let key = dir.join(format!("{name}-key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.key_pair.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+/// Finding 3. Once: an admin change of one tenant (`Server::update_tenant`, as the admin API's
+/// `PUT /tenants/a` with `cap_net` does) went through the whole reload and read every
+/// certificate from disk again: with a tenant's key file gone since the start (a renewal in
+/// progress, say), changing any tenant's net cap failed. Now the certificates are kept when
+/// no path to them changed; a reload of the file still reads them.
+#[test]
+fn an_admin_change_does_not_read_the_certificates_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let docroot = www(dir.path(), "a", "a\n");
+    let (cert, key) = make_cert(dir.path(), "default", &["default.test"]);
+    let (a_cert, a_key) = make_cert(dir.path(), "a", &["a.test"]);
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nlisten_tls = [\"127.0.0.2:0\"]\ntls_cert = '{}'\ntls_key = '{}'\n\n[[tenant]]\nname = \"a\"\nhosts = [\"a.test\"]\ndocroot = '{}'\ntls_cert = '{}'\ntls_key = '{}'\n",
+        cert.display(),
+        key.display(),
+        docroot.display(),
+        a_cert.display(),
+        a_key.display()
+    );
+    let server = start(&toml, 1);
+    std::fs::remove_file(&a_key).unwrap();
+    server
+        .update_tenant("a", |t| t.net_cap_bytes_per_s = Some(1_000_000))
+        .expect("an admin change of the net cap");
+    assert_eq!(
+        server.config().tenants[0].net_cap_bytes_per_s,
+        Some(1_000_000)
+    );
+    // A reload of the file reads them (and is refused without the key).
+    let e = server.reload(config(&toml)).unwrap_err();
+    assert!(e.contains("a-key.pem"), "{e}");
+}
+
+/// Finding 7. Once: every reload of the file set every tenant's admission predicates again,
+/// which replaced each p90 controller by a fresh one at its initial rate: a SIGHUP undid what
+/// the controller had learnt under overload. Now a tenant's admission is set again only when
+/// its admission settings changed.
+#[test]
+fn a_reload_keeps_the_admission_state_of_a_tenant_whose_targets_did_not_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let docroot = www(dir.path(), "a", "a\n");
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\nsynthetic = true\np90_target_ms = 1\n",
+        docroot.display()
+    );
+    let server = start(&toml, 1);
+    let addr = server.local_addrs()[0];
+    let (work, a) = (
+        server.work_stage(),
+        server.runtime().activity_id("/tenants/a").unwrap(),
+    );
+    let initial = server.runtime().admission_rate(work, a).unwrap();
+    // Requests of 5 ms against a 1 ms target: the controller cuts the rate.
+    let cut = wait_until(|| {
+        let _ = get(addr, "a", "/_burn?us=5000");
+        server.runtime().admission_rate(work, a).unwrap() < initial
+    });
+    let learnt = server.runtime().admission_rate(work, a).unwrap();
+    assert!(
+        cut,
+        "the controller never cut the rate ({learnt} of {initial})"
+    );
+    server.reload(config(&toml)).unwrap();
+    assert_eq!(server.runtime().admission_rate(work, a), Some(learnt));
+    // A changed target does set it again.
+    server
+        .reload(config(
+            &toml.replace("p90_target_ms = 1", "p90_target_ms = 2"),
+        ))
+        .unwrap();
+    assert_eq!(server.runtime().admission_rate(work, a), Some(initial));
+}

@@ -265,9 +265,22 @@ pub(super) fn parse_with_base(text: &str, base: Option<&Path>) -> Result<Config,
     let mut hosts_seen: HashSet<String> = HashSet::new();
     let mut listeners_taken: HashSet<SocketAddr> = HashSet::new();
     let mut catch_all_seen = false;
+    let mut activities = 0;
     for raw_tenant in raw_tenants.get_ref() {
         let t = tenant_config(&c, raw_tenant, &server, &upstreams, base)?;
         let rt = raw_tenant.get_ref();
+        activities += 1 + t.classes.len();
+        if activities > TENANT_ACTIVITIES_MAX {
+            return Err(c.err(
+                raw_tenant.span(),
+                format!(
+                    "tenants and classes together are more than {TENANT_ACTIVITIES_MAX} \
+                     activities (the runtime holds {}, and a reload needs room for the old \
+                     and the new classes at once)",
+                    omnistage::activity::ACTIVITIES_MAX
+                ),
+            ));
+        }
         if cluster.is_none() {
             let key = (rt
                 .fleet_rate_per_s

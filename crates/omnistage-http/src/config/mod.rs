@@ -60,7 +60,8 @@
 //!                                   # them stay free for recently active tenants below their
 //!                                   # share; false: one FIFO queue for all (a baseline)
 //!
-//! [[tenant]]                        # at least one, at most 10,000
+//! [[tenant]]                        # at least one, at most 10,000; tenants and their classes
+//!                                   # together at most 32,752 (TENANT_ACTIVITIES_MAX)
 //! name = "a"                        # [a-z0-9_-]{1,64}, unique; its activity is /tenants/<name>
 //! hosts = ["a.example", "localhost"]  # Host values, matched without port; unique across tenants
 //! listen = []                       # listeners (from server.listen or listen_tls) that map
@@ -168,6 +169,13 @@ pub const CACHE_BYTES_MAX: i64 = 1 << 40;
 pub const SENDFILE_MIN_BYTES_MAX: i64 = 1 << 30;
 /// Most tenants.
 pub const TENANTS_MAX: usize = 10_000;
+/// Most tenants and classes together (each is an activity of the runtime): half the runtime's
+/// limit ([`omnistage::activity::ACTIVITIES_MAX`], 65,536) less room for its own (the root,
+/// `/infra`, `/tenants`, a few the admin API may add), so that a reload replacing every
+/// class by new ones still fits while the old ones are live (a reload removes the classes it
+/// dropped only once the new configuration applied). [`TENANTS_MAX`] × [`CLASSES_MAX`] alone
+/// would allow 650,000.
+pub const TENANT_ACTIVITIES_MAX: usize = omnistage::activity::ACTIVITIES_MAX / 2 - 16;
 /// Most hosts per tenant.
 pub const HOSTS_PER_TENANT_MAX: usize = 1024;
 /// Most index file names per tenant.

@@ -336,7 +336,7 @@ impl Server {
             let _ = shared.disk.set(pool);
         }
         let restart_only = RestartOnly::of(&config.server);
-        let live = apply_tenants(&rt, config, None, work.id(), false)?;
+        let (live, _) = apply_tenants(&rt, config, None, work.id(), false)?;
         *shared.live.write().expect("live lock") = Arc::new(live);
         for core in 0..workers {
             rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Start)

@@ -7,7 +7,7 @@ use super::tls::TlsConfigs;
 use super::{FleetHooks, FleetStatus, Server};
 use crate::config::{CapKind, Config};
 use omnistage::account::{ActivityId, StageId};
-use omnistage::activity::ActivitySpec;
+use omnistage::activity::{ActivitySpec, ACTIVITIES_MAX};
 use omnistage::admit::P90Params;
 use omnistage::exec::{ClassGroup, Predicate, Runtime};
 use omnistage::sched::{ShaperKind, ShaperSpec};
@@ -194,23 +194,39 @@ fn tenant_predicates(t: &crate::config::TenantConfig) -> Result<Vec<Option<Predi
 
 /// Creates or updates the activities of `config`'s tenants (and their classes), and their
 /// admission targets on the work stage; returns the live state, reusing the runtime record of
-/// every tenant that keeps its name.
+/// every tenant that keeps its name, and the activities of the classes `config` dropped, for
+/// the caller to remove once the new state is live ([`remove_dropped`]).
+///
+/// Nothing is removed here, and what can refuse the configuration is checked before anything
+/// changes: the certificates load ([`TlsConfigs::load`]) and the runtime has room for every
+/// activity the configuration adds ([`check_room`]). A refusal half-way once left the tenants
+/// before it applied and the classes they dropped removed, under the old live state.
+///
+/// A tenant's admission predicates (and with them its p90 controllers' state) are set again
+/// only when its admission settings changed, one of its activities is new, or (a reload of
+/// the file) the admin API replaced them: every SIGHUP once reset every tenant's controllers
+/// to their initial rate.
 ///
 /// `only_changed` (an admin change of one tenant): an activity whose settings in `config` are
-/// those of `old`'s config, and a tenant's admission when its targets and classes are, are left
-/// as they run. What the admin API set on them through the runtime (a class's weight, a
-/// policy, an admission predicate) and what a fleet node's thread set (weights) then stay, and
-/// p90 controllers keep their state. Otherwise (a reload of the file) everything is applied.
+/// those of `old`'s config is left as it runs, and the certificates are kept when no path to
+/// them changed (an admin change once read every certificate from disk again, and failed when
+/// one had gone). What the admin API set on them through the runtime (a class's weight, a
+/// policy) and what a fleet node's thread set (weights) then stay. Otherwise (a reload of the
+/// file) every activity's spec is applied again.
 pub(super) fn apply_tenants(
     rt: &Runtime,
     config: Config,
     old: Option<&Live>,
     work: StageId,
     only_changed: bool,
-) -> Result<Live, String> {
+) -> Result<(Live, Vec<ActivityId>), String> {
     // First, before anything changes: a certificate that does not load refuses the whole
     // configuration, and the old one keeps serving.
-    let tls = TlsConfigs::load(&config, old.and_then(|o| o.tls.as_deref()))?;
+    let tls = match old {
+        Some(o) if only_changed && same_certificates(&o.config, &config) => o.tls.clone(),
+        _ => TlsConfigs::load(&config, old.and_then(|o| o.tls.as_deref()))?,
+    };
+    check_room(rt, &config)?;
     if rt.activity_id("/tenants").is_none() {
         rt.create_activity("/tenants", ActivitySpec::default())
             .map_err(|e| e.to_string())?;
@@ -226,12 +242,13 @@ pub(super) fn apply_tenants(
     };
     let mut out = Vec::with_capacity(config.tenants.len());
     let mut all_classes = Vec::with_capacity(config.tenants.len());
+    let mut dropped = Vec::new();
     for t in &config.tenants {
         let path = format!("/tenants/{}", t.name);
-        // The tenant as the running config has it, when what did not change is left alone.
-        let before = old
-            .filter(|_| only_changed)
-            .and_then(|o| o.config.tenants.iter().find(|x| x.name == t.name));
+        // The tenant as the running config has it.
+        let running = old.and_then(|o| o.config.tenants.iter().find(|x| x.name == t.name));
+        // ... when what did not change is left alone.
+        let before = running.filter(|_| only_changed);
         // Every activity of the tenant was there already (one made now needs its admission).
         let mut all_existed = true;
         let mut upsert_if = |path: &str, same: bool, spec: ActivitySpec| match rt.activity_id(path)
@@ -270,32 +287,35 @@ pub(super) fn apply_tenants(
                 ActivitySpec::weight(c.weight),
             )?);
         }
-        // Classes a reload dropped: removed if nothing is queued for them (else they drain and
-        // stay, unused).
         let prev = old.and_then(|o| {
             let i = o.tenants.iter().position(|x| x.name == t.name)?;
             Some((o.tenants[i].clone(), o.classes[i].clone()))
         });
         if let Some((_, prev_classes)) = &prev {
-            for &id in prev_classes {
-                if !classes.contains(&id) {
-                    if let Some(p) = rt.with_activities(|tab| tab.get(id).map(|a| a.path.clone())) {
-                        let _ = rt.remove_activity(&p);
-                    }
-                }
-            }
+            dropped.extend(prev_classes.iter().filter(|id| !classes.contains(id)));
         }
         // The predicates hang on the tenant's target and its classes' names, targets and
         // priorities (a class-priority controller is shared by all of them): all or none.
         let same_admission = all_existed
-            && before.is_some_and(|b| {
+            && running.is_some_and(|b| {
                 b.p90_target == t.p90_target
                     && b.classes.len() == t.classes.len()
                     && b.classes.iter().zip(&t.classes).all(|(x, y)| {
                         x.name == y.name && x.p90_target == y.p90_target && x.priority == y.priority
                     })
             });
-        if !same_admission {
+        // A reload of the file also puts back what the admin API set in place of the
+        // configured predicates (the file's values win), but leaves a configured p90
+        // controller with what it learnt.
+        let keep_admission = same_admission
+            && (only_changed
+                || admission_as_configured(
+                    rt,
+                    work,
+                    t,
+                    std::iter::once(&activity).chain(&classes),
+                ));
+        if !keep_admission {
             let predicates = tenant_predicates(t)?;
             for (&id, predicate) in std::iter::once(&activity).chain(&classes).zip(predicates) {
                 rt.set_admission(work, id, predicate)
@@ -318,12 +338,115 @@ pub(super) fn apply_tenants(
         }
         all_classes.push(classes);
     }
-    Ok(Live {
+    let live = Live {
         config,
         tenants: out,
         classes: all_classes,
         tls,
-    })
+    };
+    Ok((live, dropped))
+}
+
+/// Whether the admission predicates in force on `ids` (the tenant's activity, then its
+/// classes') are those `t` builds ([`tenant_predicates`]), their controllers' state aside: not
+/// something the admin API set since. A class-priority tenant's levels must share one group.
+fn admission_as_configured<'a>(
+    rt: &Runtime,
+    work: StageId,
+    t: &crate::config::TenantConfig,
+    ids: impl Iterator<Item = &'a ActivityId>,
+) -> bool {
+    let Ok(want) = tenant_predicates(t) else {
+        return false;
+    };
+    // What an activity without a predicate of its own gets: the work stage's, which
+    // `Server::start` leaves at the default.
+    let stage_default = omnistage::exec::StageConfig::default().predicate;
+    let mut shared: Option<Arc<ClassGroup>> = None;
+    let mut n = 0;
+    for (want, &id) in want.iter().zip(ids) {
+        n += 1;
+        let have = rt.admission(work, id);
+        let same = match (want, &have) {
+            (None, Some(h)) => *h == stage_default,
+            (
+                Some(Predicate::ClassedP90 { level, burst, .. }),
+                Some(Predicate::ClassedP90 {
+                    group,
+                    level: l,
+                    burst: b,
+                }),
+            ) => {
+                level == l
+                    && burst == b
+                    && Arc::ptr_eq(shared.get_or_insert_with(|| group.clone()), group)
+            }
+            (Some(w), Some(h)) => w == h,
+            _ => false,
+        };
+        if !same {
+            return false;
+        }
+    }
+    n == want.len()
+}
+
+/// Removes the activities of classes a reload dropped, once the configuration without them is
+/// live: each if nothing is queued for it (else it drains and stays, unused, as before).
+pub(super) fn remove_dropped(rt: &Runtime, dropped: &[ActivityId]) {
+    for &id in dropped {
+        if let Some(p) = rt.with_activities(|tab| tab.get(id).map(|a| a.path.clone())) {
+            let _ = rt.remove_activity(&p);
+        }
+    }
+}
+
+/// Whether `new` names the same certificate files as `old`: the same TLS listeners, default
+/// certificate and, tenant by tenant in the same order, the same own certificates.
+fn same_certificates(old: &Config, new: &Config) -> bool {
+    let (o, n) = (&old.server, &new.server);
+    o.listen_tls == n.listen_tls
+        && o.tls_cert == n.tls_cert
+        && o.tls_key == n.tls_key
+        && old.tenants.len() == new.tenants.len()
+        && old
+            .tenants
+            .iter()
+            .zip(&new.tenants)
+            .all(|(a, b)| a.name == b.name && a.tls_cert == b.tls_cert && a.tls_key == b.tls_key)
+}
+
+/// Refuses `config`, before anything changes, when the runtime has no room for the activities
+/// it adds: those live now (the old configuration's, tenants earlier reloads dropped, classes
+/// still draining, what the admin API made) all stay while it is applied (dropped classes are
+/// removed only after), so they and the new ones must fit the runtime's [`ACTIVITIES_MAX`].
+fn check_room(rt: &Runtime, config: &Config) -> Result<(), String> {
+    let (live, new) = rt.with_activities(|tab| {
+        let mut new = usize::from(tab.lookup("/tenants").is_none());
+        let mut path = String::new();
+        for t in &config.tenants {
+            path.clear();
+            path.push_str("/tenants/");
+            path.push_str(&t.name);
+            new += usize::from(tab.lookup(&path).is_none());
+            let tenant_len = path.len();
+            for c in &t.classes {
+                path.truncate(tenant_len);
+                path.push('/');
+                path.push_str(&c.name);
+                new += usize::from(tab.lookup(&path).is_none());
+            }
+        }
+        (tab.len(), new)
+    });
+    if live + new > ACTIVITIES_MAX {
+        return Err(format!(
+            "the configuration adds {new} activities (tenants and classes) to the {live} the \
+             runtime holds, beyond its limit of {ACTIVITIES_MAX}; nothing was applied (tenants \
+             a reload dropped keep their activities until a restart)"
+        ));
+    }
+    Ok(())
 }
 
 /// What [`Server::reload`] did: everything it was given, except what `not_applied` lists.
@@ -523,16 +646,37 @@ impl Server {
     ) -> Result<Reloaded, String> {
         let not_applied = restart_only.differences(&config.server);
         let mut config = config;
-        if config.server.listen_tls.is_empty() && !restart_only.listen_tls.is_empty() {
-            // The TLS listeners keep running (they change only on restart) and need their
-            // certificates: a file without them is refused, not applied with every handshake
-            // then closed for want of a certificate.
-            config.server.listen_tls = restart_only.listen_tls.clone();
+        // The listeners keep running as they are (they change only on restart), and the live
+        // config says so: tenants are bound to listeners by the configured address, and TLS
+        // listeners need their certificates (a file without them is refused, not applied
+        // with every handshake then closed for want of a certificate).
+        config.server.listen = restart_only.listen.clone();
+        config.server.listen_tls = restart_only.listen_tls.clone();
+        for t in &config.tenants {
+            if let Some(a) = t
+                .listen
+                .iter()
+                .find(|a| !restart_only.listen.contains(a) && !restart_only.listen_tls.contains(a))
+            {
+                return Err(format!(
+                    "tenant {:?} is bound to listener {a}, which is not running (listeners \
+                     change only on restart; running: {})",
+                    t.name,
+                    restart_only
+                        .listen
+                        .iter()
+                        .chain(&restart_only.listen_tls)
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
         }
         let old = self.shared.live.read().expect("live lock").clone();
-        let live = apply_tenants(&self.rt, config, Some(&old), self.work, only_changed)?;
+        let (live, dropped) = apply_tenants(&self.rt, config, Some(&old), self.work, only_changed)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);
+        remove_dropped(&self.rt, &dropped);
         Ok(Reloaded { not_applied })
     }
 
