@@ -419,3 +419,71 @@ fn a_reload_keeps_the_admission_state_of_a_tenant_whose_targets_did_not_change()
         .unwrap();
     assert_eq!(server.runtime().admission_rate(work, a), Some(initial));
 }
+
+/// Finding 8. Once: the access log was opened at start only: a reload naming another file
+/// kept writing to the first, and a log rotated by renaming (logrotate) was written to under
+/// its old name for ever. Settings a reload does not apply (`disk_threads`, the server's
+/// `disk_cap`) were applied in silence. Now a reload opens the log again, and says what it
+/// left.
+#[test]
+fn a_reload_opens_the_access_log_again_and_names_what_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let docroot = www(dir.path(), "a", "a\n");
+    let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+    let toml = |log: &Path, extra: &str| {
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\naccess_log = '{}'\n{extra}\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+            log.display(),
+            docroot.display()
+        )
+    };
+    let server = start(&toml(&log_a, ""), 1);
+    let addr = server.local_addrs()[0];
+    let logged = |log: &Path, what: &str| {
+        wait_until(|| std::fs::read_to_string(log).is_ok_and(|t| t.contains(what)))
+    };
+    assert_eq!(get(addr, "a", "/first").0, 404);
+    assert!(logged(&log_a, "GET /first"), "the first log has its line");
+    // Another file.
+    let reloaded = server
+        .reload(config(&toml(
+            &log_b,
+            "disk_threads = 1\ndisk_cap = \"1MB/s\"\n",
+        )))
+        .unwrap();
+    assert_eq!(get(addr, "a", "/second").0, 404);
+    assert!(logged(&log_b, "GET /second"), "the new log has its line");
+    for key in ["disk_threads", "disk_cap"] {
+        assert!(
+            reloaded.not_applied.iter().any(|n| n.contains(key)),
+            "{key} not named: {reloaded:?}"
+        );
+    }
+    // Rotated by renaming: the same path is opened again.
+    std::fs::rename(&log_b, dir.path().join("b.log.1")).unwrap();
+    server.reload(config(&toml(&log_b, ""))).unwrap();
+    assert_eq!(get(addr, "a", "/third").0, 404);
+    assert!(logged(&log_b, "GET /third"), "the rotated log has its line");
+}
+
+/// Finding 8, `workers`. Once: a reload compared the file's `workers` with the file's value at
+/// start, so a server that `--workers 1` started while its file said 2 reported nothing, as if
+/// it ran 2. Now the file is compared with the count running.
+#[test]
+fn a_reload_compares_workers_with_the_count_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\nworkers = 2\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\n",
+        dir.path().display()
+    );
+    // `start` overrides the file's 2 with 1, as `serve --workers 1` does.
+    let server = start(&toml, 1);
+    let reloaded = server.reload(config(&toml)).unwrap();
+    assert!(
+        reloaded
+            .not_applied
+            .iter()
+            .any(|n| n.contains("workers") && n.contains("still 1")),
+        "{reloaded:?}"
+    );
+}

@@ -13,10 +13,12 @@
 //! header_timeout_ms = 10000         # 1 ms..=1 h; slowloris guard
 //! keepalive_timeout_ms = 5000       # 1 ms..=1 h
 //! pipeline_depth_max = 16           # 1..=1024
-//! access_log = "-"                  # "-" stdout, a path, or omitted for none
+//! access_log = "-"                  # "-" stdout, a path, or omitted for none; a file is
+//!                                   # opened again at every reload (rotation by renaming)
 //! cache_bytes_max = 268435456       # 0..=1 TiB
 //! disk_threads = 2                  # 0..=64 reads in flight on the disk stage; 0 = files are
-//!                                   # read inline by the worker (no disk scheduling)
+//!                                   # read inline by the worker (no disk scheduling); restart
+//!                                   # only, as the server's disk_cap
 //! disk_direct = false               # read files with O_DIRECT (bypass the page cache)
 //! disk_cap = "200MB/s"              # optional: the disk read rate all tenants share (reads
 //!                                   # that wait for the device; a chunk the page cache holds

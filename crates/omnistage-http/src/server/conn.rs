@@ -882,7 +882,7 @@ pub(super) fn finish_logged(
     bytes: u64,
 ) -> Step {
     count_status(&cs.shared.stats, status);
-    if cs.shared.log.is_some() {
+    if cs.logging() {
         if let Some(c) = cs.conn(key) {
             let peer = c.peer.ip();
             let tenant = c.tenant.clone();

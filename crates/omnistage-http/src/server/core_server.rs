@@ -231,12 +231,20 @@ impl CoreServer {
         DateText::new(self.date.get(SystemTime::now()))
     }
 
+    /// Whether access-log lines are written (as the core's view of the config says).
+    pub(super) fn logging(&self) -> bool {
+        !matches!(
+            self.live.config.server.access_log,
+            crate::config::AccessLog::Off
+        )
+    }
+
     pub(super) fn flush_log(&mut self) {
         if self.log.is_empty() {
             return;
         }
-        if let Some(log) = &self.shared.log {
-            if let Ok(mut w) = log.lock() {
+        if let Ok(mut w) = self.shared.log.lock() {
+            if let Some(w) = w.as_mut() {
                 let _ = w.write_all(&self.log);
             }
         }

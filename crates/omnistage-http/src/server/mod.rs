@@ -91,7 +91,7 @@ use timer::{on_tick, Tick};
 use upstream::on_upstream;
 use work::{calibrate_burn, on_work, Work};
 
-use crate::config::{AccessLog, Config};
+use crate::config::Config;
 use omnistage::account::StageId;
 use omnistage::activity::INFRA;
 use omnistage::exec::{Affinity, Ctx, IoEvent, Runtime, StageConfig, StageRef, WORKERS_MAX};
@@ -179,17 +179,7 @@ impl Server {
                 );
             }
         }
-        let log: Option<Mutex<Box<dyn Write + Send>>> = match &config.server.access_log {
-            AccessLog::Off => None,
-            AccessLog::Stdout => Some(Mutex::new(Box::new(std::io::stdout()))),
-            AccessLog::File(p) => Some(Mutex::new(Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| format!("cannot open access log {}: {e}", p.display()))?,
-            ))),
-        };
+        let log = Mutex::new(tenants::open_access_log(&config.server.access_log)?);
         let shared = Arc::new(ServerShared {
             workers,
             disk: std::sync::OnceLock::new(),
@@ -335,7 +325,7 @@ impl Server {
             );
             let _ = shared.disk.set(pool);
         }
-        let restart_only = RestartOnly::of(&config.server);
+        let restart_only = RestartOnly::of(&config.server, workers, opts.workers);
         let (live, _) = apply_tenants(&rt, config, None, work.id(), false)?;
         *shared.live.write().expect("live lock") = Arc::new(live);
         for core in 0..workers {
@@ -424,10 +414,15 @@ impl Server {
             pool.stop();
         }
         self.rt.shutdown();
-        if let Some(log) = &self.shared.log {
-            if let Ok(mut w) = log.lock() {
-                let _ = w.flush();
-            }
+        flush_access_log(&self.shared);
+    }
+}
+
+/// Flushes the access log's writer (the cores' buffers are written into it as they stop).
+fn flush_access_log(shared: &ServerShared) {
+    if let Ok(mut w) = shared.log.lock() {
+        if let Some(w) = w.as_mut() {
+            let _ = w.flush();
         }
     }
 }
@@ -439,5 +434,6 @@ impl Drop for Server {
             pool.stop();
         }
         self.rt.shutdown();
+        flush_access_log(&self.shared);
     }
 }

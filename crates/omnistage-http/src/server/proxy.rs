@@ -201,9 +201,7 @@ pub(super) fn start(
         deadline_ns: 0,
         request_sent: false,
         log: cs
-            .shared
-            .log
-            .is_some()
+            .logging()
             .then(|| (req.method_raw().to_string(), req.target().to_string())),
         response_bytes: 0,
         sample: None,

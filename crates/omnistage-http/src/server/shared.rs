@@ -120,7 +120,9 @@ pub(super) struct ServerShared {
     pub(super) listeners: Mutex<Vec<Vec<TcpListener>>>,
     pub(super) burn_iters_per_us: f64,
     pub(super) draining: AtomicBool,
-    pub(super) log: Option<Mutex<Box<dyn Write + Send>>>,
+    /// Where access-log lines go (`None`: off). Replaced by a reload, which opens the file
+    /// again (`tenants::open_access_log`), so a log rotated by renaming is followed.
+    pub(super) log: Mutex<Option<Box<dyn Write + Send>>>,
     /// Per (upstream, tenant): slots, queues, refusals, bytes (all cores).
     pub(super) upstream_counters: super::upstream_pool::CounterTable,
 }

@@ -11,6 +11,7 @@ use omnistage::activity::{ActivitySpec, ACTIVITIES_MAX};
 use omnistage::admit::P90Params;
 use omnistage::exec::{ClassGroup, Predicate, Runtime};
 use omnistage::sched::{ShaperKind, ShaperSpec};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -461,17 +462,34 @@ pub struct Reloaded {
 pub(super) struct RestartOnly {
     listen: Vec<SocketAddr>,
     listen_tls: Vec<SocketAddr>,
-    workers: Option<usize>,
+    /// The workers running, and `--workers` when it chose them.
+    workers: usize,
+    workers_option: Option<usize>,
     wake_credit_us: u64,
+    /// The disk stage's reader threads and its server-wide cap (the pool is built at start).
+    disk_threads: usize,
+    disk_cap_bytes_per_s: Option<u64>,
+    /// `connections_max` as the work stage's queue limit took it at start (the connection
+    /// limit itself follows a reload).
+    connections_max: usize,
 }
 
 impl RestartOnly {
-    pub(super) fn of(s: &crate::config::ServerConfig) -> RestartOnly {
+    /// `workers`: the count the server runs; `workers_option`: `--workers`, if given.
+    pub(super) fn of(
+        s: &crate::config::ServerConfig,
+        workers: usize,
+        workers_option: Option<usize>,
+    ) -> RestartOnly {
         RestartOnly {
             listen: s.listen.clone(),
             listen_tls: s.listen_tls.clone(),
-            workers: s.workers,
+            workers,
+            workers_option,
             wake_credit_us: s.wake_credit_us,
+            disk_threads: s.disk_threads,
+            disk_cap_bytes_per_s: s.disk_cap_bytes_per_s,
+            connections_max: s.connections_max,
         }
     }
 
@@ -494,12 +512,25 @@ impl RestartOnly {
                 ));
             }
         }
-        if self.workers != new.workers {
-            let show = |w: Option<usize>| w.map_or("unset".to_string(), |w| w.to_string());
+        // Against the count running (which `--workers` may have chosen), not the file's
+        // value at start.
+        let asked = match new.workers {
+            Some(w) => Some((w, w.to_string())),
+            // Unset: one per CPU, unless `--workers` decides.
+            None if self.workers_option.is_none() => super::worker_count(None, None)
+                .ok()
+                .map(|w| (w, format!("unset, one per CPU: {w}"))),
+            None => None,
+        };
+        if let Some((_, said)) = asked.filter(|(w, _)| *w != self.workers) {
+            let by_option = if self.workers_option.is_some() {
+                ", and --workers sets it"
+            } else {
+                ""
+            };
             out.push(format!(
-                "[server] workers changes only on restart: still {} (the file says {})",
-                show(self.workers),
-                show(new.workers)
+                "[server] workers changes only on restart: still {} (the file says {said}{by_option})",
+                self.workers
             ));
         }
         if self.wake_credit_us != new.wake_credit_us {
@@ -508,8 +539,49 @@ impl RestartOnly {
                 self.wake_credit_us, new.wake_credit_us
             ));
         }
+        if self.disk_threads != new.disk_threads {
+            out.push(format!(
+                "[server] disk_threads changes only on restart: still {} (the file says {})",
+                self.disk_threads, new.disk_threads
+            ));
+        }
+        if self.disk_cap_bytes_per_s != new.disk_cap_bytes_per_s {
+            let show = |c: Option<u64>| c.map_or("none".to_string(), |b| format!("{b} bytes/s"));
+            out.push(format!(
+                "[server] disk_cap changes only on restart: still {} (the file says {})",
+                show(self.disk_cap_bytes_per_s),
+                show(new.disk_cap_bytes_per_s)
+            ));
+        }
+        if self.connections_max != new.connections_max {
+            out.push(format!(
+                "[server] connections_max {} applies to connections, but the work stage's \
+                 queue limit per tenant stays {} until restart",
+                new.connections_max, self.connections_max
+            ));
+        }
         out
     }
+}
+
+/// Opens where access-log lines go: a file is opened (created, appended to) at start and again
+/// at every reload of the file, so that a log rotated by renaming is followed to the new file
+/// (`logrotate` without `copytruncate`), and a changed path takes effect.
+pub(super) fn open_access_log(
+    log: &crate::config::AccessLog,
+) -> Result<Option<Box<dyn std::io::Write + Send>>, String> {
+    use crate::config::AccessLog;
+    Ok(match log {
+        AccessLog::Off => None,
+        AccessLog::Stdout => Some(Box::new(std::io::stdout())),
+        AccessLog::File(p) => Some(Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| format!("cannot open access log {}: {e}", p.display()))?,
+        )),
+    })
 }
 
 impl Server {
@@ -672,11 +744,26 @@ impl Server {
                 ));
             }
         }
+        // A file reload opens the access log again (before anything changes: a log that
+        // cannot be opened refuses the reload); an admin change leaves it.
+        let log = if only_changed {
+            None
+        } else {
+            Some(open_access_log(&config.server.access_log)?)
+        };
         let old = self.shared.live.read().expect("live lock").clone();
         let (live, dropped) = apply_tenants(&self.rt, config, Some(&old), self.work, only_changed)?;
         *self.shared.live.write().expect("live lock") = Arc::new(live);
         self.shared.live_version.fetch_add(1, Ordering::Release);
         remove_dropped(&self.rt, &dropped);
+        if let Some(log) = log {
+            // Lines the cores still buffer go to the new log at their next flush.
+            let mut w = self.shared.log.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = w.as_mut() {
+                let _ = w.flush();
+            }
+            *w = log;
+        }
         Ok(Reloaded { not_applied })
     }
 
