@@ -466,6 +466,69 @@ fn a_reload_opens_the_access_log_again_and_names_what_it_leaves() {
     assert!(logged(&log_b, "GET /third"), "the rotated log has its line");
 }
 
+/// A keep-alive backend on loopback that answers every GET `200 ok` and keeps its connections
+/// open; returns its address and the count of connections it accepted.
+fn keep_alive_backend() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Finding 9. Once: after a reload replaced an upstream's servers, the idle keep-alive
+/// connections to the old ones stayed in the pool (never reused, the old server keeping them
+/// open) and filled `idle_connections_max`: every request to the new server then opened a
+/// connection of its own. Now a reload closes idle connections to servers no longer listed.
+#[test]
+fn a_reload_closes_idle_connections_to_servers_no_longer_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = keep_alive_backend();
+    let (b, b_accepted) = keep_alive_backend();
+    let toml = |server: SocketAddr| {
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstream]]\nname = \"app\"\nservers = [\"{server}\"]\nidle_connections_max = 1\n\n[[tenant]]\nname = \"a\"\ndocroot = '{}'\nupstream = \"app\"\n",
+            dir.path().display()
+        )
+    };
+    let server = start(&toml(a), 1);
+    let addr = server.local_addrs()[0];
+    assert_eq!(get(addr, "a", "/"), (200, "ok\n".to_string()));
+    server.reload(config(&toml(b))).unwrap();
+    for _ in 0..10 {
+        assert_eq!(get(addr, "a", "/"), (200, "ok\n".to_string()));
+    }
+    assert_eq!(
+        b_accepted.load(Ordering::SeqCst),
+        1,
+        "one connection to B, reused"
+    );
+}
+
 /// Finding 8, `workers`. Once: a reload compared the file's `workers` with the file's value at
 /// start, so a server that `--workers 1` started while its file said 2 reported nothing, as if
 /// it ran 2. Now the file is compared with the count running.

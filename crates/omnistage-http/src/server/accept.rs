@@ -42,7 +42,7 @@ pub(super) fn bind_reuseport(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 pub(super) fn on_accept(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let idx = ev.user as usize;
         let now = ctx.now_ns();
         for n in 0..=ACCEPTS_PER_EVENT_MAX {

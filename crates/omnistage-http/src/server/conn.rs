@@ -916,7 +916,7 @@ pub(super) fn finish_logged(
 
 pub(super) fn on_conn(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let key = ev.user;
         if cs.conn(key).is_none() {
             return;

@@ -33,7 +33,7 @@ pub(super) fn yield_conn(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, activ
 
 pub(super) fn on_cont(ctx: &mut Ctx<'_>, Cont { key }: Cont) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let now = ctx.now_ns();
         if let Some(c) = cs.conn(key).filter(|c| c.yielded) {
             // Its turn: the time its output waited for it was the server's, and the client's

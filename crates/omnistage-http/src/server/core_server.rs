@@ -15,7 +15,7 @@ use super::Stages;
 use crate::request::Limits;
 use crate::response::DateCache;
 use omnistage::account::ActivityId;
-use omnistage::exec::IoHandle;
+use omnistage::exec::{Ctx, IoHandle};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -147,16 +147,19 @@ pub(super) fn key_of(slot: u32, generation: u32) -> u64 {
 
 impl CoreServer {
     /// Picks up a reload: the new config and tenants, and an empty file cache (a docroot may
-    /// have changed). `now_ns` is the worker's clock (`Ctx::now_ns`): the send scheduler's
-    /// buckets are reconfigured at that time.
-    pub(super) fn refresh(&mut self, now_ns: u64) {
+    /// have changed); idle connections to upstream servers no longer listed are closed. The
+    /// send scheduler's buckets are reconfigured at the worker's clock (`Ctx::now_ns`).
+    pub(super) fn refresh(&mut self, ctx: &mut Ctx<'_>) {
         let v = self.shared.live_version.load(Ordering::Acquire);
         if v != self.live_version {
+            let now_ns = ctx.now_ns();
             // Clear under the old tenants, so each one's count goes back down.
             self.cache_clear();
             self.live = self.shared.live.read().expect("live lock").clone();
             self.live_version = v;
-            self.proxy.configure(&self.live.config, self.workers);
+            for up in self.proxy.configure(&self.live.config, self.workers) {
+                super::proxy::close_upstream(ctx, self, up);
+            }
             SendSched::follow_reload(&mut self.send, &self.live, now_ns);
         }
         let sv = self.shared.send_version.load(Ordering::Acquire);

@@ -402,7 +402,7 @@ fn read_cached(read: &ChunkRead) -> Option<Bytes> {
 /// A disk read came back: queue its bytes (no copy) and go on writing.
 pub(super) fn on_disk(ctx: &mut Ctx<'_>, d: DiskDone) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let key = d.key;
         let Some(c) = cs.conn(key) else { return };
         let Some(body) = c.body.as_mut() else { return };

@@ -31,6 +31,7 @@ use crate::{response, HttpError};
 use omnistage::account::ActivityId;
 use omnistage::activity::INFRA;
 use omnistage::exec::{Ctx, SendOpts};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -89,7 +90,9 @@ pub(super) struct Resp {
 pub(super) struct Proxied {
     /// Index into the core's upstreams.
     pub(super) upstream: usize,
-    pub(super) server: usize,
+    /// The server it was last sent to (by address: a reload may change the upstream's list
+    /// and with it every index); `None` before its first dispatch.
+    pub(super) server: Option<SocketAddr>,
     pub(super) activity: ActivityId,
     pub(super) counters: Arc<UpstreamCounters>,
     pub(super) phase: Phase,
@@ -178,7 +181,7 @@ pub(super) fn start(
     };
     let p = Proxied {
         upstream: up_i,
-        server: 0,
+        server: None,
         activity: tr.activity,
         counters: counters.clone(),
         phase: Phase::Waiting,
@@ -251,7 +254,7 @@ pub(super) fn start(
 /// `http.proxy`: a waiter was granted a slot, or a pump goes on.
 pub(super) fn on_proxy(ctx: &mut Ctx<'_>, ProxyGo { key, pump: go_on }: ProxyGo) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         if go_on {
             if cs
                 .conn(key)
@@ -373,7 +376,6 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             u.state = UpState::Busy;
             u.client = key;
             u.reused = true;
-            u.server = server;
             // Into the pooled connection's own buffer (no allocation once it has grown).
             u.out.clear();
             u.out.extend_from_slice(&head);
@@ -385,7 +387,7 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
             let mut stream = match mio::net::TcpStream::connect(addr) {
                 Ok(s) => s,
                 Err(_) => {
-                    cs.proxy.upstreams[up_i].failed(server, now);
+                    cs.proxy.upstreams[up_i].failed(Some(addr), now);
                     if let Some(p) = cs.conn(key).and_then(|c| c.proxy.as_mut()) {
                         p.head = head;
                     }
@@ -410,7 +412,6 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
                 handle,
                 generation,
                 upstream: up_i,
-                server,
                 state: UpState::Connecting,
                 client: key,
                 reused: false,
@@ -435,7 +436,7 @@ fn dispatch(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64) {
     let Some(p) = c.proxy.as_mut() else { return };
     p.head = head;
     p.phase = Phase::Active { up: ukey };
-    p.server = server;
+    p.server = Some(addr);
     let send_continue = attempts == 1
         && p.expect_continue
         && p.client_minor == 1
@@ -568,7 +569,7 @@ pub(super) fn drop_upstream(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, re
     let (up_i, server) = (p.upstream, p.server);
     let draining = cs.shared.draining.load(Ordering::Relaxed);
     let upc = &mut cs.proxy.upstreams[up_i];
-    if let Some(s) = upc.servers.get_mut(server) {
+    if let Some(s) = upc.server_mut(server) {
         s.in_flight = s.in_flight.saturating_sub(1);
     }
     let idle_max = upc.config.idle_connections_max;
@@ -688,7 +689,7 @@ pub(super) fn client_gone(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, p: B
         }
         Phase::Granted => release_slot(ctx, cs, &p),
         Phase::Active { up } => {
-            if let Some(s) = cs.proxy.upstreams[p.upstream].servers.get_mut(p.server) {
+            if let Some(s) = cs.proxy.upstreams[p.upstream].server_mut(p.server) {
                 s.in_flight = s.in_flight.saturating_sub(1);
             }
             close_upstream(ctx, cs, up);

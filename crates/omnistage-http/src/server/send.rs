@@ -232,8 +232,8 @@ fn send_some(ctx: &mut Ctx<'_>, cs: &mut CoreServer, key: u64, max_bytes: usize)
 
 pub(super) fn on_send(ctx: &mut Ctx<'_>, pump: Pump) {
     with_core(|cs| {
+        cs.refresh(ctx);
         let now = ctx.now_ns();
-        cs.refresh(now);
         let send_stage = cs.stages.send;
         match cs.send.as_mut() {
             Some(ss) => {

@@ -210,7 +210,7 @@ fn sweep(ctx: &mut Ctx<'_>, cs: &mut CoreServer, due_ns: u64) {
 
 pub(super) fn on_tick(ctx: &mut Ctx<'_>, t: Tick) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         handle(ctx, cs, t);
     });
 }

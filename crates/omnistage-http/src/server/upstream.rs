@@ -13,7 +13,7 @@ use omnistage::exec::{Ctx, IoEvent};
 
 pub(super) fn on_upstream(ctx: &mut Ctx<'_>, ev: IoEvent) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let up = ev.user;
         let Some(u) = cs.proxy.conn(up) else { return };
         u.readable |= ev.readable || ev.closed;

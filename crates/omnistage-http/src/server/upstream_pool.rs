@@ -84,6 +84,7 @@ pub(super) fn snapshot(table: &CounterTable) -> Vec<UpstreamTenantStats> {
 }
 
 /// One backend server as this core sees it.
+#[derive(Clone, Copy)]
 pub(super) struct ServerState {
     pub(super) addr: SocketAddr,
     pub(super) in_flight: usize,
@@ -138,12 +139,20 @@ impl UpstreamCore {
         Some(best)
     }
 
+    /// The server at `addr`, if the upstream still lists it. Requests and connections name
+    /// their server by address, not by its index: a reload may change the list under them
+    /// (an index then named another server, or none).
+    pub(super) fn server_mut(&mut self, addr: Option<SocketAddr>) -> Option<&mut ServerState> {
+        let addr = addr?;
+        self.servers.iter_mut().find(|s| s.addr == addr)
+    }
+
     /// A server refused or timed out a connect: skip it for a back-off, doubled from the last
     /// one. Failures while it is already backing off (the other connects that were out at
     /// once) do not double it again: a burst of requests to a server that just went down is
     /// one failure, not a 30 s one.
-    pub(super) fn failed(&mut self, server: usize, now_ns: u64) {
-        if let Some(s) = self.servers.get_mut(server) {
+    pub(super) fn failed(&mut self, server: Option<SocketAddr>, now_ns: u64) {
+        if let Some(s) = self.server_mut(server) {
             if now_ns < s.fail_until_ns {
                 return;
             }
@@ -153,8 +162,8 @@ impl UpstreamCore {
     }
 
     /// A server answered: its back-off starts over.
-    pub(super) fn succeeded(&mut self, server: usize) {
-        if let Some(s) = self.servers.get_mut(server) {
+    pub(super) fn succeeded(&mut self, server: Option<SocketAddr>) {
+        if let Some(s) = self.server_mut(server) {
             s.backoff_ns = 0;
             s.fail_until_ns = 0;
         }
@@ -204,7 +213,6 @@ pub(super) struct UpConn {
     pub(super) handle: IoHandle,
     pub(super) generation: u32,
     pub(super) upstream: usize,
-    pub(super) server: usize,
     pub(super) state: UpState,
     /// The client connection whose request it carries.
     pub(super) client: u64,
@@ -245,15 +253,21 @@ pub(super) const SPARE_PROXIED_MAX: usize = 64;
 impl ProxyCore {
     pub(super) fn new(config: &Config, workers: usize) -> ProxyCore {
         let mut p = ProxyCore::default();
-        p.configure(config, workers);
+        // A new core has no connection to close.
+        let _ = p.configure(config, workers);
         p
     }
 
     /// After a reload: upstreams keep their state by name (slots, queues, connections); a
-    /// changed server list starts its servers afresh; new ones are added. The list only grows
-    /// (an upstream the reload removed stays, unused, so the index a request holds stays
-    /// valid); `by_config` maps the configuration's upstreams to it.
-    pub(super) fn configure(&mut self, config: &Config, workers: usize) {
+    /// server still listed keeps its state (requests in flight, back-off), a new one starts
+    /// afresh; new upstreams are added. The list only grows (an upstream the reload removed
+    /// stays, unused, so the index a request holds stays valid); `by_config` maps the
+    /// configuration's upstreams to it.
+    ///
+    /// Returns the idle connections to servers no longer listed (and all of a removed
+    /// upstream's), for the caller to close: kept, they were never reused and filled
+    /// `idle_connections_max`, so that no connection to the new servers could be kept.
+    pub(super) fn configure(&mut self, config: &Config, workers: usize) -> Vec<u64> {
         self.by_config.clear();
         for u in &config.upstreams {
             let i = match self.upstreams.iter().position(|o| o.config.name == u.name) {
@@ -261,7 +275,13 @@ impl ProxyCore {
                     let p = &mut self.upstreams[i];
                     p.slots.configure(slots_per_core(u, workers), u.fair);
                     if p.config.servers != u.servers {
-                        p.servers = UpstreamCore::new(u, workers).servers;
+                        let mut servers = UpstreamCore::new(u, workers).servers;
+                        for s in &mut servers {
+                            if let Some(o) = p.servers.iter().find(|o| o.addr == s.addr) {
+                                *s = *o;
+                            }
+                        }
+                        p.servers = servers;
                     }
                     p.config = u.clone();
                     i
@@ -273,6 +293,19 @@ impl ProxyCore {
             };
             self.by_config.push(i);
         }
+        let mut stale = Vec::new();
+        for (i, upc) in self.upstreams.iter().enumerate() {
+            let listed = self.by_config.contains(&i);
+            for &k in &upc.idle {
+                let addr = self.conns[(k & 0xFFFF_FFFF) as usize]
+                    .as_ref()
+                    .map(|c| c.addr);
+                if !listed || !addr.is_some_and(|a| upc.servers.iter().any(|s| s.addr == a)) {
+                    stale.push(k);
+                }
+            }
+        }
+        stale
     }
 
     pub(super) fn conn(&mut self, key: u64) -> Option<&mut UpConn> {
@@ -335,17 +368,18 @@ mod tests {
     fn failures_while_backing_off_do_not_double_the_back_off() {
         let mut u = upstream(1);
         let t0 = 5_000_000_000;
+        let s0 = Some(u.servers[0].addr);
         for _ in 0..5 {
-            u.failed(0, t0);
+            u.failed(s0, t0);
         }
         assert_eq!(u.servers[0].fail_until_ns, t0 + BACKOFF_MIN_NS);
         assert_eq!(u.choose(t0 + BACKOFF_MIN_NS - 1), None, "backing off");
         assert_eq!(u.choose(t0 + BACKOFF_MIN_NS), Some(0), "back after 1 s");
         // A failure after the back-off ran out doubles it; a response resets it.
         let t1 = t0 + BACKOFF_MIN_NS;
-        u.failed(0, t1);
+        u.failed(s0, t1);
         assert_eq!(u.servers[0].fail_until_ns, t1 + 2 * BACKOFF_MIN_NS);
-        u.succeeded(0);
+        u.succeeded(s0);
         assert_eq!(u.choose(t1), Some(0));
     }
 }

@@ -65,7 +65,7 @@ pub(super) fn calibrate_burn() -> f64 {
 
 pub(super) fn on_work(ctx: &mut Ctx<'_>, w: Work) {
     with_core(|cs| {
-        cs.refresh(ctx.now_ns());
+        cs.refresh(ctx);
         let Work { key, request } = w;
         let Some(c) = cs.conn(key) else { return };
         // Where this response starts: a panic unwinds to here and only this
