@@ -91,3 +91,53 @@ fn two_puts_on_one_activity_both_take_effect() {
         "one change was lost (B finished before A: {b_first})"
     );
 }
+
+/// Tenants whose change passes every check but fails when applied, and which count the file
+/// writes asked of them.
+struct FailsToApply {
+    rt: Runtime,
+    writes: Mutex<usize>,
+}
+
+impl Tenants for FailsToApply {
+    fn set_tenant(&self, _path: &str, _change: &TenantChange) -> Result<(), TenantError> {
+        Err(TenantError::Refused("the server could not apply it".into()))
+    }
+    fn check_persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
+        Ok(())
+    }
+    fn persist(&self, _edits: &[omnistage_http::persist::Edit]) -> Result<(), TenantError> {
+        *self.writes.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+/// A persisted change that passes its checks but that the server then fails to apply is
+/// refused and never written: the file is written only once the change runs. (It was written
+/// first, and the answer said "not changed" while the file kept the edit.)
+#[test]
+fn a_persisted_change_the_server_cannot_apply_is_not_written() {
+    let rt = Runtime::builder().workers(1).start().unwrap();
+    rt.create_activity("/tenants", ActivitySpec::weight(100))
+        .unwrap();
+    rt.create_activity("/tenants/a", ActivitySpec::weight(10))
+        .unwrap();
+    let t = Arc::new(FailsToApply {
+        rt,
+        writes: Mutex::new(0),
+    });
+    let ip = InProcess::with_tenants(t.clone(), |t: &FailsToApply| &t.rt, None);
+    for body in [r#"{"weight": 70}"#, r#"{"cap_net": "10MB/s"}"#] {
+        assert_eq!(put(&ip, "/tenants/a?persist=true", body), 409, "{body}");
+    }
+    assert_eq!(
+        *t.writes.lock().unwrap(),
+        0,
+        "refused, yet written to the file"
+    );
+    let weight = t.rt.with_activities(|tb| {
+        let id = tb.lookup("/tenants/a").unwrap();
+        tb.get(id).unwrap().spec.weight
+    });
+    assert_eq!(weight, 10);
+}
