@@ -25,6 +25,6 @@ fn idle_connections_past_the_handler_count_do_not_lock_out_a_request() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     // The head's deadline (1 s, counted from the accept) and a margin for a slow machine; the
     // idle connections once held a handler 5 s each, 15 s in all here.
-    assert!(took < Duration::from_secs(3), "answered after {took:?}");
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
     drop(idle);
 }

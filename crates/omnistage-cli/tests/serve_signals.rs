@@ -103,9 +103,11 @@ fn sigterm_closes_the_listeners_before_the_admin_api_stops() {
     let cfg = config(dir.path(), "", "");
     let mut s = serve_config(&cfg, dir.path());
     let admin = s.admin.trim_start_matches("http://").to_string();
-    // An admin request that never ends: a handler waits for the rest of it (5 s).
+    // An admin request that never ends: a whole head promising a body that never comes, so
+    // a handler waits for the rest of it (5 s; a head still arriving gets only 1 s).
     let mut slow = TcpStream::connect(&admin).unwrap();
-    slow.write_all(b"GET /api/v1/tree HTTP/1.1\r\n").unwrap();
+    slow.write_all(b"GET /api/v1/tree HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n")
+        .unwrap();
     // A whole request after it: once answered, the slow one is with a handler (both queues
     // are first in, first out).
     let mut quick = TcpStream::connect(&admin).unwrap();

@@ -145,7 +145,9 @@ pub struct FleetNode {
     done: mpsc::Receiver<()>,
     thread: Option<JoinHandle<()>>,
     stop_wait: Duration,
-    server: Arc<Server>,
+    /// Taken by [`FleetNode::stop`], so that a stopped node no longer holds the server (the
+    /// CLI drains the server only once it holds it alone).
+    server: Option<Arc<Server>>,
     base: Arc<Mutex<HashMap<String, u32>>>,
     counters: Arc<NodeCounters>,
 }
@@ -196,7 +198,7 @@ impl FleetNode {
             done,
             thread: Some(thread),
             stop_wait,
-            server,
+            server: Some(server),
             base,
             counters,
         })
@@ -216,22 +218,25 @@ impl FleetNode {
     /// entry); idempotent. Returns within a bound ([`STOP_WAIT_TIMEOUTS`] Redis deadlines, at
     /// least [`STOP_WAIT_MIN`]) even if the thread is stuck: it is then left to end on its own
     /// (it stops after its current tick), and the configured weights are put back and the caps
-    /// lifted here. Such a thread still holds the server.
+    /// lifted here. Such a thread still holds the server. A thread that ended in a panic
+    /// never put the local state back: that is done here too. The node lets go of the server.
     pub fn stop(&mut self) {
         self.stop.take();
+        let server = self.server.take();
         if let Some(t) = self.thread.take() {
-            match self.done.recv_timeout(self.stop_wait) {
+            let restore = match self.done.recv_timeout(self.stop_wait) {
                 Err(RecvTimeoutError::Timeout) => {
-                    eprintln!(
+                    warn(format_args!(
                         "omnistage: fleet: the fleet thread did not stop within {:?}; left \
                          running, configured weights back and fleet caps off",
                         self.stop_wait
-                    );
-                    restore_local(&self.server, &self.base);
+                    ));
+                    true
                 }
-                _ => {
-                    let _ = t.join();
-                }
+                _ => t.join().is_err(),
+            };
+            if let (true, Some(server)) = (restore, &server) {
+                restore_local(server, &self.base);
             }
         }
     }
@@ -241,6 +246,13 @@ impl Drop for FleetNode {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Writes one line to stderr, ignoring a failure: `eprintln!` panics when stderr is gone (a
+/// closed pipe), which would end the fleet thread and leave the caps without refills.
+fn warn(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{args}");
 }
 
 /// The node's local state without the fleet: configured weights (CPU and link), caps off, no
@@ -275,7 +287,9 @@ fn set_cpu_weight(server: &Server, path: &str, weight: u32) {
         if spec.weight != weight {
             spec.weight = weight;
             if let Err(e) = rt.set_activity(path, spec) {
-                eprintln!("omnistage: fleet: cannot set the weight of {path}: {e}");
+                warn(format_args!(
+                    "omnistage: fleet: cannot set the weight of {path}: {e}"
+                ));
             }
         }
     }
@@ -793,19 +807,19 @@ impl State {
                 self.down_since = Some(Instant::now());
                 self.counters.episodes.fetch_add(1, Ordering::Relaxed);
                 self.store.reset();
-                eprintln!(
+                warn(format_args!(
                     "omnistage: fleet: node {}: redis {} failed ({e}); {what} until it answers",
                     self.cfg.node, self.cfg.redis
-                );
+                ));
             }
             (Err(_), Some(_)) => self.store.reset(),
             (Ok(()), Some(since)) => {
                 self.down_since = None;
-                eprintln!(
+                warn(format_args!(
                     "omnistage: fleet: node {}: redis answers again after {:.1} s; resynchronised",
                     self.cfg.node,
                     since.elapsed().as_secs_f64()
-                );
+                ));
             }
             (Ok(()), None) => {}
         }

@@ -132,11 +132,16 @@ fn publish(con: &mut redis::Connection, prefix: &str, e: &NodeEntry) {
     let _: () = con.sadd(format!("{prefix}nodes"), &e.node).unwrap();
 }
 
+/// Stops the node and drains the server, which a stopped node no longer holds (the CLI drains
+/// only a server it holds alone: a node that kept its reference made `serve` exit without a
+/// drain).
 fn stop(mut node: FleetNode, server: Arc<Server>) {
     node.stop();
-    if let Ok(s) = Arc::try_unwrap(server) {
-        s.drain(Duration::from_secs(1));
-    }
+    let s = Arc::try_unwrap(server)
+        .ok()
+        .expect("a stopped node lets go of the server");
+    drop(node);
+    s.drain(Duration::from_secs(1));
 }
 
 #[test]

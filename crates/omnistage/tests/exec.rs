@@ -1124,9 +1124,11 @@ fn a_delayed_send_past_the_timer_bound_is_refused_on_every_path() {
             (1, Err(SendError::TooManyTimers))
         ]
     );
-    // Core 1's table is its own.
+    // Core 1's table is its own. (A second away: a shorter one could fire before the count
+    // below is read, on a machine that deschedules this thread for as long.)
     let o1 = SendOpts {
         affinity: Affinity::Core(1),
+        delay_ns: 1_000 * MS,
         ..o
     };
     assert_eq!(rt.send_with(&x, o1, 5), Ok(()));

@@ -21,7 +21,7 @@ pub(super) fn gate_hook() {
 
 /// How long a test waits for something that should happen at once before it calls it a
 /// deadlock (a watchdog, not a measurement).
-const WATCHDOG: Duration = Duration::from_secs(2);
+const WATCHDOG: Duration = Duration::from_secs(20);
 
 /// `remove_activity` once took the gates' and predicates' locks inside the activities' write
 /// lock, while the first send to a (stage, activity) (`Shared::gate`) takes the activities'
