@@ -209,8 +209,17 @@ pub struct ThreadStat {
 }
 
 pub fn thread_stat(name: &str) -> Option<ThreadStat> {
+    thread_stat_with_tid(name).map(|(_, s)| s)
+}
+
+/// [`thread_stat`] with the thread's id, so that a caller comparing two readings can tell a
+/// new thread of the same name (whose counters start again from zero) from the old one.
+pub fn thread_stat_with_tid(name: &str) -> Option<(u64, ThreadStat)> {
     for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let p = e.path();
+        let Some(tid) = e.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
         let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
         if comm.trim() != name {
             continue;
@@ -229,13 +238,16 @@ pub fn thread_stat(name: &str) -> Option<ThreadStat> {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0)
         };
-        return Some(ThreadStat {
-            cpu_ns: *f.first()?,
-            runqueue_ns: *f.get(1)?,
-            timeslices: *f.get(2)?,
-            voluntary_switches: field("voluntary_ctxt_switches:"),
-            involuntary_switches: field("nonvoluntary_ctxt_switches:"),
-        });
+        return Some((
+            tid,
+            ThreadStat {
+                cpu_ns: *f.first()?,
+                runqueue_ns: *f.get(1)?,
+                timeslices: *f.get(2)?,
+                voluntary_switches: field("voluntary_ctxt_switches:"),
+                involuntary_switches: field("nonvoluntary_ctxt_switches:"),
+            },
+        ));
     }
     None
 }
