@@ -391,8 +391,13 @@ mod tests {
             http_5xx: 6,
             http_other: 7,
             parse: 8,
+            unsolicited: 9,
         };
-        assert_eq!(errors(&t), 36);
+        assert_eq!(
+            errors(&t),
+            36,
+            "bytes with no request outstanding fail no request"
+        );
     }
 
     #[test]

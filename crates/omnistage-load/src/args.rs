@@ -292,6 +292,8 @@ pub(crate) fn plan(a: &LoadArgs) -> Result<Plan, String> {
         None => Vec::new(),
     };
     check_machine_limits(total as u64)?;
+    let window = check_window(a.window_ms, measure)?;
+    check_window_memory(window, measure, tenants.len(), a.threads)?;
     Ok(Plan {
         addr,
         tenants,
@@ -304,7 +306,7 @@ pub(crate) fn plan(a: &LoadArgs) -> Result<Plan, String> {
         cpus,
         seed: a.seed,
         spin: Duration::from_micros(a.spin_us),
-        window: check_window(a.window_ms, measure)?,
+        window,
         kernel_stamps: a.kernel_stamps,
     })
 }
@@ -329,6 +331,34 @@ fn check_window(window_ms: u64, measure: Duration) -> Result<Option<Duration>, S
         ));
     }
     Ok(Some(Duration::from_millis(window_ms)))
+}
+
+/// Most memory the windows' histograms may take (one per window, tenant and thread, and the
+/// merged ones per tenant and for the total).
+pub const WINDOW_MEMORY_MAX_BYTES: u64 = 1 << 30;
+
+/// Refuses a run whose windows' histograms would take more than [`WINDOW_MEMORY_MAX_BYTES`].
+fn check_window_memory(
+    window: Option<Duration>,
+    measure: Duration,
+    tenants: usize,
+    threads: usize,
+) -> Result<(), String> {
+    let Some(w) = window else { return Ok(()) };
+    let windows = (measure.as_millis() / w.as_millis().max(1)) as u64 + 1;
+    let histograms = windows * (tenants as u64 * (threads as u64 + 1) + 1);
+    let bytes = histograms.saturating_mul(crate::stats::window_histogram_bytes());
+    if bytes > WINDOW_MEMORY_MAX_BYTES {
+        return Err(format!(
+            "--window-ms {} over {:.0} s with {tenants} tenant(s) and {threads} thread(s) would hold {histograms} window \
+             histograms, {} MiB; at most {} MiB: use longer windows, fewer tenants or threads",
+            w.as_millis(),
+            measure.as_secs_f64(),
+            bytes >> 20,
+            WINDOW_MEMORY_MAX_BYTES >> 20
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that the process may open `connections` sockets (soft `RLIMIT_NOFILE`) and that one
@@ -397,6 +427,28 @@ mod tests {
             assert!(e.contains(needle), "{a}: {e}");
         }
         assert!(parse_addr("10.0.0.1:80", true).is_ok());
+    }
+
+    #[test]
+    fn window_histograms_past_their_memory_bound_are_refused() {
+        let hour = Duration::from_secs(3600);
+        let w = Some(Duration::from_millis(500));
+        // One tenant, one thread, 7,201 windows: ~0.4 GiB of histograms, allowed.
+        assert!(check_window_memory(w, hour, 1, 1).is_ok());
+        // Four tenants on two threads: 7,201 × 13 histograms, past 1 GiB.
+        let e = check_window_memory(w, hour, 4, 2).unwrap_err();
+        assert!(e.contains("at most 1024 MiB"), "{e}");
+        assert!(check_window_memory(None, hour, 64, 32).is_ok());
+    }
+
+    #[test]
+    fn a_latency_longer_than_a_minute_is_not_clipped() {
+        let mut h = crate::stats::new_histogram();
+        h.record(3_000_000_000).unwrap(); // 50 minutes, µs
+        assert!(h.max() >= 2_990_000_000, "{}", h.max());
+        let mut w = crate::stats::new_window_histogram();
+        w.record(3_000_000_000).unwrap();
+        assert!(w.max() >= 2_950_000_000, "{}", w.max());
     }
 
     #[test]

@@ -682,7 +682,7 @@ impl<'r, 'p> Worker<'r, 'p> {
                 }
                 Ok(_) => {
                     if measured {
-                        self.stats(tenant).errors.parse += 1;
+                        self.stats(tenant).errors.unsolicited += 1;
                     }
                     self.reconnect(idx, now);
                     break;

@@ -287,6 +287,21 @@ pub fn format_table(r: &Report) -> String {
             compact(t.unfinished),
         );
     }
+    // Bytes the server sent with no request outstanding (no request failed; the connection
+    // was reopened): a line of their own, only when there were any.
+    let unsolicited: Vec<String> = r
+        .tenants
+        .iter()
+        .filter(|t| t.errors.unsolicited > 0)
+        .map(|t| format!("{} {}", truncate(&t.name, 12), t.errors.unsolicited))
+        .collect();
+    if !unsolicited.is_empty() {
+        let _ = writeln!(
+            out,
+            "connections closed after the server sent bytes with no request outstanding: {}",
+            unsolicited.join(", ")
+        );
+    }
     // `--kernel-stamps`: the server's and the network's part of each tenant's latency, on a
     // line of its own so the table keeps its width without them.
     let stamped: Vec<String> = r

@@ -1,8 +1,9 @@
 //! Measurement: what each generator thread records per tenant, and how threads' records merge.
 //!
 //! Owns the latency histogram (HdrHistogram, microseconds, [`LATENCY_LOWEST_US`] to
-//! [`LATENCY_HIGHEST_US`], [`LATENCY_SIGNIFICANT_DIGITS`] significant digits; larger values are
-//! recorded as the highest), the counters (responses, body bytes, errors by kind) and the
+//! [`LATENCY_HIGHEST_US`], longer than any run can measure, [`LATENCY_SIGNIFICANT_DIGITS`]
+//! significant digits; each `--window-ms` window's with [`WINDOW_LATENCY_SIGNIFICANT_DIGITS`]),
+//! the counters (responses, body bytes, errors by kind) and the
 //! per-connection completion counts that Jain's fairness index is computed from. Only events in
 //! the measurement window (after the warmup) are recorded.
 
@@ -11,10 +12,17 @@ use serde::Serialize;
 
 /// Lowest latency the histogram tells apart: 1 µs.
 pub const LATENCY_LOWEST_US: u64 = 1;
-/// Highest latency the histogram records: 60 s (longer latencies are recorded as 60 s).
-pub const LATENCY_HIGHEST_US: u64 = 60_000_000;
+/// Highest latency the histogram records: 10,000 s, above the longest latency a run can
+/// measure (its warmup and its measured window, 3,600 s each at most, plus the 300 s longest
+/// timeout), so no latency is clipped. (It was 60 s: an open-loop run falling behind for minutes
+/// read 60 s at its p99 and max.)
+pub const LATENCY_HIGHEST_US: u64 = 10_000_000_000;
 /// Significant decimal digits kept by the histogram.
 pub const LATENCY_SIGNIFICANT_DIGITS: u8 = 3;
+/// Significant digits of each window's histogram (1 % resolution): a run may hold
+/// [`crate::args::MAX_WINDOWS`] windows per tenant and thread, and three digits cost ~190 KiB
+/// a window against ~27 KiB.
+pub const WINDOW_LATENCY_SIGNIFICANT_DIGITS: u8 = 2;
 
 /// Failed or unsuccessful exchanges, by kind. Each request that was sent ends as exactly one of:
 /// a successful response (2xx or 304), or one of `reset`, `timeout`, `rejected_503`, `http_4xx`,
@@ -37,8 +45,12 @@ pub struct ErrorCounts {
     pub http_5xx: u64,
     /// Other unsuccessful statuses: 3xx other than 304, and anything outside 200..=599.
     pub http_other: u64,
-    /// Malformed or over-limit responses, and bytes the server sent with no request outstanding.
+    /// Malformed or over-limit responses.
     pub parse: u64,
+    /// Bytes the server sent while no request was outstanding (a 408 before closing an idle
+    /// connection, say): the connection is dropped and reopened, but no request failed, so
+    /// this is not in [`ErrorCounts::failed_requests`].
+    pub unsolicited: u64,
 }
 
 impl ErrorCounts {
@@ -51,6 +63,7 @@ impl ErrorCounts {
         self.http_5xx += o.http_5xx;
         self.http_other += o.http_other;
         self.parse += o.parse;
+        self.unsolicited += o.unsolicited;
     }
 
     /// Requests that ended without a successful response (everything but `connect`).
@@ -94,6 +107,21 @@ pub fn new_histogram() -> Histogram<u64> {
         LATENCY_SIGNIFICANT_DIGITS,
     )
     .expect("histogram bounds are valid constants")
+}
+
+/// An empty histogram of one window (coarser than [`new_histogram`], same bounds).
+pub fn new_window_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(
+        LATENCY_LOWEST_US,
+        LATENCY_HIGHEST_US,
+        WINDOW_LATENCY_SIGNIFICANT_DIGITS,
+    )
+    .expect("histogram bounds are valid constants")
+}
+
+/// Bytes one window's histogram holds (its counts).
+pub fn window_histogram_bytes() -> u64 {
+    (new_window_histogram().distinct_values() * std::mem::size_of::<u64>()) as u64
 }
 
 /// What one thread (or, merged, the whole run) recorded for one tenant.
@@ -147,7 +175,7 @@ pub struct WindowStats {
 impl WindowStats {
     pub fn new() -> Self {
         WindowStats {
-            latency_us: new_histogram(),
+            latency_us: new_window_histogram(),
             ok: 0,
             received_bytes: 0,
             rejected_503: 0,
