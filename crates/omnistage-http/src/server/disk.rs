@@ -93,13 +93,14 @@ fn ns_since(epoch: Instant) -> u64 {
 }
 
 impl DiskPool {
-    /// Starts `threads` readers. `deliver` hands a finished read to its core.
+    /// Starts `threads` readers, which hand a finished read to its core. A reader that cannot
+    /// be spawned is an error, and the readers started before it are stopped and joined.
     pub(super) fn start(
         threads: usize,
         disk_cap: Option<u64>,
         rt: Arc<Runtime>,
         stages: Stages,
-    ) -> Arc<DiskPool> {
+    ) -> Result<Arc<DiskPool>, String> {
         let mut tree = Tree::new(PolicyKind::Sfq);
         tree.set_min_cost(1);
         let disk = tree
@@ -131,18 +132,21 @@ impl DiskPool {
             epoch: Instant::now(),
             bytes_read: AtomicU64::new(0),
         });
-        let mut handles = Vec::with_capacity(threads);
         for i in 0..threads {
             let pool2 = pool.clone();
             let rt = rt.clone();
-            let h = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("omnistage-disk{i}"))
-                .spawn(move || pool2.reader(&rt, stages))
-                .expect("spawn a disk reader");
-            handles.push(h);
+                .spawn(move || pool2.reader(&rt, stages));
+            match spawned {
+                Ok(h) => pool.threads.lock().expect("threads lock").push(h),
+                Err(e) => {
+                    pool.stop();
+                    return Err(format!("cannot start disk reader {i}: {e}"));
+                }
+            }
         }
-        *pool.threads.lock().expect("threads lock") = handles;
-        pool
+        Ok(pool)
     }
 
     /// Queues a read; false if the pool is full or stopping (the caller reads inline).

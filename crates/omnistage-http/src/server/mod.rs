@@ -315,31 +315,41 @@ impl Server {
         };
         stages_cell.set(stages).map_err(|_| "stages set twice")?;
         let rt = Arc::new(b.start().map_err(|e| e.to_string())?);
-        let server_cfg = shared.live.read().expect("live lock").config.server.clone();
-        if server_cfg.disk_threads > 0 {
-            let pool = disk::DiskPool::start(
-                server_cfg.disk_threads,
-                server_cfg.disk_cap_bytes_per_s,
-                rt.clone(),
-                stages,
-            );
-            let _ = shared.disk.set(pool);
-        }
-        let restart_only = RestartOnly::of(&config.server, workers, opts.workers);
-        let (live, _) = apply_tenants(&rt, config, None, work.id(), false)?;
-        *shared.live.write().expect("live lock") = Arc::new(live);
-        for core in 0..workers {
-            rt.send(&boot, INFRA, Affinity::Core(core as u16), Boot::Start)
-                .map_err(|e| format!("cannot start core {core}: {e}"))?;
-        }
-        Ok(Server {
+        // From here on the server owns what runs: a step below that fails drops it, and its
+        // `Drop` stops and joins the disk readers and the workers (they once kept running: the
+        // readers hold the runtime, so a refused certificate left both behind).
+        let server = Server {
             rt,
-            reloading: Mutex::new(restart_only),
+            reloading: Mutex::new(RestartOnly::of(&config.server, workers, opts.workers)),
             shared,
             boot,
             work: work.id(),
             local_addrs,
-        })
+        };
+        let server_cfg = &config.server;
+        if server_cfg.disk_threads > 0 {
+            let pool = disk::DiskPool::start(
+                server_cfg.disk_threads,
+                server_cfg.disk_cap_bytes_per_s,
+                server.rt.clone(),
+                stages,
+            )?;
+            let _ = server.shared.disk.set(pool);
+        }
+        let (live, _) = apply_tenants(&server.rt, config, None, work.id(), false)?;
+        *server.shared.live.write().expect("live lock") = Arc::new(live);
+        for core in 0..workers {
+            server
+                .rt
+                .send(
+                    &server.boot,
+                    INFRA,
+                    Affinity::Core(core as u16),
+                    Boot::Start,
+                )
+                .map_err(|e| format!("cannot start core {core}: {e}"))?;
+        }
+        Ok(server)
     }
 
     /// The addresses actually listened on (port 0 resolved).
