@@ -14,13 +14,15 @@
 //!
 //! What it does of the crate's handshake: `AUTH` (with the URL's user and password) and
 //! `SELECT` (the URL's database); it speaks RESP2 only and does not send `CLIENT SETINFO`.
-//! TCP and Unix sockets (the crate is built without TLS). Two steps have no deadline of ours
-//! (known limits): the system's resolver, for a host name, and the connect of a Unix socket
-//! (it waits while the server's backlog is full).
+//! TCP and Unix sockets (the crate is built without TLS). The TCP host must be an IP address:
+//! the system's resolver (`getaddrinfo`) cannot be given a deadline, so a name is refused
+//! (by the config and by [`crate::store::Store::new`]) rather than resolved on the fleet
+//! thread without a bound. One step has no deadline of ours (a known limit): the connect of a
+//! Unix socket (it waits while the server's backlog is full; the config takes `redis://` only).
 
 use redis::{ConnectionAddr, ConnectionLike, ErrorKind, RedisError, RedisResult, Value};
 use std::io::{self, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,16 @@ pub const LATE_TIMEOUTS: u32 = 1;
 /// The wait of a read or write past the deadline: it takes what is there (the kernel rounds
 /// it up to a clock tick, a few ms at most).
 const LATE_WAIT: Duration = Duration::from_micros(1);
+
+/// `host` as an IP address (an IPv6 one with or without its URL brackets), or `None` for a
+/// name: names are not resolved (module doc).
+pub fn ip_literal(host: &str) -> Option<IpAddr> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse().ok()
+}
 
 /// What is left until `deadline`, or a timed-out error when nothing is.
 fn left(deadline: Instant) -> io::Result<Duration> {
@@ -127,28 +139,16 @@ impl DeadlineConnection {
         let deadline = Instant::now() + timeout;
         let stream = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
-                let mut last = None;
-                let mut found = None;
-                for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, left(deadline)?) {
-                        Ok(s) => {
-                            found = Some(s);
-                            break;
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                let s = match (found, last) {
-                    (Some(s), _) => s,
-                    (None, Some(e)) => return Err(e.into()),
-                    (None, None) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::NotFound,
-                            format!("{host} has no address"),
-                        )
-                        .into())
-                    }
+                // An IP literal only (`Store::new` refuses a name): the system's resolver
+                // has no deadline, and this thread must not wait without one.
+                let Some(ip) = ip_literal(host) else {
+                    return Err(RedisError::from((
+                        ErrorKind::InvalidClientConfig,
+                        "the redis host must be an IP address (names are not resolved)",
+                    )));
                 };
+                let addr = SocketAddr::new(ip, *port);
+                let s = TcpStream::connect_timeout(&addr, left(deadline)?)?;
                 s.set_nodelay(true)?;
                 Stream::Tcp(s)
             }

@@ -206,6 +206,14 @@ impl Store {
     /// A store for `url` (checked here, not connected yet).
     pub fn new(url: &str, timeout: Duration, prefix: &str) -> Result<Store, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis {url:?}: {e}"))?;
+        if let redis::ConnectionAddr::Tcp(host, _) = client.get_connection_info().addr() {
+            if crate::conn::ip_literal(host).is_none() {
+                return Err(format!(
+                    "redis {url:?}: the host must be an IP address (host names are not \
+                     resolved: the system's resolver has no deadline)"
+                ));
+            }
+        }
         Ok(Store {
             info: client.get_connection_info().clone(),
             con: None,

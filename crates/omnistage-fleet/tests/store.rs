@@ -244,3 +244,24 @@ fn leases_go_in_one_pipeline_each_with_its_own_outcome_and_the_script_is_reloade
     assert!((6..=7).contains(&g), "{g}");
     assert!(st.leases(&[]).expect("nothing to ask").is_empty());
 }
+
+#[test]
+fn a_host_name_is_refused_not_resolved() {
+    // The system's resolver has no deadline: a name is refused when the store is made, with
+    // the URL named, and never resolved on the fleet thread.
+    for name in ["redis://localhost:6379", "redis://redis.internal:6379/2"] {
+        let e = Store::new(name, Duration::from_secs(1), "s7:")
+            .err()
+            .unwrap_or_else(|| panic!("{name} accepted"));
+        assert!(
+            e.contains(name) && e.contains("must be an IP address"),
+            "{name}: {e}"
+        );
+    }
+    for ip in ["redis://127.0.0.1:6379", "redis://[::1]:6379"] {
+        assert!(
+            Store::new(ip, Duration::from_secs(1), "s7:").is_ok(),
+            "{ip}"
+        );
+    }
+}

@@ -369,6 +369,16 @@ pub(super) fn cluster_config(
             ),
         ));
     }
+    if redis_host_ip(redis).is_none() {
+        return Err(c.err(
+            r.redis.span(),
+            format!(
+                "redis {:?}: the host must be an IP address (like \"redis://10.0.0.5:6379\" or \"redis://[::1]:6379\"); \
+                 host names are not resolved, as the system's resolver has no deadline",
+                r.redis.get_ref()
+            ),
+        ));
+    }
     let node = match &r.node {
         None => None,
         Some(v) => {
@@ -578,4 +588,23 @@ pub(super) fn rebase(base: Option<&Path>, p: &Path) -> PathBuf {
         Some(b) if p.is_relative() => b.join(p),
         _ => p.to_path_buf(),
     }
+}
+
+/// The host of a `redis://[user:password@]host[:port][/db]` URL when it is an IP literal
+/// (IPv6 in brackets). The fleet connects to Redis from its own thread with a deadline for
+/// each call, and the system's resolver (`getaddrinfo`) has none: a name is refused here
+/// rather than resolved without a bound.
+pub fn redis_host_ip(url: &str) -> Option<std::net::IpAddr> {
+    let rest = url.strip_prefix("redis://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some(v6) = host_port.strip_prefix('[') {
+        let (host, after) = v6.split_once(']')?;
+        if !(after.is_empty() || after.starts_with(':')) {
+            return None;
+        }
+        return host.parse::<std::net::Ipv6Addr>().ok().map(Into::into);
+    }
+    let host = host_port.rsplit_once(':').map_or(host_port, |(h, _)| h);
+    host.parse::<std::net::Ipv4Addr>().ok().map(Into::into)
 }

@@ -110,7 +110,8 @@
 //!
 //! [cluster]                         # optional; without it a node is alone (crate
 //!                                   # omnistage-fleet, docs/fleet.md)
-//! redis = "redis://127.0.0.1:6379"  # the fleet's Redis (redis://[user:pass@]host:port[/db])
+//! redis = "redis://127.0.0.1:6379"  # the fleet's Redis (redis://[user:pass@]host:port[/db]);
+//!                                   # host an IP address (names are not resolved)
 //! node = "n1"                       # unique per node, [A-Za-z0-9_.-]{1,64}; default the host
 //!                                   # name
 //! sync_ms = 100                     # 10..=60000: how often the node publishes its demand and
@@ -690,8 +691,8 @@ mod check;
 mod raw;
 mod tenant;
 
-pub use check::parse_rate;
 use check::parse_with_base;
+pub use check::{parse_rate, redis_host_ip};
 
 #[cfg(test)]
 mod tests;

@@ -654,3 +654,34 @@ fn cluster_limits_are_crossed_with_an_error_on_the_line() {
     let e = err(&alone.replace("fleet_rate_per_s = 1000\n", ""));
     assert!(e.message.contains("fleet_net_cap needs a [cluster]"), "{e}");
 }
+
+#[test]
+fn the_redis_host_must_be_an_ip_address_not_a_name() {
+    // A name would be resolved by the system's resolver on the fleet thread, which has no
+    // deadline: refused, with an error naming the field, on its line.
+    for bad in [
+        "redis://localhost:6379",
+        "redis://redis.internal:6379/2",
+        "redis://user:pw@cache:6379",
+        "redis://[not-v6]:6379",
+        "redis://10.0.0.256:6379",
+    ] {
+        let text = FLEET.replace("redis://127.0.0.1:6379", bad);
+        let e = err(&text);
+        assert!(
+            e.message.contains("redis") && e.message.contains("must be an IP address"),
+            "{bad}: {e}"
+        );
+        assert_eq!(e.line, Some(3), "{bad}: {e}");
+    }
+    for good in [
+        "redis://10.0.0.5:6379",
+        "redis://10.0.0.5",
+        "redis://fleet:secret@10.0.0.5:6379/3",
+        "redis://[::1]:6379",
+        "redis://[fe80::1]",
+    ] {
+        let text = FLEET.replace("redis://127.0.0.1:6379", good);
+        assert!(parse_config(&text).is_ok(), "{good}");
+    }
+}
