@@ -165,7 +165,8 @@ impl FleetNode {
                 cfg.sync, SYNC_MIN, SYNC_MAX
             ));
         }
-        let store = Store::new(&cfg.redis, cfg.timeout(), &cfg.prefix)?;
+        let mut store = Store::new(&cfg.redis, cfg.timeout(), &cfg.prefix)?;
+        store.set_backoff_base(cfg.sync);
         let base = Arc::new(Mutex::new(base_weights(&server.config())));
         let counters = Arc::new(NodeCounters::default());
         let (tx, rx) = mpsc::channel();

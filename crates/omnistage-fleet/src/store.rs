@@ -15,7 +15,10 @@
 //! pipeline, one script): `timeout`, however the server trickles its reply, so a sync that
 //! meets a slow, dead or hostile Redis gives up within a few timeouts and the node falls back.
 //! Any error drops the connection; the next sync connects afresh (a restarted Redis is found
-//! again, and the Lua scripts are loaded again on `NOSCRIPT`).
+//! again, and the Lua scripts are loaded again on `NOSCRIPT`), but after two or more failures
+//! in a row only once a bounded, jittered exponential [`Backoff`] allows (at most
+//! [`BACKOFF_MAX`]): a Redis that is down costs one connect attempt per backoff period, not
+//! one (and, for an unreachable host, one connect deadline) per sync.
 //!
 //! One sync is one script ([`SYNC_LUA`]) that publishes this node's entry and reads the others',
 //! and that bounds what it sends back: at most [`NODES_MAX`] entries, each at most
@@ -29,7 +32,7 @@
 use crate::conn::DeadlineConnection;
 use crate::entry;
 use redis::{ConnectionInfo, ConnectionLike, RedisError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most nodes read per sync. A nodes set with more members (garbage, or more nodes than the
 /// fleet is built for) is read one `SSCAN` batch of about this many per sync, from a cursor
@@ -165,6 +168,94 @@ redis.call('PEXPIRE', KEYS[1], ttl)
 return {granted, garbage}
 "#;
 
+/// The longest a node waits between two attempts to reach Redis ([`Backoff`]).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// When the next attempt to reach Redis may be made, after failed ones: a bounded exponential
+/// backoff with jitter. After the first failure the next call tries again at once (a single
+/// dropped connection, a restarted Redis or one failed lease costs nothing more); after the
+/// `n`-th consecutive failure (`n >= 2`) no connection is tried for a delay drawn uniformly
+/// from `[d / 2, d]`, `d = min(BACKOFF_MAX, base × 2^(n-2))`, where `base` is the node's sync
+/// interval. A call that succeeds resets it. Pure: the caller gives the time.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    base: Duration,
+    failures: u32,
+    retry_at: Option<Instant>,
+    rng: u64,
+}
+
+impl Backoff {
+    /// A backoff from `base` (zero counts as 1 ms), its jitter drawn from `seed`.
+    pub fn new(base: Duration, seed: u64) -> Backoff {
+        Backoff {
+            base: base.max(Duration::from_millis(1)),
+            failures: 0,
+            retry_at: None,
+            // xorshift's state must not be 0.
+            rng: seed | 1,
+        }
+    }
+
+    /// The upper bound of the delay after `failures` consecutive failures (none after one).
+    pub fn ceiling(&self, failures: u32) -> Duration {
+        if failures < 2 {
+            return Duration::ZERO;
+        }
+        let doublings = (failures - 2).min(30);
+        self.base.saturating_mul(1u32 << doublings).min(BACKOFF_MAX)
+    }
+
+    /// Whether an attempt may be made at `now`.
+    pub fn allows(&self, now: Instant) -> bool {
+        self.retry_at.is_none_or(|t| now >= t)
+    }
+
+    /// When the next attempt may be made (`None`: at once).
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+
+    /// Consecutive failures so far.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// An attempt failed at `now`; returns the delay before the next one.
+    pub fn failed(&mut self, now: Instant) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let d = self.ceiling(self.failures);
+        let delay = if d.is_zero() {
+            d
+        } else {
+            // xorshift64: uniform enough for a jitter.
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let half = d / 2;
+            let span = (d - half).as_nanos() as u64;
+            half + Duration::from_nanos(self.rng % (span + 1))
+        };
+        self.retry_at = (!delay.is_zero()).then(|| now + delay);
+        delay
+    }
+
+    /// An attempt succeeded: the next failure starts again from none.
+    pub fn succeeded(&mut self) {
+        self.failures = 0;
+        self.retry_at = None;
+    }
+}
+
+/// A seed for a [`Backoff`]'s jitter that differs between nodes started together (so their
+/// retries do not stay in step): the standard library's random hash keys.
+fn jitter_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
 /// What one sync read: every live node's entry value, and the garbage removed on the way.
 #[derive(Debug, Default)]
 pub struct Read {
@@ -200,6 +291,10 @@ pub struct Store {
     script: redis::Script,
     /// Where the next `SSCAN` of an oversized nodes set starts ("0": at the beginning).
     cursor: Vec<u8>,
+    /// When a connection may be tried again after failures.
+    backoff: Backoff,
+    /// Connections tried (for tests and diagnostics).
+    connects: u64,
 }
 
 impl Store {
@@ -222,7 +317,26 @@ impl Store {
             sync_script: redis::Script::new(SYNC_LUA),
             script: redis::Script::new(LEASE_LUA),
             cursor: b"0".to_vec(),
+            // The node sets its sync interval as the base ([`Store::set_backoff_base`]); a
+            // node's deadline is half of it.
+            backoff: Backoff::new(timeout.saturating_mul(2), jitter_seed()),
+            connects: 0,
         })
+    }
+
+    /// The base of the reconnect backoff ([`Backoff`]): the node's sync interval.
+    pub fn set_backoff_base(&mut self, base: Duration) {
+        self.backoff = Backoff::new(base, jitter_seed());
+    }
+
+    /// The reconnect backoff's state.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// Connections tried since the store was made.
+    pub fn connects(&self) -> u64 {
+        self.connects
     }
 
     fn node_key(&self, node: &str) -> String {
@@ -239,18 +353,49 @@ impl Store {
     }
 
     /// Runs `f` on the connection (connecting first if there is none); an error drops it
-    /// (the next call reconnects).
+    /// (the next call reconnects). Without a connection, and while the [`Backoff`] holds
+    /// (`gated`), fails at once without trying one. Every failure counts in the backoff, and
+    /// every success resets it.
     fn with<T>(
         &mut self,
+        gated: bool,
         f: impl FnOnce(&mut DeadlineConnection, &Store) -> Result<T, RedisError>,
     ) -> Result<T, RedisError> {
         let mut con = match self.con.take() {
             Some(c) => c,
-            None => DeadlineConnection::connect(&self.info, self.timeout)?,
+            None => {
+                let now = Instant::now();
+                if gated && !self.backoff.allows(now) {
+                    let wait = self
+                        .backoff
+                        .retry_at()
+                        .map_or(Duration::ZERO, |t| t.saturating_duration_since(now));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        format!(
+                            "not reconnecting for {} ms more, after {} failed calls",
+                            wait.as_millis(),
+                            self.backoff.failures()
+                        ),
+                    )
+                    .into());
+                }
+                self.connects += 1;
+                match DeadlineConnection::connect(&self.info, self.timeout) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.backoff.failed(Instant::now());
+                        return Err(e);
+                    }
+                }
+            }
         };
         let r = f(&mut con, self);
         if r.is_ok() && con.is_open() {
             self.con = Some(con);
+            self.backoff.succeeded();
+        } else {
+            self.backoff.failed(Instant::now());
         }
         r
     }
@@ -259,7 +404,7 @@ impl Store {
     /// script, [`SYNC_LUA`]).
     pub fn sync(&mut self, node: &str, value: &str, ttl_ms: u64) -> Result<Read, RedisError> {
         let cursor = self.cursor.clone();
-        let (garbage, next, flat) = self.with(|con, st| {
+        let (garbage, next, flat) = self.with(true, |con, st| {
             st.sync_script
                 .key(st.nodes_key())
                 .key(st.node_key(node))
@@ -306,7 +451,7 @@ impl Store {
         if asks.is_empty() {
             return Ok(Vec::new());
         }
-        self.with(|con, st| {
+        self.with(true, |con, st| {
             let run = |con: &mut DeadlineConnection, which: &[usize]| {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
@@ -372,7 +517,8 @@ impl Store {
 
     /// Withdraws this node's entry at once (a clean stop; a dead node's expires instead).
     pub fn withdraw(&mut self, node: &str) -> Result<(), RedisError> {
-        self.with(|con, st| {
+        // Not held by the backoff: one call at stop, bounded by its deadline.
+        self.with(false, |con, st| {
             redis::pipe()
                 .del(st.node_key(node))
                 .ignore()
@@ -385,5 +531,60 @@ impl Store {
     /// Forgets the connection (the next call reconnects).
     pub fn reset(&mut self) {
         self.con = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_the_second_failure_within_its_bounds_and_resets() {
+        let base = Duration::from_millis(100);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut b = Backoff::new(base, 42);
+        assert!(b.allows(t0));
+        // The first failure is retried at once.
+        assert_eq!(b.failed(t0), Duration::ZERO);
+        assert!(b.allows(t0));
+        // Then base × 2^(n-2), jittered into [d/2, d], capped at BACKOFF_MAX.
+        let mut now = 0;
+        for n in 2..=12u32 {
+            let d = b.ceiling(n);
+            assert_eq!(d, (base * (1 << (n - 2))).min(BACKOFF_MAX), "{n}");
+            let delay = b.failed(at(now));
+            assert!(delay >= d / 2 && delay <= d, "{n}: {delay:?} against {d:?}");
+            assert!(!b.allows(at(now)));
+            let wait = delay.as_millis() as u64;
+            if wait > 0 {
+                assert!(!b.allows(at(now + wait - 1)), "{n}");
+            }
+            assert!(b.allows(at(now + wait + 1)), "{n}");
+            now += wait + 1;
+        }
+        assert_eq!(b.ceiling(12), BACKOFF_MAX);
+        assert_eq!(b.ceiling(u32::MAX), BACKOFF_MAX);
+        // A success resets it: the next failure is retried at once again.
+        b.succeeded();
+        assert!(b.allows(at(now)));
+        assert_eq!(b.failures(), 0);
+        assert_eq!(b.failed(at(now)), Duration::ZERO);
+        assert!(b.allows(at(now)));
+    }
+
+    #[test]
+    fn the_jitter_spreads_nodes_that_failed_together() {
+        // Two nodes with different seeds failing at the same instants do not retry in step.
+        let base = Duration::from_millis(1000);
+        let t0 = Instant::now();
+        let (mut a, mut b) = (Backoff::new(base, 1), Backoff::new(base, 2));
+        let mut differ = 0;
+        for _ in 0..8 {
+            if a.failed(t0) != b.failed(t0) {
+                differ += 1;
+            }
+        }
+        assert!(differ >= 6, "{differ}");
     }
 }

@@ -265,3 +265,82 @@ fn a_host_name_is_refused_not_resolved() {
         );
     }
 }
+
+/// A fake Redis on a loopback port that accepts every connection and closes it at once,
+/// counting them: a Redis that is down as far as a sync can tell, whose connects can be
+/// counted (a closed port's cannot). Stopped when dropped.
+struct Dropper {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Dropper {
+    fn start() -> Dropper {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s) = (accepted.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    // Counted before the close: the client's call ends only after it.
+                    Ok((conn, _)) => {
+                        a.fetch_add(1, Ordering::SeqCst);
+                        drop(conn);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        });
+        Dropper {
+            port,
+            accepted,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Dropper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_redis_that_fails_every_call_is_reconnected_to_after_a_backoff_not_every_sync() {
+    // 20 syncs driven back to back against a Redis that drops every connection. The store's
+    // backoff base is 2 × its 1 s deadline (a node's interval): the first failure is retried
+    // at once, the second holds connects back for 1..=2 s, the third for 2..=4 s, and so on.
+    // So the syncs try 2 connections if they take under 1 s (a few ms here), and never more
+    // than 2 plus one per second they took; without a backoff each sync tried one (20).
+    let d = Dropper::start();
+    let url = format!("redis://127.0.0.1:{}", d.port);
+    let mut st = Store::new(&url, Duration::from_secs(1), "s8:").expect("store");
+    let t = std::time::Instant::now();
+    for i in 0..20 {
+        assert!(
+            st.sync("t1", &entry_text("t1"), TTL_MS).is_err(),
+            "sync {i} went through"
+        );
+    }
+    let took = t.elapsed();
+    let tried = d.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(tried >= 2, "{tried} connections");
+    assert!(
+        tried <= 2 + took.as_secs(),
+        "{tried} connections in 20 syncs over {took:?}"
+    );
+    if took < Duration::from_secs(1) {
+        assert_eq!(tried, 2, "over {took:?}");
+    }
+}
