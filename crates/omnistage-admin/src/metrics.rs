@@ -551,7 +551,7 @@ pub(crate) fn render(
 /// A fleet node's figures (docs/fleet.md has the federation queries over them).
 fn fleet_families(sc: &mut Scrape, fl: &Fleet) {
     let node = || vec![("node", fl.node.clone())];
-    let one: [(&'static str, &'static str, MetricType, Value); 5] = [
+    let one: [(&'static str, &'static str, MetricType, Value); 6] = [
         (
             "omnistage_fleet_connected",
             "1 when the node's last sync reached Redis, 0 in a fallback episode.",
@@ -575,6 +575,12 @@ fn fleet_families(sc: &mut Scrape, fl: &Fleet) {
             "Syncs with Redis that succeeded.",
             MetricType::Counter,
             Value::CounterInt(fl.syncs),
+        ),
+        (
+            "omnistage_fleet_restarts",
+            "Panics of the fleet thread caught and recovered from (configured weights back).",
+            MetricType::Counter,
+            Value::CounterInt(fl.restarts),
         ),
         (
             "omnistage_fleet_nodes_seen",
@@ -681,6 +687,7 @@ mod tests {
             episodes: 2,
             garbage: 3,
             syncs: 40,
+            restarts: 1,
             nodes_seen: 3,
             tenants: vec![crate::model::FleetTenant {
                 name: "a".into(),
@@ -705,6 +712,7 @@ mod tests {
             "omnistage_fleet_fallback_episodes_total{node=\"n1\"} 2",
             "omnistage_fleet_garbage_entries_total{node=\"n1\"} 3",
             "omnistage_fleet_nodes_seen{node=\"n1\"} 3",
+            "omnistage_fleet_restarts_total{node=\"n1\"} 1",
             "omnistage_fleet_share_target{node=\"n1\",activity=\"/tenants/a\",resource=\"cpu\"} 0.25",
             "omnistage_fleet_share_target{node=\"n1\",activity=\"/tenants/a\",resource=\"link\"} 0.5",
             "omnistage_fleet_used_per_second{node=\"n1\",activity=\"/tenants/a\",resource=\"cpu\"} 1.5",

@@ -31,7 +31,8 @@ use omnistage::activity::DEPTH_MAX;
 use omnistage_http::config::{ClusterConfig, Config};
 use omnistage_http::server::{FleetStatus, FleetTenant, FleetTenantStatus, LeasePool, Server};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -125,6 +126,24 @@ pub struct NodeCounters {
     pub syncs: AtomicU64,
     pub episodes: AtomicU64,
     pub garbage: AtomicU64,
+    /// Panics of the fleet thread caught and recovered from ([`RESTART_MIN`]).
+    pub restarts: AtomicU64,
+}
+
+/// After a panic in a tick, the fleet thread puts the local state back (configured weights,
+/// caps off) and runs its next tick after at least this long, or one interval if longer;
+/// each further panic in a row doubles the wait, up to [`RESTART_MAX`]. A tick that completes
+/// resets it. A panic is a bug: the node then serves as if alone rather than spin on it.
+pub const RESTART_MIN: Duration = Duration::from_secs(1);
+/// The longest wait before the tick after a run of panics.
+pub const RESTART_MAX: Duration = Duration::from_secs(30);
+
+/// The wait before the next tick after `panics` panics in a row (at least 1).
+pub fn restart_delay(sync: Duration, panics: u32) -> Duration {
+    let doublings = panics.saturating_sub(1).min(16);
+    sync.max(RESTART_MIN)
+        .saturating_mul(1u32 << doublings)
+        .min(RESTART_MAX.max(sync))
 }
 
 /// How long [`FleetNode::stop`] waits for the thread, in Redis deadlines
@@ -150,6 +169,9 @@ pub struct FleetNode {
     server: Option<Arc<Server>>,
     base: Arc<Mutex<HashMap<String, u32>>>,
     counters: Arc<NodeCounters>,
+    /// Test hook: the next tick that reaches the fill panics.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    panic_once: Arc<AtomicBool>,
 }
 
 impl FleetNode {
@@ -172,16 +194,38 @@ impl FleetNode {
         let (tx, rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel::<()>();
         let stop_wait = (cfg.timeout() * STOP_WAIT_TIMEOUTS).max(STOP_WAIT_MIN);
+        let panic_once = Arc::new(AtomicBool::new(false));
         let mut state = State::new(server.clone(), cfg, store, base.clone(), counters.clone());
+        state.panic_once = panic_once.clone();
         let thread = std::thread::Builder::new()
             .name("fleet".into())
             .spawn(move || {
                 let _done = done_tx;
                 let sync = state.cfg.sync;
                 let mut next = Instant::now();
+                let mut panics = 0u32;
                 loop {
-                    state.tick();
-                    next += sync;
+                    // A panic in a tick is caught here, the local state put back and the
+                    // thread goes on (after a pause): otherwise nobody would sync, and the
+                    // pools and weights would stay as the panic left them until `stop`.
+                    match catch_unwind(AssertUnwindSafe(|| state.tick())) {
+                        Ok(()) => {
+                            panics = 0;
+                            next += sync;
+                        }
+                        Err(payload) => {
+                            panics = panics.saturating_add(1);
+                            let delay = restart_delay(sync, panics);
+                            let recovered =
+                                catch_unwind(AssertUnwindSafe(|| state.recover(&*payload, delay)));
+                            if recovered.is_err() {
+                                // The recovery itself panicked: end the thread; `stop` puts
+                                // the local state back for a thread that ended in a panic.
+                                std::panic::resume_unwind(payload);
+                            }
+                            next = Instant::now() + delay;
+                        }
+                    }
                     let now = Instant::now();
                     if next < now {
                         next = now + sync;
@@ -202,7 +246,16 @@ impl FleetNode {
             server: Some(server),
             base,
             counters,
+            panic_once,
         })
+    }
+
+    /// Test hook: makes the thread's next tick that reaches the fill (a sync that went
+    /// through) panic, once.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn panic_once(&self) {
+        self.panic_once.store(true, Ordering::Relaxed);
     }
 
     /// Takes the configured weights of a reloaded configuration (the weights the node goes
@@ -331,6 +384,8 @@ struct State {
     down_since: Option<Instant>,
     nodes_last_seen: usize,
     refills: Refills,
+    /// Test hook ([`FleetNode::panic_once`]).
+    panic_once: Arc<AtomicBool>,
 }
 
 /// When each capped pool (tenant, `req` or `bytes`) was last given tokens, by a renewal or a
@@ -407,6 +462,7 @@ impl State {
             down_since: None,
             nodes_last_seen: 1,
             refills: Refills::default(),
+            panic_once: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -564,6 +620,9 @@ impl State {
         self.counters.garbage.fetch_add(garbage, Ordering::Relaxed);
         self.nodes_last_seen = entries.len();
         let status = self.apply_fill(&measured, &entries);
+        if self.panic_once.swap(false, Ordering::Relaxed) {
+            panic!("fleet test hook: a panic after the fill");
+        }
         match self.renew_leases(&measured) {
             Ok(()) => {
                 self.counters.syncs.fetch_add(1, Ordering::Relaxed);
@@ -837,6 +896,66 @@ impl State {
             episodes: self.counters.episodes.load(Ordering::Relaxed),
             garbage: self.counters.garbage.load(Ordering::Relaxed),
             syncs: self.counters.syncs.load(Ordering::Relaxed),
+            restarts: self.counters.restarts.load(Ordering::Relaxed),
+            nodes_seen: self.nodes_last_seen,
+            tenants: rows,
+        })));
+    }
+
+    /// After a panic in a tick: counts it, drops the connection (a call may have been cut
+    /// mid-exchange), puts the local state back (configured weights, caps off), logs it and
+    /// publishes a status that says so (not connected, the restart counted, the weights now
+    /// in force). The next tick, `delay` later, starts afresh from Redis.
+    fn recover(&mut self, payload: &(dyn std::any::Any + Send), delay: Duration) {
+        let n = self.counters.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+        self.store.reset();
+        self.last_at = None;
+        self.last.clear();
+        self.queued_before.clear();
+        restore_local(&self.server, &self.base);
+        for t in self.server.fleet_tenants() {
+            self.refills.forget(&t.name, "req");
+            self.refills.forget(&t.name, "bytes");
+        }
+        let what = payload
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("a panic");
+        warn(format_args!(
+            "omnistage: fleet: node {}: the fleet thread panicked ({what}; restart {n}); \
+             configured weights back and fleet caps off, next sync in {:.1} s",
+            self.cfg.node,
+            delay.as_secs_f64()
+        ));
+        let rt = self.server.runtime();
+        let rows = self
+            .server
+            .fleet_tenants()
+            .into_iter()
+            .map(|t| {
+                let w = rt.with_activities(|tab| {
+                    tab.lookup(&t.path)
+                        .and_then(|id| tab.get(id))
+                        .map_or(t.weight, |a| a.spec.weight)
+                });
+                FleetTenantStatus {
+                    name: t.name.clone(),
+                    cpu_weight: w,
+                    link_weight: w,
+                    lease_requests: t.hooks.requests.tokens(),
+                    lease_bytes: t.hooks.bytes.tokens(),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        self.server.set_fleet_status(Some(Arc::new(FleetStatus {
+            node: self.cfg.node.clone(),
+            connected: false,
+            episodes: self.counters.episodes.load(Ordering::Relaxed),
+            garbage: self.counters.garbage.load(Ordering::Relaxed),
+            syncs: self.counters.syncs.load(Ordering::Relaxed),
+            restarts: n,
             nodes_seen: self.nodes_last_seen,
             tenants: rows,
         })));
@@ -887,6 +1006,19 @@ mod tests {
             crate::store::ENTRY_TTL_MAX_MS,
             cfg(SYNC_MAX.as_millis() as u64).ttl_ms()
         );
+    }
+
+    #[test]
+    fn a_restart_waits_at_least_a_second_and_doubles_up_to_its_bound() {
+        let ms = Duration::from_millis;
+        assert_eq!(restart_delay(ms(50), 1), RESTART_MIN);
+        assert_eq!(restart_delay(ms(50), 2), 2 * RESTART_MIN);
+        assert_eq!(restart_delay(ms(50), 5), 16 * RESTART_MIN);
+        assert_eq!(restart_delay(ms(50), 6), RESTART_MAX);
+        assert_eq!(restart_delay(ms(50), u32::MAX), RESTART_MAX);
+        // Never under one interval.
+        assert_eq!(restart_delay(ms(5_000), 1), ms(5_000));
+        assert_eq!(restart_delay(ms(60_000), 3), ms(60_000));
     }
 
     #[test]

@@ -688,3 +688,43 @@ fn tenants_known_only_from_other_nodes_do_not_dilute_the_local_configured_shares
     assert_eq!(w, [6667, 1667, 1667], "{s:?}");
     stop(node, server);
 }
+
+#[test]
+fn a_panic_on_the_fleet_thread_is_recovered_counted_and_the_node_syncs_on() {
+    if !redis_installed("panic") {
+        return;
+    }
+    let r = Redis::start();
+    let server = server(&r.url());
+    let node = FleetNode::start(server.clone(), node_config(&r.url(), "p13:")).expect("node");
+    // The fill moves a's weight away from its configured 4 (alone, a's share of 4 + 1 + 1 on
+    // the 10,000 scale).
+    wait_for("the fill's weight", || weight(&server, "/tenants/a") != 4);
+    let syncs = node.counters().syncs.load(Ordering::Relaxed);
+    node.panic_once();
+    // The thread's next good sync panics after its fill; the restart is counted in the status.
+    let mut seen = None;
+    wait_for("the restart in the status", || {
+        seen = server.fleet_status().filter(|s| s.restarts == 1);
+        seen.is_some()
+    });
+    let s = seen.unwrap();
+    // The recovery's own status says not connected, with the weights it put back (read back
+    // from the runtime); the next tick comes 1 s later (`RESTART_MIN`), so this poll (every
+    // 10 ms) sees that status first but for a stall of the test thread, then judged not at all.
+    if !s.connected {
+        assert_eq!(row(&s, "a").cpu_weight, 4, "{s:?}");
+        assert_eq!(row(&s, "b").cpu_weight, 1, "{s:?}");
+    }
+    // The thread syncs on after the restart: the fill is back.
+    wait_for("syncs after the restart", || {
+        server
+            .fleet_status()
+            .is_some_and(|s| s.connected && s.restarts == 1 && s.syncs > syncs)
+    });
+    wait_for("the fill's weight again", || {
+        weight(&server, "/tenants/a") != 4
+    });
+    assert_eq!(node.counters().restarts.load(Ordering::Relaxed), 1);
+    stop(node, server);
+}

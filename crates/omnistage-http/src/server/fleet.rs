@@ -177,6 +177,10 @@ pub struct FleetStatus {
     pub garbage: u64,
     /// Syncs that reached Redis.
     pub syncs: u64,
+    /// Panics of the fleet thread caught and recovered from (each put the configured weights
+    /// back and lifted the fleet caps until the next sync).
+    #[serde(default)]
+    pub restarts: u64,
     /// Nodes whose entries the last good sync saw (this one included).
     pub nodes_seen: usize,
     pub tenants: Vec<FleetTenantStatus>,
