@@ -614,7 +614,7 @@ impl State {
                 continue;
             }
             let p = entry::parse(node, value);
-            garbage += p.garbage;
+            garbage = garbage.saturating_add(p.garbage);
             entries.extend(p.entry);
         }
         self.counters.garbage.fetch_add(garbage, Ordering::Relaxed);

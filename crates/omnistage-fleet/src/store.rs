@@ -256,6 +256,37 @@ fn jitter_seed() -> u64 {
     h.finish()
 }
 
+/// The most garbage one sync can count: the nodes set's type, and each member it looked at
+/// (`SMEMBERS` of at most [`NODES_MAX`], or one `SSCAN` batch, which may run past its `COUNT`).
+pub const SYNC_GARBAGE_MAX: u64 = 1 + 16 * NODES_MAX as u64;
+
+/// The sync script's garbage count and next cursor, checked: numbers that script cannot
+/// return (a hostile server or proxy; Redis runs the script by its hash, so not another
+/// script) are not trusted. A count over [`SYNC_GARBAGE_MAX`] counts as 1 (the reply), not as
+/// itself (near `u64::MAX` it overflowed the node's sum: a panic in a debug build, a wrapped
+/// counter in a release one); a cursor that is not a decimal `u64` starts the scan again from
+/// "0" and counts 1 (kept, it would have failed every later `SSCAN`, for good).
+pub fn check_reply(garbage: u64, cursor: Vec<u8>) -> (u64, Vec<u8>) {
+    let mut counted = if garbage > SYNC_GARBAGE_MAX {
+        1
+    } else {
+        garbage
+    };
+    let valid = !cursor.is_empty()
+        && cursor.len() <= 20
+        && cursor.iter().all(u8::is_ascii_digit)
+        && std::str::from_utf8(&cursor)
+            .ok()
+            .and_then(|c| c.parse::<u64>().ok())
+            .is_some();
+    if valid {
+        (counted, cursor)
+    } else {
+        counted += 1;
+        (counted, b"0".to_vec())
+    }
+}
+
 /// What one sync read: every live node's entry value, and the garbage removed on the way.
 #[derive(Debug, Default)]
 pub struct Read {
@@ -419,6 +450,7 @@ impl Store {
                 .arg(SREM_BATCH)
                 .invoke::<(u64, Vec<u8>, Vec<Vec<u8>>)>(con)
         })?;
+        let (garbage, next) = check_reply(garbage, next);
         self.cursor = next;
         let mut read = Read {
             entries: Vec::new(),
@@ -436,7 +468,7 @@ impl Store {
                 {
                     read.entries.push((n, value))
                 }
-                _ => read.garbage += 1,
+                _ => read.garbage = read.garbage.saturating_add(1),
             }
         }
         read.entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -571,6 +603,30 @@ mod tests {
         assert_eq!(b.failures(), 0);
         assert_eq!(b.failed(at(now)), Duration::ZERO);
         assert!(b.allows(at(now)));
+    }
+
+    #[test]
+    fn a_sync_reply_with_numbers_the_script_cannot_return_is_not_trusted() {
+        assert_eq!(check_reply(3, b"0".to_vec()), (3, b"0".to_vec()));
+        assert_eq!(check_reply(0, b"1234".to_vec()), (0, b"1234".to_vec()));
+        assert_eq!(
+            check_reply(SYNC_GARBAGE_MAX, b"0".to_vec()),
+            (SYNC_GARBAGE_MAX, b"0".to_vec())
+        );
+        assert_eq!(check_reply(SYNC_GARBAGE_MAX + 1, b"0".to_vec()).0, 1);
+        assert_eq!(check_reply(u64::MAX, b"0".to_vec()).0, 1);
+        let max = u64::MAX.to_string().into_bytes();
+        assert_eq!(check_reply(0, max.clone()), (0, max));
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"abc",
+            b"12 3",
+            b"18446744073709551616",
+            b"000000000000000000001",
+        ] {
+            assert_eq!(check_reply(2, bad.to_vec()), (3, b"0".to_vec()), "{bad:?}");
+        }
     }
 
     #[test]

@@ -344,3 +344,64 @@ fn a_redis_that_fails_every_call_is_reconnected_to_after_a_backoff_not_every_syn
         assert_eq!(tried, 2, "over {took:?}");
     }
 }
+
+/// A fake Redis on a loopback port that answers every command of its one connection with
+/// `reply`, keeping what it was sent. Stopped when dropped (it ends with its connection).
+fn fake_replying(reply: &'static [u8]) -> (u16, std::thread::JoinHandle<Vec<u8>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(common::WAIT)).unwrap();
+        let (mut all, mut cmd) = (Vec::new(), Vec::new());
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) | Err(_) => return all,
+                Ok(n) => n,
+            };
+            cmd.extend_from_slice(&buf[..n]);
+            all.extend_from_slice(&buf[..n]);
+            // A command is `*N` and N `$len`/data line pairs (no CRLF in this test's data).
+            let lines = cmd.windows(2).filter(|w| w == b"\r\n").count();
+            let args: usize =
+                std::str::from_utf8(&cmd[1..cmd.iter().position(|&b| b == b'\r').unwrap_or(1)])
+                    .ok()
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(usize::MAX / 4);
+            if lines > 2 * args {
+                cmd.clear();
+                if s.write_all(reply).is_err() {
+                    return all;
+                }
+            }
+        }
+    });
+    (port, t)
+}
+
+#[test]
+fn a_sync_reply_with_numbers_the_script_cannot_return_is_counted_not_trusted() {
+    // A server (not Redis: Redis runs the script by its hash) replies a garbage count of
+    // u64::MAX, a cursor that is no number and one pair with a name that is no node's. The
+    // count once overflowed (a panic in this debug build), and the cursor was kept, so every
+    // later SSCAN would have failed.
+    let (port, fake) = fake_replying(
+        b"*3\r\n$20\r\n18446744073709551615\r\n$3\r\nabc\r\n*2\r\n$3\r\nb:d\r\n$1\r\nx\r\n",
+    );
+    let url = format!("redis://127.0.0.1:{port}");
+    let mut st = Store::new(&url, Duration::from_secs(2), "s9:").expect("store");
+    for _ in 0..2 {
+        let read = st.sync("t1", &entry_text("t1"), TTL_MS).expect("sync");
+        // 1 for the count, 1 for the cursor, 1 for the pair.
+        assert_eq!(read.garbage, 3);
+        assert!(read.entries.is_empty());
+    }
+    drop(st);
+    let sent = fake.join().expect("fake server");
+    let sent = String::from_utf8_lossy(&sent);
+    // Both syncs sent the cursor "0": the bad one was not kept.
+    assert_eq!(sent.matches("EVALSHA").count(), 2, "{sent}");
+    assert!(!sent.contains("\r\nabc\r\n"), "{sent}");
+}
