@@ -16,13 +16,16 @@
 //! Failure is local: no request waits for Redis (the request path reads only local atomics);
 //! with Redis down, slow or restarted a node goes back to its configured weights and to
 //! `fleet cap / nodes last seen` (credited for the time since each pool's last refill), logs
-//! once per episode, counts episodes, and resynchronises when Redis answers again; when only a
+//! once per episode, counts episodes, and resynchronises when Redis answers again (reconnects
+//! after repeated failures back off, jittered, up to 5 s: [`store::Backoff`]); when only a
 //! lease renewal fails, the fill's weights stay and only that cap is refilled locally. Every
 //! Redis call has a deadline for its whole exchange ([`conn`]: a server that trickles its
 //! reply cannot hold the thread), and stopping waits for the thread only a bounded time. What
 //! one sync reads is bounded ([`store`]: at most `NODES_MAX` entries of at most
 //! `ENTRY_BYTES_MAX` each), and garbage in Redis (non-UTF-8 set members, entries without a
-//! TTL, oversized values) is removed and counted once. A node that dies stops refreshing its
+//! TTL, oversized values, numbers out of range) is removed and counted once. The Redis host is
+//! an IP address (the resolver has no deadline). A panic in a sync is caught: the local state
+//! is put back, the restart counted, and the thread goes on after a pause ([`node`]). A node that dies stops refreshing its
 //! key, which expires, and the others reclaim its share within 3 × `sync_ms`.
 //!
 //! The layer sits between the admin API and the HTTP server (ARCHITECTURE.md's `fleet`): it
