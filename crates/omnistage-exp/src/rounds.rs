@@ -103,9 +103,11 @@ pub fn median_runs<T: Clone, K: PartialEq>(
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// Ours is better than every baseline run by more than the baseline's spread.
+    /// Ours is better: the median of ours differs from the baseline's median, in the better
+    /// direction, by more than the baseline's run-to-run spread (max − min). (Not a claim about
+    /// every run: a single fast run of ours can be Better.)
     Better,
-    /// Ours is worse, likewise.
+    /// Ours is worse, likewise in the worse direction.
     Worse,
     /// The difference of medians lies inside the baseline's run-to-run spread (whatever its
     /// sign), or there is no baseline spread to judge against (one run).

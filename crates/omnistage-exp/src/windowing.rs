@@ -61,7 +61,9 @@ pub fn client_windows(r: &LoadReport, offset_s: f64) -> Vec<ClientWindow> {
         0
     };
     let kept = r.tenants.iter().map(|t| t.windows.len()).max().unwrap_or(0);
-    let n = kept.max(whole);
+    // Whole windows only: a window the run's end cut short (`--seconds` not a multiple of the
+    // window) holds a shorter stretch and would read as a whole one.
+    let n = if whole > 0 { whole } else { kept };
     (0..n)
         .map(|i| {
             let ws: Vec<_> = r.tenants.iter().filter_map(|t| t.windows.get(i)).collect();
@@ -261,5 +263,27 @@ mod tests {
         // So the stall is not read as settled.
         assert_eq!(settle(&ws, 1.0, 10.0, 15.0, 10.0), None);
         assert_eq!(settle(&ws, 1.0, 10.0, 13.0, 10.0), Some(0.0));
+    }
+
+    #[test]
+    fn a_window_the_end_of_the_run_cut_short_is_left_out() {
+        // 2.5 s in 1 s windows: the generator kept a third window of 0.5 s.
+        let mut t = crate::harness::tenant_for_test("a");
+        t.windows = (0..3)
+            .map(|index| omnistage_load::WindowReport {
+                index,
+                requests: 10,
+                rejected_503: 0,
+                received_bytes: 100,
+                p50_ms: Some(1.0),
+                p90_ms: Some(5.0),
+                p99_ms: Some(9.0),
+            })
+            .collect();
+        let mut r = crate::harness::report_for_test(vec![t.clone()], t, 2.5);
+        r.window_s = Some(1.0);
+        let ws = client_windows(&r, 0.0);
+        assert_eq!(ws.len(), 2);
+        assert_eq!(ws[1].t_s, 2.0);
     }
 }

@@ -86,8 +86,8 @@ pub struct LoadArgs {
     #[arg(long, value_name = "N[,N...]")]
     pub cpu: Option<String>,
 
-    /// Seed for the Zipf path choices (runs with one thread and one connection per tenant repeat
-    /// exactly).
+    /// Seed for the Zipf path choices: each connection slot draws from its own generator seeded
+    /// from this, its tenant and its number, so the paths each slot requests repeat exactly.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
 

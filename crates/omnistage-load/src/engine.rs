@@ -170,6 +170,9 @@ struct Conn {
     /// The stream's segment counters when the measured window began (zero for a stream
     /// opened in it): see [`crate::segments`].
     segments_base: SegmentsIn,
+    /// The slot's own path chooser, seeded from (`--seed`, tenant, slot): the paths a slot
+    /// requests do not depend on how the server's answers interleave the slots.
+    rng: SmallRng,
 }
 
 /// Per-tenant data a thread needs to build requests and pace them.
@@ -181,6 +184,17 @@ struct TenantLocal<'a> {
     tail: Vec<u8>,
     /// As `tail`, asking the server to close after responding.
     tail_close: Vec<u8>,
+}
+
+/// The seed of one slot's path chooser: `seed` mixed with the tenant and the slot (SplitMix64's
+/// finaliser, so neighbouring slots get unrelated streams).
+fn slot_seed(seed: u64, tenant: usize, slot: usize) -> u64 {
+    let mut z = seed
+        .wrapping_add((tenant as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .wrapping_add((slot as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 struct Worker<'r, 'p> {
@@ -195,7 +209,6 @@ struct Worker<'r, 'p> {
     /// Slots with unread data left after [`MAX_READS_PER_TURN`].
     rerun: Vec<usize>,
     read_buf: Vec<u8>,
-    rng: SmallRng,
     /// Slots not yet Done.
     active: usize,
     /// The measured window has begun: every open stream's `segments_base` was read.
@@ -215,7 +228,7 @@ pub(crate) fn run_thread(
     if !run.plan.cpus.is_empty() {
         crate::affinity::pin_current_thread(run.plan.cpus[index % run.plan.cpus.len()])?;
     }
-    let mut w = Worker::new(run, index, slots)?;
+    let mut w = Worker::new(run, slots)?;
     w.event_loop()?;
     let finished = Instant::now().min(run.end);
     w.count_unfinished();
@@ -237,7 +250,7 @@ fn request_tail(host: &str, header: Option<&(String, String)>, close: bool) -> V
 }
 
 impl<'r, 'p> Worker<'r, 'p> {
-    fn new(run: &'r Run<'p>, index: usize, slots: &[(usize, usize)]) -> Result<Self, String> {
+    fn new(run: &'r Run<'p>, slots: &[(usize, usize)]) -> Result<Self, String> {
         let poll = Poll::new().map_err(|e| format!("cannot create a poll: {e}"))?;
         let plan = run.plan;
         let tenants = plan
@@ -276,6 +289,7 @@ impl<'r, 'p> Worker<'r, 'p> {
                     sent_ns: 0,
                     received_ns: 0,
                     segments_base: SegmentsIn::default(),
+                    rng: SmallRng::seed_from_u64(slot_seed(plan.seed, tenant, slot)),
                 };
                 if let Pacing::Open { rate_per_s } = plan.tenants[tenant].pacing {
                     c.due = scheduled(
@@ -289,9 +303,6 @@ impl<'r, 'p> Worker<'r, 'p> {
                 c
             })
             .collect();
-        let seed = plan
-            .seed
-            .wrapping_add((index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         Ok(Worker {
             run,
             poll,
@@ -302,7 +313,6 @@ impl<'r, 'p> Worker<'r, 'p> {
             timers: BinaryHeap::new(),
             rerun: Vec::new(),
             read_buf: vec![0; READ_BUFFER_BYTES],
-            rng: SmallRng::seed_from_u64(seed),
             segments_counting: false,
             segments: SegmentTotals::default(),
         })
@@ -344,6 +354,12 @@ impl<'r, 'p> Worker<'r, 'p> {
             let mut wake = self.run.end.min(next_sweep);
             if let Some(Reverse((t, _))) = self.timers.peek() {
                 wake = wake.min(*t);
+            }
+            if !self.segments_counting {
+                // Wake at the window's start to read every stream's segment counters then, not
+                // up to a timeout sweep later (the responses in between would count without
+                // their segments).
+                wake = wake.min(self.run.measure_start);
             }
             // Busy-poll within `spin` of the next timer; otherwise sleep until `spin` before it
             // (mio rounds the sleep up to whole milliseconds). See the module doc.
@@ -530,7 +546,11 @@ impl<'r, 'p> Worker<'r, 'p> {
     /// Replaces the slot's connection (or ends the slot if its budget is spent).
     fn reconnect(&mut self, idx: usize, now: Instant) {
         self.close_stream(idx);
-        self.start_connect(idx, now);
+        // Past the deadline the loop ends at its next turn: a connection opened now would only
+        // add its handshake to the segments read at the end.
+        if now < self.run.end {
+            self.start_connect(idx, now);
+        }
     }
 
     /// On an Idle slot: sends the next request if it is due, or sets a timer for it.
@@ -562,7 +582,7 @@ impl<'r, 'p> Worker<'r, 'p> {
             .is_some_and(|n| c.on_conn >= n);
         c.out.clear();
         c.out.extend_from_slice(b"GET ");
-        t.mix.write_path(&mut self.rng, &mut c.out);
+        t.mix.write_path(&mut c.rng, &mut c.out);
         c.out.extend_from_slice(if c.last_on_conn {
             &t.tail_close
         } else {
@@ -918,6 +938,18 @@ fn due_when_connected(pacing: &Pacing, due: Instant, now: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_slot_has_its_own_seed() {
+        let mut seen = std::collections::HashSet::new();
+        for tenant in 0..8 {
+            for slot in 0..1_000 {
+                assert!(seen.insert(slot_seed(1, tenant, slot)), "{tenant} {slot}");
+            }
+        }
+        assert_eq!(slot_seed(7, 2, 3), slot_seed(7, 2, 3));
+        assert_ne!(slot_seed(7, 2, 3), slot_seed(8, 2, 3));
+    }
 
     #[test]
     fn a_closed_loop_request_is_due_no_earlier_than_its_connection() {
