@@ -209,6 +209,9 @@ struct Worker<'r, 'p> {
     /// Slots with unread data left after [`MAX_READS_PER_TURN`].
     rerun: Vec<usize>,
     read_buf: Vec<u8>,
+    /// Per tenant: its spent budget has ended this thread's idle slots
+    /// ([`Worker::end_spent_tenants`]).
+    ended: Vec<bool>,
     /// Slots not yet Done.
     active: usize,
     /// The measured window has begun: every open stream's `segments_base` was read.
@@ -313,6 +316,7 @@ impl<'r, 'p> Worker<'r, 'p> {
             timers: BinaryHeap::new(),
             rerun: Vec::new(),
             read_buf: vec![0; READ_BUFFER_BYTES],
+            ended: vec![false; plan.tenants.len()],
             segments_counting: false,
             segments: SegmentTotals::default(),
         })
@@ -350,6 +354,9 @@ impl<'r, 'p> Worker<'r, 'p> {
             }
             if !self.segments_counting && now >= self.run.measure_start {
                 self.begin_counting_segments();
+            }
+            if self.run.plan.requests.is_some() {
+                self.end_spent_tenants();
             }
             let mut wake = self.run.end.min(next_sweep);
             if let Some(Reverse((t, _))) = self.timers.peek() {
@@ -541,6 +548,25 @@ impl<'r, 'p> Worker<'r, 'p> {
         self.close_stream(idx);
         self.conns[idx].phase = Phase::Done;
         self.active -= 1;
+    }
+
+    /// Ends at once the slots of tenants whose `--requests` budget is spent (on any thread) and
+    /// that have no request outstanding: a slot waiting for its next due time would otherwise
+    /// keep the run going until then, and the run's length (every rate's divisor) with it.
+    /// Slots with a request outstanding end when it does.
+    fn end_spent_tenants(&mut self) {
+        for tenant in 0..self.tenants.len() {
+            if self.ended[tenant] || !self.run.budgets[tenant].spent() {
+                continue;
+            }
+            self.ended[tenant] = true;
+            for idx in 0..self.conns.len() {
+                let c = &self.conns[idx];
+                if c.tenant == tenant && c.phase != Phase::Busy {
+                    self.done(idx);
+                }
+            }
+        }
     }
 
     /// Replaces the slot's connection (or ends the slot if its budget is spent).

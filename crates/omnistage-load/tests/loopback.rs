@@ -110,6 +110,14 @@ fn serve(mut s: TcpStream, seen: &Seen) {
                 return;
             }
             "/garbage" => b"NOT HTTP AT ALL\r\n\r\n",
+            "/then-408" => {
+                // An answer, then (as a server closing an idle connection says) a 408 that no
+                // request asked for.
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let _ = s.write_all(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n");
+                return;
+            }
             "/drop" => return,
             "/hang" => {
                 // Never answer; wait for the client to give up.
@@ -669,4 +677,46 @@ fn argument_errors_are_clear() {
     assert!(ok(&["--seconds", "1"]).is_err(), "a tenant is required");
     assert!(ok(&["--tenant", "a:a:1:path=/", "--rate", "5", "--think-ms", "1"]).is_err());
     assert!(ok(&["--tenant", "a:a:1:path=/", "--requests", "-1"]).is_err());
+}
+
+#[test]
+fn bytes_a_server_sends_with_no_request_outstanding_fail_no_request() {
+    let srv = server();
+    // 100 ms of think time: the 408 arrives while the slot waits, not with a request out.
+    let r = load(
+        srv.addr,
+        &[
+            "--tenant",
+            "a:a.test:1:path=/then-408",
+            "--requests",
+            "3",
+            "--think-ms",
+            "100",
+        ],
+    );
+    let a = tenant(&r, "a");
+    assert_eq!((a.requests, a.responses), (3, 3), "{a:?}");
+    assert_eq!(a.errors.failed_requests(), 0, "{a:?}");
+    assert!(a.errors.unsolicited >= 1, "{a:?}");
+}
+
+#[test]
+fn a_spent_budget_ends_the_slots_waiting_for_their_next_request() {
+    let srv = server();
+    // 10 slots at 2 requests/s in all: slot i is due at i × 0.5 s. With 2 requests the budget is
+    // spent at 0.5 s; the eight slots still waiting (due up to 4.5 s) end then, so the run
+    // lasts about 0.5 s, not 4.5 s (and its rates are over that).
+    let r = load(
+        srv.addr,
+        &[
+            "--tenant",
+            "a:a.test:10:path=/ok",
+            "--requests",
+            "2",
+            "--rate",
+            "2",
+        ],
+    );
+    assert_clean(tenant(&r, "a"), 2, 10);
+    assert!(r.seconds < 3.0, "the run lasted {} s", r.seconds);
 }
