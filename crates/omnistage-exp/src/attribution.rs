@@ -248,7 +248,7 @@ fn phase(name: &'static str, seconds: f64, load: Vec<String>) -> Result<Phase, S
                 .map(|r| r.cpu_ns)
                 .sum(),
         );
-    let steal_resolution_ns = steal_tick_ns();
+    let steal_resolution_ns = super::util::steal_tick_ns();
     let (mut un, mut el, mut idle) = (0u64, 0u64, 0u64);
     let cores: Vec<CoreResult> = deltas
         .iter()
@@ -322,13 +322,6 @@ fn phase(name: &'static str, seconds: f64, load: Vec<String>) -> Result<Phase, S
         steal_free_gap_beyond_resolution_fraction_of_busy: steal_free_beyond as f64
             / steal_free_busy.max(1) as f64,
     })
-}
-
-/// The length of one clock tick (`sysconf(_SC_CLK_TCK)`), in which /proc/stat counts steal.
-fn steal_tick_ns() -> u64 {
-    // SAFETY: sysconf reads a constant of the C library; no memory is passed.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    1_000_000_000 / u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100)
 }
 
 /// One phase's figures, every one from this run.

@@ -200,19 +200,6 @@ fn capacity(a: &SpikeArgs, seconds: f64) -> Result<f64, String> {
     Ok(r.total.req_per_s)
 }
 
-/// Hypervisor steal of every CPU together so far, ns (`None`: /proc/stat not readable).
-fn machine_steal_ns() -> Option<u64> {
-    let mut sum = None;
-    // Bounded: at most this many CPU lines are read.
-    for cpu in 0..1024 {
-        match omnistage::exec::cpu_steal_ns(cpu) {
-            Some(ns) => sum = Some(sum.unwrap_or(0) + ns),
-            None => break,
-        }
-    }
-    sum
-}
-
 /// Run-queue wait so far of the server's worker and of the load generator's thread, by thread
 /// id and ns (each `None` while that thread does not exist: the generator's thread is a new
 /// one in each phase).
@@ -321,7 +308,7 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
     let total = lens.iter().sum::<f64>();
     let mut prev_h = response_hist(rt, id, work);
     let mut prev_r = rt.rejected(work, id);
-    let mut prev_steal = machine_steal_ns();
+    let mut prev_steal = super::util::machine_steal_ns();
     let mut prev_runq = runqueue_reading();
     let disturb_ns = a.target_ms as f64 * 1e6 * DISTURBED_FRACTION_OF_TARGET;
     let mut windows = Vec::new();
@@ -361,7 +348,7 @@ fn one_run(a: &SpikeArgs, admission: bool, cap: f64) -> Result<Run, String> {
         let d = h.since(&prev_h);
         let rej = r - prev_r;
         let n = d.count();
-        let (steal, runq) = (machine_steal_ns(), runqueue_reading());
+        let (steal, runq) = (super::util::machine_steal_ns(), runqueue_reading());
         let steal_ns = steal.zip(prev_steal).map(|(s, p)| s.saturating_sub(p));
         let runq_ns = runqueue_delta_ns(&runq, &prev_runq);
         (prev_steal, prev_runq) = (steal, runq);

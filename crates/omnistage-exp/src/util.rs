@@ -120,6 +120,26 @@ pub fn threads_cpu_ns(prefix: &str) -> u64 {
 }
 
 /// One line naming the machine: CPU model, CPUs, memory, kernel.
+/// The length of one clock tick (`sysconf(_SC_CLK_TCK)`), in which /proc/stat counts steal.
+pub fn steal_tick_ns() -> u64 {
+    // SAFETY: sysconf reads a constant of the C library; no memory is passed.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1_000_000_000 / u64::try_from(hz).ok().filter(|&h| h > 0).unwrap_or(100)
+}
+
+/// Hypervisor steal of every CPU together so far, ns: /proc/stat's first line, the kernel's own
+/// sum over the CPUs (offline ones included), in clock ticks (`None`: not readable).
+pub fn machine_steal_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    steal_ticks_of_all(&text).map(|t| t.saturating_mul(steal_tick_ns()))
+}
+
+/// The steal field (the eighth number) of /proc/stat's all-CPU line.
+fn steal_ticks_of_all(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    line.split_ascii_whitespace().nth(8)?.parse().ok()
+}
+
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -151,6 +171,14 @@ pub fn machine() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steal_of_all_cpus_is_the_first_lines_eighth_number() {
+        let stat = "cpu  10 0 5 100 0 0 0 9 0 0\ncpu0 5 0 2 50 0 0 0 3 0 0\n";
+        assert_eq!(steal_ticks_of_all(stat), Some(9));
+        assert_eq!(steal_ticks_of_all("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(steal_ticks_of_all("cpu  1 2\n"), None);
+    }
 
     fn close(a: &[f64], b: &[f64]) -> bool {
         a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-9)
