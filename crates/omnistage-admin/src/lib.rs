@@ -57,10 +57,12 @@
 //! refused, and without a token only an IP literal or `localhost` may stand in `Host` (DNS
 //! rebinding).
 
+mod activities;
 pub mod client;
 mod http;
 mod metrics;
 pub mod model;
+mod put;
 mod routes;
 mod sampler;
 mod served;

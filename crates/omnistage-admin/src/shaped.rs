@@ -18,10 +18,12 @@
 //! PUT  /api/v1/activities/{path}          cap_net / cap_disk change an attached group's rates
 //! ```
 
+use crate::activities::runtime_error;
 use crate::model::{
     Shaped, ShapedAttach, ShapedReport, SHAPED_GROUPS_MAX, SHAPED_REPORT_BYTES_MAX,
 };
-use crate::routes::{body_json, bytes_setting, check_query, runtime_error, Response};
+use crate::put::bytes_setting;
+use crate::routes::{body_json, check_query, Response};
 use crate::TenantChange;
 use omnistage::activity::ActivitySpec;
 use omnistage::exec::{ExternalBytes, Runtime};
