@@ -48,6 +48,12 @@ pub(crate) fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     });
+    // And the owner's lock, which its own reloads (SIGHUP) take too: a reload waits until a
+    // change is applied and written, and a change until a reload is done.
+    let _owner = changing
+        .then(|| shared.source.tenants().and_then(|t| t.changes()))
+        .flatten()
+        .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner));
     if let Some(verb) = verb {
         if req.method != "POST" {
             return Response::method_not_allowed("POST");

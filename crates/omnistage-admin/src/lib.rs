@@ -38,13 +38,13 @@
 //! config file and reload instead), a p90 change to an activity under its tenant's
 //! class-priority controller, a network or disk cap of 0 B/s, a cache budget over the server's
 //! `cache_bytes_max`, a reload of the server that fails...; nothing changes: every part of a
-//! request is checked before any part is applied, and the file is written only after the change
-//! is applied), 411/413/
+//! request is checked before any part is applied, the file is written only after the change
+//! is applied, and a step that fails after others were applied has them undone), 411/413/
 //! 431 for chunked bodies and past the size limits, 415 for a body that is not
 //! `application/json`, 501 for what the runtime cannot change (`persist=true` without an HTTP
 //! server, or on a removal or move; network and
-//! disk caps, cache budgets, send orders, moving connections), 500 when a change was applied
-//! but its config file could not be written after all (the reason says so), 503 when all
+//! disk caps, cache budgets, send orders, moving connections), 500 when the config file could
+//! not be written after all (the change is undone; the reason says so), 503 when all
 //! handler threads are busy and the accept queue is full or the client's address has 32
 //! connections open already, 408 for a request head not received within a second of the
 //! accept (or a whole request within 5 s). Every error body is `{"status": N, "error": "reason"}`.
@@ -207,6 +207,30 @@ pub trait Tenants: Send + Sync {
         Err(TenantError::Refused(
             "this server keeps no config file to write changes to".into(),
         ))
+    }
+    /// The lock that makes the admin API's changes and the owner's own reloads of its config
+    /// (SIGHUP: [`Served::reload_file`]) one at a time: a change holds it from its checks to
+    /// its file write, so a reload never runs in the middle of one (it undid a change the API
+    /// had just reported as applied, or the file got the change while the server ran without
+    /// it). `None`: the owner has no reloads of its own.
+    fn changes(&self) -> Option<&std::sync::Mutex<()>> {
+        None
+    }
+    /// The tenant's settings as the running configuration has them, for
+    /// [`Tenants::restore_tenant`] when a later step of the same change fails; `None` when
+    /// there is no such tenant or the owner cannot put them back.
+    fn saved_tenant(&self, _path: &str) -> Option<omnistage_http::config::TenantConfig> {
+        None
+    }
+    /// Puts back the settings [`Tenants::saved_tenant`] gave.
+    fn restore_tenant(
+        &self,
+        path: &str,
+        _saved: &omnistage_http::config::TenantConfig,
+    ) -> Result<(), TenantError> {
+        Err(TenantError::Refused(format!(
+            "{path}: this server cannot put a tenant's settings back"
+        )))
     }
     /// What the fleet layer last computed, when the server is a node of a fleet.
     fn fleet(&self) -> Option<model::Fleet> {
@@ -457,6 +481,19 @@ impl Tenants for omnistage_http::server::Server {
 
     fn server_counters(&self) -> Vec<(&'static str, &'static str, u64)> {
         self.stats().counters()
+    }
+    fn saved_tenant(&self, path: &str) -> Option<omnistage_http::config::TenantConfig> {
+        let name = tenant_name(path).ok()?;
+        self.config().tenants.into_iter().find(|t| t.name == name)
+    }
+
+    fn restore_tenant(
+        &self,
+        path: &str,
+        saved: &omnistage_http::config::TenantConfig,
+    ) -> Result<(), TenantError> {
+        self.update_tenant(tenant_name(path)?, |t| *t = saved.clone())
+            .map_err(update_error)
     }
 
     fn configured_activities(&self) -> Vec<String> {

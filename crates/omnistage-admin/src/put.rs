@@ -8,6 +8,7 @@ use crate::activities::{activity_status, changed, runtime_error, wants_persist};
 use crate::model::{ActivityChange, AdmissionChange, CapChange};
 use crate::routes::{body_json, check_query, Request, Response};
 use crate::{shaped, view};
+use omnistage::activity::ActivitySpec;
 use omnistage::admit::P90Params;
 use omnistage::exec::{Predicate, Runtime};
 use omnistage::sched::{PolicyKind, ShaperKind, ShaperSpec};
@@ -483,9 +484,21 @@ pub(crate) fn put_activity(
             return Response::error(409, &format!("not persisted, nothing changed: {m}"));
         }
     }
+    // Applied in this order, each step undone again when a later one fails (the checks
+    // above refuse every value a client can send, so what still fails here is the server's
+    // reload, the runtime's tree changed under the change, or the file's write): a failed
+    // change leaves nothing of itself behind, and the answer says so.
+    let mut undo = Undo {
+        rt,
+        path,
+        tenant: None,
+        activity: None,
+        admission: None,
+    };
     if let Some((t, c)) = server_change {
+        let saved = t.saved_tenant(path);
         match t.set_tenant(path, &c) {
-            Ok(()) => {}
+            Ok(()) => undo.tenant = Some((t, saved)),
             Err(crate::TenantError::NotATenant(_)) if fold_only => {}
             // One reload applies all of it or none (a certificate that no longer loads, say).
             Err(e) if persist => return server_error(e, "not changed, nor written to the file"),
@@ -493,39 +506,118 @@ pub(crate) fn put_activity(
         }
     }
     let (id, action) = match &existing {
-        Some((id, _)) => match rt.set_activity(path, spec) {
-            Ok(()) => (*id, "changed"),
-            Err(e) => return runtime_error(&e, path),
+        Some((id, old)) => match rt.set_activity(path, spec) {
+            Ok(()) => {
+                undo.activity = Some(Some(old.clone()));
+                (*id, "changed")
+            }
+            Err(e) => return undo.failed(runtime_error(&e, path)),
         },
         None => match rt.create_activity(path, spec) {
-            Ok(id) => (id, "created"),
-            Err(e) => return runtime_error(&e, path),
+            Ok(id) => {
+                undo.activity = Some(None);
+                (id, "created")
+            }
+            Err(e) => return undo.failed(runtime_error(&e, path)),
         },
     };
     if let Some((stage, p)) = admission {
+        let before = rt.admission(stage, id);
         if let Err(e) = rt.set_admission(stage, id, p) {
-            return runtime_error(&e, path);
+            return undo.failed(runtime_error(&e, path));
         }
-    }
-    if let Some(c) = shaped_change {
-        c.apply(shaped_groups, path);
+        undo.admission = Some((stage, id, before));
     }
     if let (Some(edits), Some(t)) = (&edits, tenants) {
         if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
             t.persist(edits)
         {
-            // Checked above, so only a failed write or an edit of the file since gets here;
-            // the change runs, and the answer says so.
-            return Response::error(
+            // Checked above under the same lock, so only a failed write or an edit of the file
+            // by hand since gets here.
+            return undo.failed(Response::error(
                 500,
-                &format!(
-                    "{path} was {action} and runs, but the config file was not written (it \
-                     keeps what it had): {m}"
-                ),
-            );
+                &format!("the config file could not be written (it keeps what it had): {m}"),
+            ));
         }
     }
+    // Last: it cannot fail.
+    if let Some(c) = shaped_change {
+        c.apply(shaped_groups, path);
+    }
     changed(rt, path, id, action)
+}
+
+/// What a `PUT` applied so far, to put back when a later step fails.
+struct Undo<'a> {
+    rt: &'a Runtime,
+    path: &'a str,
+    /// The tenant's settings were changed: the server, and its settings before (`None`: the
+    /// server cannot give them back, and the answer says the change stays).
+    tenant: Option<(
+        &'a dyn crate::Tenants,
+        Option<omnistage_http::config::TenantConfig>,
+    )>,
+    /// The activity was changed (`Some(spec before)`) or created (`None`).
+    activity: Option<Option<ActivitySpec>>,
+    /// The admission was set: stage, activity, the predicate in force before.
+    admission: Option<(u32, u32, Option<Predicate>)>,
+}
+
+impl Undo<'_> {
+    /// Undoes what was applied, latest first, and answers `failure` with that said: its own
+    /// status when everything was put back, 500 when something could not be.
+    fn failed(self, failure: Response) -> Response {
+        let path = self.path;
+        let mut left = Vec::new();
+        if let Some((stage, id, before)) = self.admission {
+            if let Err(e) = self.rt.set_admission(stage, id, before) {
+                left.push(format!("its admission ({e})"));
+            }
+        }
+        if let Some((t, saved)) = self.tenant {
+            match saved {
+                Some(saved) => {
+                    if let Err(crate::TenantError::Refused(m) | crate::TenantError::NotATenant(m)) =
+                        t.restore_tenant(path, &saved)
+                    {
+                        left.push(format!("the server's settings of the tenant ({m})"));
+                    }
+                }
+                None => left.push("the server's settings of the tenant".into()),
+            }
+        }
+        match self.activity {
+            Some(Some(old)) => {
+                if let Err(e) = self.rt.set_activity(path, old) {
+                    left.push(format!("the activity's spec ({e})"));
+                }
+            }
+            Some(None) => {
+                if let Err(e) = self.rt.remove_activity(path) {
+                    left.push(format!("the activity it created ({e})"));
+                }
+            }
+            None => {}
+        }
+        let why = serde_json::from_slice::<crate::model::ErrorBody>(&failure.body)
+            .map(|b| b.error)
+            .unwrap_or_default();
+        if left.is_empty() {
+            Response::error(
+                failure.status,
+                &format!("{path} not changed (what was applied was undone): {why}"),
+            )
+        } else {
+            Response::error(
+                500,
+                &format!(
+                    "{path} changed in part: {why}; undoing it failed for {}, which keep the \
+                     new values",
+                    left.join(", ")
+                ),
+            )
+        }
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@ pub struct Served {
     /// Shared with the fleet thread, when the server is a node of a fleet.
     server: Arc<Server>,
     file: Mutex<Option<ConfigFile>>,
+    /// One change at a time: a reload of the file here, or a change through the admin API
+    /// (see [`Tenants::changes`]).
+    changes: Mutex<()>,
 }
 
 impl Served {
@@ -25,6 +28,7 @@ impl Served {
         Served {
             server: Arc::new(server),
             file: Mutex::new(file),
+            changes: Mutex::new(()),
         }
     }
 
@@ -54,6 +58,9 @@ impl Served {
     /// now running (for the layers beside the server that keep their own copy, the fleet's),
     /// and what of it waits for a restart.
     pub fn reload_file(&self) -> Result<(String, Config, Reloaded), String> {
+        // Not in the middle of an admin API change (between applying it and writing it to the
+        // file): this reload would undo it, or read the file before the change was in it.
+        let _changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
         let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(f) = file.as_ref() else {
             return Err("no config file to reload (embedded default)".into());
@@ -83,6 +90,22 @@ impl Tenants for Served {
 
     fn check_tenant(&self, path: &str, change: &TenantChange) -> Result<(), TenantError> {
         Tenants::check_tenant(&*self.server, path, change)
+    }
+
+    fn changes(&self) -> Option<&Mutex<()>> {
+        Some(&self.changes)
+    }
+
+    fn saved_tenant(&self, path: &str) -> Option<omnistage_http::config::TenantConfig> {
+        Tenants::saved_tenant(&*self.server, path)
+    }
+
+    fn restore_tenant(
+        &self,
+        path: &str,
+        saved: &omnistage_http::config::TenantConfig,
+    ) -> Result<(), TenantError> {
+        Tenants::restore_tenant(&*self.server, path, saved)
     }
 
     fn cache_bytes(&self) -> Vec<(String, u64)> {
