@@ -8,6 +8,8 @@
 //! holds a handler thread. Limits: request head [`HEAD_BYTES_MAX`], [`HEADERS_MAX`] headers,
 //! body [`BODY_BYTES_MAX`]; [`HEAD_TIMEOUT`] to receive the head and [`REQUEST_TIMEOUT`] the
 //! whole request, both counted from the accept; [`WRITE_DEADLINE`] to write the whole answer.
+//! At stop, connections still queued are answered 503 at once; only those in a handler are
+//! finished.
 
 use crate::routes::{self, Headers, Request, Response};
 use crate::sampler::{self, State};
@@ -127,10 +129,11 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
     for i in 0..cfg.threads {
         let rx = rx.clone();
         let shared = shared.clone();
+        let stopping = stopping.clone();
         handlers.push(
             std::thread::Builder::new()
                 .name(format!("omnistage-admin-{i}"))
-                .spawn(move || handler_loop(&rx, &shared))
+                .spawn(move || handler_loop(&rx, &shared, &stopping))
                 .map_err(|e| format!("admin: cannot start a thread: {e}"))?,
         );
     }
@@ -252,15 +255,30 @@ fn accept_loop(listener: TcpListener, tx: SyncSender<Conn>, stopping: &AtomicBoo
     }
 }
 
-fn handler_loop(rx: &Mutex<Receiver<Conn>>, shared: &Shared) {
+fn handler_loop(rx: &Mutex<Receiver<Conn>>, shared: &Shared, stopping: &AtomicBool) {
     // A panic in a handler is reported (and counted in /metrics) as the admin stage's.
     omnistage::exec::panic::set_thread_stage("admin");
     loop {
         let next = rx.lock().unwrap_or_else(PoisonError::into_inner).recv();
         match next {
+            // Connections still queued at stop are answered 503 and closed at once: serving
+            // them (each up to its read and write deadlines) kept a stopped server answering
+            // for over a minute.
+            Ok(c) if stopping.load(Ordering::Acquire) => refuse_at_once(c.stream),
             Ok(mut c) => serve(&mut c.stream, c.accepted, shared),
             Err(_) => return,
         }
+    }
+}
+
+/// 503 "stopping" without waiting for the peer: one non-blocking write (a fresh connection's
+/// send buffer takes the few hundred bytes), then close.
+fn refuse_at_once(s: TcpStream) {
+    let r = Response::error(503, "the admin server is stopping");
+    if s.set_nonblocking(true).is_ok() {
+        let mut s = s;
+        let _ = s.write(&response_bytes(&r));
+        let _ = s.shutdown(Shutdown::Both);
     }
 }
 
@@ -475,6 +493,11 @@ fn write_response(s: &mut TcpStream, r: &Response) -> std::io::Result<()> {
 
 /// Writes `r` by `deadline`, however slowly the peer reads.
 fn write_response_by(s: &mut TcpStream, r: &Response, deadline: Instant) -> std::io::Result<()> {
+    write_all_by(s, &response_bytes(r), deadline)
+}
+
+/// `r` as it goes on the wire.
+fn response_bytes(r: &Response) -> Vec<u8> {
     let mut head = format!(
         "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
         r.status,
@@ -489,8 +512,9 @@ fn write_response_by(s: &mut TcpStream, r: &Response, deadline: Instant) -> std:
         head.push_str("\r\n");
     }
     head.push_str("\r\n");
-    write_all_by(s, head.as_bytes(), deadline)?;
-    write_all_by(s, &r.body, deadline)
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&r.body);
+    out
 }
 
 /// `write_all` that gives up at `deadline`: each write may block only for the time left (a
@@ -651,6 +675,103 @@ mod tests {
             tree()["sampler_failures"].as_u64().unwrap() > failures
         });
         running.stop();
+    }
+}
+
+#[cfg(test)]
+mod stop_tests {
+    use super::*;
+    use omnistage::exec::Runtime;
+    use std::sync::mpsc;
+
+    /// A source whose handler thread stops in its first request until the test lets it go.
+    struct Gated {
+        rt: Runtime,
+        gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
+    }
+
+    impl Source for Gated {
+        fn runtime(&self) -> &Runtime {
+            if std::thread::current().name() == Some("omnistage-admin-0") {
+                let gate = self.gate.lock().unwrap().take();
+                if let Some((entered, release)) = gate {
+                    entered.send(()).unwrap();
+                    release
+                        .recv_timeout(Duration::from_secs(20))
+                        .expect("released by the test");
+                }
+            }
+            &self.rt
+        }
+    }
+
+    fn send_tree(addr: SocketAddr) -> TcpStream {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /api/v1/tree HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c
+    }
+
+    fn answer(mut c: TcpStream) -> String {
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Connections waiting in the accept queue when the server stops are answered 503 at once,
+    /// not served; the request in progress is finished. (They were served one after another,
+    /// each up to its read and write deadlines: a stopped server answered for over a minute.)
+    #[test]
+    fn stop_answers_the_queued_connections_at_once() {
+        let (entered_tx, entered_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        let src = Arc::new(Gated {
+            rt: Runtime::builder().workers(1).start().unwrap(),
+            gate: Mutex::new(Some((entered_tx, release_rx))),
+        });
+        let cfg = AdminConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: None,
+            sample_interval: Duration::from_secs(1),
+            threads: 1,
+        };
+        let running = start(src, cfg).unwrap();
+        let addr = running.local_addr();
+        let stopping = running.stopping.clone();
+        // The one handler is busy with this request until released.
+        let busy = send_tree(addr);
+        entered_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the handler took the first request");
+        // These wait in the queue.
+        let queued: Vec<TcpStream> = (0..3).map(|_| send_tree(addr)).collect();
+        let (stopped_tx, stopped_rx) = mpsc::channel();
+        let stopper = std::thread::spawn(move || {
+            running.stop();
+            let _ = stopped_tx.send(());
+        });
+        let end = Instant::now() + Duration::from_secs(20);
+        while !stopping.load(Ordering::Acquire) {
+            assert!(Instant::now() < end, "stop did not begin");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        release_tx.send(()).unwrap();
+        let first = answer(busy);
+        assert!(first.starts_with("HTTP/1.1 200 "), "{first}");
+        for c in queued {
+            let text = answer(c);
+            // 503, or nothing at all (a connection the acceptor had not taken yet is reset
+            // when the listener closes): never served.
+            assert!(
+                text.is_empty() || text.starts_with("HTTP/1.1 503 "),
+                "a connection queued at stop was served: {text}"
+            );
+        }
+        stopped_rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("stop returned");
+        stopper.join().unwrap();
     }
 }
 

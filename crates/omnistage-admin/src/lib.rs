@@ -276,8 +276,10 @@ impl AdminHandle {
         self.local_addr
     }
 
-    /// Stops accepting, finishes the requests in progress, and joins every thread (so the
-    /// owner passed to [`start_admin`] is no longer referenced afterwards). Idempotent.
+    /// Stops accepting, answers the connections still queued 503 at once, finishes the
+    /// requests in progress (each bounded by its read and write deadlines, 5 s each), and joins
+    /// every thread (so the owner passed to [`start_admin`] is no longer referenced
+    /// afterwards). Idempotent.
     pub fn stop(&mut self) {
         if let Some(r) = self.inner.take() {
             r.stop();
