@@ -214,8 +214,21 @@ fn refuse(mut s: TcpStream, msg: &str) {
     let _ = s.shutdown(Shutdown::Both);
 }
 
+/// How the acceptor reports its errors on stderr.
+#[derive(Default)]
+struct AcceptErrors {}
+
+impl AcceptErrors {
+    /// Reports `e`, seen at `now`, on `out` (a failed write is ignored: `eprintln!` panics
+    /// then).
+    fn report(&mut self, e: &std::io::Error, _now: Instant, out: &mut dyn Write) {
+        let _ = writeln!(out, "omnistage admin: accept: {e}");
+    }
+}
+
 fn accept_loop(listener: TcpListener, tx: SyncSender<Conn>, stopping: &AtomicBool) {
     let peers = Arc::new(Peers::default());
+    let mut errors = AcceptErrors::default();
     loop {
         let conn = listener.accept();
         if stopping.load(Ordering::Acquire) {
@@ -225,7 +238,7 @@ fn accept_loop(listener: TcpListener, tx: SyncSender<Conn>, stopping: &AtomicBoo
             Ok(c) => c,
             Err(e) => {
                 // Out of descriptors and the like: back off briefly rather than spin.
-                eprintln!("omnistage admin: accept: {e}");
+                errors.report(&e, Instant::now(), &mut std::io::stderr().lock());
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
