@@ -214,15 +214,42 @@ fn refuse(mut s: TcpStream, msg: &str) {
     let _ = s.shutdown(Shutdown::Both);
 }
 
-/// How the acceptor reports its errors on stderr.
+/// At most one line about accept errors per this long.
+pub(crate) const ACCEPT_ERROR_EVERY: Duration = Duration::from_secs(1);
+
+/// How the acceptor reports its errors on stderr: an error that repeats (out of descriptors,
+/// EMFILE, comes back every 10 ms) writes at most one line per [`ACCEPT_ERROR_EVERY`], which
+/// counts the errors left out since the previous line.
 #[derive(Default)]
-struct AcceptErrors {}
+struct AcceptErrors {
+    /// When the last line was written.
+    last_line: Option<Instant>,
+    /// Errors since then not written.
+    suppressed: u64,
+}
 
 impl AcceptErrors {
     /// Reports `e`, seen at `now`, on `out` (a failed write is ignored: `eprintln!` panics
     /// then).
-    fn report(&mut self, e: &std::io::Error, _now: Instant, out: &mut dyn Write) {
-        let _ = writeln!(out, "omnistage admin: accept: {e}");
+    fn report(&mut self, e: &std::io::Error, now: Instant, out: &mut dyn Write) {
+        if self
+            .last_line
+            .is_some_and(|t| now.saturating_duration_since(t) < ACCEPT_ERROR_EVERY)
+        {
+            self.suppressed += 1;
+            return;
+        }
+        let _ = if self.suppressed > 0 {
+            writeln!(
+                out,
+                "omnistage admin: accept: {e} ({} more suppressed since the last line)",
+                self.suppressed
+            )
+        } else {
+            writeln!(out, "omnistage admin: accept: {e}")
+        };
+        self.last_line = Some(now);
+        self.suppressed = 0;
     }
 }
 
@@ -688,6 +715,40 @@ mod tests {
             tree()["sampler_failures"].as_u64().unwrap() > failures
         });
         running.stop();
+    }
+}
+
+#[cfg(test)]
+mod accept_error_tests {
+    use super::*;
+
+    /// An accept error that repeats (EMFILE: every 10 ms while descriptors are short) writes at
+    /// most one line a second, which counts the ones left out since the last line. (Each was
+    /// written: a hundred lines a second.) Times are given, not waited for.
+    #[test]
+    fn a_repeating_accept_error_is_reported_once_a_second() {
+        let mut errors = AcceptErrors::default();
+        let mut out: Vec<u8> = Vec::new();
+        let t0 = Instant::now();
+        let e = std::io::Error::from_raw_os_error(24); // EMFILE
+                                                       // Two seconds of errors every 10 ms, then one more after a pause.
+        for i in 0..200u64 {
+            errors.report(&e, t0 + Duration::from_millis(10 * i), &mut out);
+        }
+        errors.report(&e, t0 + Duration::from_secs(5), &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.starts_with("omnistage admin: accept: ")),
+            "{text}"
+        );
+        assert!(!lines[0].contains("suppressed"), "{text}");
+        // At 1 s: the 99 since the first; at 5 s: the 99 after 1 s up to 1.99 s.
+        assert!(lines[1].contains("99 more suppressed"), "{text}");
+        assert!(lines[2].contains("99 more suppressed"), "{text}");
     }
 }
 
