@@ -68,6 +68,33 @@ pub fn fmt_pct(f: Option<f64>) -> String {
         .unwrap_or_else(|| "–".into())
 }
 
+/// `s` with each control character written as a JSON-style escape (`\u001b`): what the server
+/// sends (names, policies, the dot text, error reasons) goes to the operator's terminal, where
+/// an escape sequence would retitle or clear it, or worse. C0 controls, DEL and the C1 range
+/// (U+0080..U+009F: U+009B is an 8-bit CSI) are escaped; `keep_lines` keeps newlines and tabs
+/// (whole documents), else they are escaped too (a name in the tree's table cannot forge a
+/// line). The escape is valid inside a JSON string, so `--json` output stays JSON.
+pub fn escape_controls(s: &str, keep_lines: bool) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() && !(keep_lines && (c == '\n' || c == '\t')) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The reason of a refused request, escaped for the terminal.
+fn refusal(r: &omnistage_admin::client::Reply) -> String {
+    format!(
+        "{} {}",
+        r.status,
+        escape_controls(&r.error_message(), false)
+    )
+}
+
 #[derive(Args)]
 pub struct TreeArgs {
     #[command(flatten)]
@@ -96,13 +123,17 @@ fn tree_lines(t: &Tree) -> Vec<String> {
         let label = if depth == 0 {
             "/".to_string()
         } else {
-            format!("{}{}", "  ".repeat(depth - 1), n.name)
+            format!(
+                "{}{}",
+                "  ".repeat(depth - 1),
+                escape_controls(&n.name, false)
+            )
         };
         out.push(format!(
             "{:<32} {:>6} {:<8} {:<12} {:>6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}",
             label,
             n.weight,
-            n.policy,
+            escape_controls(&n.policy, false),
             n.cap
                 .as_ref()
                 .map(|c| format!("{:.2} cores", c.cores))
@@ -137,9 +168,9 @@ pub fn tree(a: TreeArgs) -> Result<(), String> {
     if a.json {
         let r = c.request("GET", "/api/v1/tree", None)?;
         if r.status != 200 {
-            return Err(format!("{} {}", r.status, r.error_message()));
+            return Err(refusal(&r));
         }
-        crate::print_stdout(&r.text());
+        crate::print_stdout(&escape_controls(&r.text(), true));
         return Ok(());
     }
     let t: Tree = c.get_json("/api/v1/tree")?;
@@ -299,12 +330,14 @@ pub fn set(a: SetArgs) -> Result<(), String> {
     );
     let r = a.admin.client()?.request("PUT", &url, Some(&body))?;
     if r.status != 200 && r.status != 201 {
-        return Err(format!("{} {}", r.status, r.error_message()));
+        return Err(refusal(&r));
     }
     let c: Changed = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
     crate::print_stdout(&format!(
         "{} {} (activity table version {})\n",
-        c.action, c.path, c.version
+        escape_controls(&c.action, false),
+        escape_controls(&c.path, false),
+        c.version
     ));
     Ok(())
 }
@@ -326,9 +359,9 @@ pub fn graph(a: GraphArgs) -> Result<(), String> {
     };
     let r = a.admin.client()?.request("GET", path, None)?;
     if r.status != 200 {
-        return Err(format!("{} {}", r.status, r.error_message()));
+        return Err(refusal(&r));
     }
-    crate::print_stdout(&r.text());
+    crate::print_stdout(&escape_controls(&r.text(), true));
     Ok(())
 }
 

@@ -88,7 +88,12 @@ fn main() {
     if let Err(e) = result {
         // Not `eprintln!`, which panics when stderr is gone (the status still says it failed).
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "omnistage: {e}");
+        // An error may quote what a server sent: its control characters are escaped.
+        let _ = writeln!(
+            std::io::stderr(),
+            "omnistage: {}",
+            admin_cli::escape_controls(&e, true)
+        );
         std::process::exit(2);
     }
 }
