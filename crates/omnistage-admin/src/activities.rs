@@ -102,7 +102,7 @@ pub(crate) fn activity(shared: &Shared, rt: &Runtime, req: &Request) -> Response
             }
             view::fill_shaped(&mut t.root, &shaped_list(shared, rt));
             match view::find(&t.root, path) {
-                Some(n) => Response::json(200, n),
+                Some(n) => Response::listing(n, shared.limits.bytes),
                 None => Response::error(404, &format!("no activity {path}")),
             }
         }

@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     /// reading what they change to writing it: a `PUT` copies the activity's whole spec,
     /// changes its fields and writes the copy back, so two at once lost one's change.
     pub(crate) changes: Mutex<()>,
+    /// The bounds of listings (entries, bytes).
+    pub(crate) limits: routes::Limits,
 }
 
 /// The threads of a running admin server.
@@ -121,6 +123,7 @@ pub(crate) fn start(source: Arc<dyn Source>, cfg: AdminConfig) -> Result<Running
         token: cfg.token.clone(),
         shaped: Default::default(),
         changes: Default::default(),
+        limits: Default::default(),
     });
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::sync_channel::<Conn>(ACCEPT_QUEUE);
@@ -522,6 +525,7 @@ fn reason(status: u16) -> &'static str {
         500 => "Internal Server Error",
         501 => "Not Implemented",
         503 => "Service Unavailable",
+        507 => "Insufficient Storage",
         _ => "",
     }
 }

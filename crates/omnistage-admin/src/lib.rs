@@ -47,7 +47,14 @@
 //! not be written after all (the change is undone; the reason says so), 503 when all
 //! handler threads are busy and the accept queue is full or the client's address has 32
 //! connections open already, 408 for a request head not received within a second of the
-//! accept (or a whole request within 5 s). Every error body is `{"status": N, "error": "reason"}`.
+//! accept (or a whole request within 5 s), 507 for a document larger than
+//! [`DOCUMENT_BYTES_MAX`] (32 MiB). Every error body is `{"status": N, "error": "reason"}`.
+//!
+//! Listings are bounded: the tree holds at most [`LIST_ENTRIES_MAX`] (10,000) nodes (the root,
+//! then depth-first in path order), `/stages` as many (stage, activity) rows, `/graph` as many
+//! edges; past it the rest is left out and the document says `"truncated": true, "omitted": N`
+//! (totals, shares and targets still count what was left out). One activity's sub-tree
+//! (`GET /api/v1/activities/{path}`) is not cut by the tree's bound, only by the byte bound.
 //!
 //! Off a loopback address the server refuses to start without a bearer token; with a token
 //! every API path and `/metrics` require `Authorization: Bearer <token>` (the dashboard page
@@ -70,6 +77,7 @@ mod shaped;
 mod view;
 
 use omnistage::exec::Runtime;
+pub use routes::{DOCUMENT_BYTES_MAX, LIST_ENTRIES_MAX};
 pub use served::{Served, RELOAD_REFUSED};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -382,6 +390,7 @@ impl InProcess {
                 token,
                 shaped: Default::default(),
                 changes: Default::default(),
+                limits: Default::default(),
             },
         }
     }
@@ -537,6 +546,37 @@ mod tests {
     }
 
     const TREE: &[u8] = b"GET /api/v1/tree HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+
+    /// Every listing over the byte bound answers 507 with the reason, not the document; the
+    /// graph's edges past the entry bound are left out and it says so. (Bounds lowered here;
+    /// `tests/bounds.rs` crosses the real entry bound.)
+    #[test]
+    fn listings_past_the_byte_bound_answer_507() {
+        let mut ip = bare();
+        ip.shared.limits.bytes = 40;
+        for path in [
+            "/api/v1/tree",
+            "/api/v1/stages",
+            "/api/v1/history",
+            "/api/v1/activities/infra",
+        ] {
+            let raw = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+            let a = ip.answer(raw.as_bytes()).unwrap();
+            let body = String::from_utf8_lossy(&a.body);
+            assert_eq!(a.status, 507, "{path}: {body}");
+            assert!(body.contains("larger than 40 bytes"), "{path}: {body}");
+        }
+        ip.shared.limits.bytes = routes::DOCUMENT_BYTES_MAX;
+        ip.shared.limits.entries = 0;
+        let a = ip
+            .answer(b"GET /api/v1/graph HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .unwrap();
+        assert_eq!(a.status, 200);
+        let g: serde_json::Value = serde_json::from_slice(&a.body).unwrap();
+        assert_eq!(g["edges"].as_array().map(Vec::len), Some(0), "{g}");
+        let omitted = g["omitted"].as_u64().unwrap();
+        assert_eq!(g["truncated"], omitted > 0, "{g}");
+    }
 
     /// A panic while the shaped groups' table or the sampler's state is locked leaves the lock
     /// poisoned; the tree is still served (it once answered 500 from then on, until a restart).

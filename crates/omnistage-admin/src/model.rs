@@ -157,6 +157,19 @@ pub struct Tree {
     pub fleet: Option<Fleet>,
     #[serde(flatten)]
     pub sampler: SamplerStatus,
+    #[serde(flatten, default)]
+    pub truncation: Truncation,
+}
+
+/// Whether a listing was cut at the admin API's bound on entries (`LIST_ENTRIES_MAX`, 10,000:
+/// tree nodes, `/stages`' per-activity rows, graph edges): `omitted` entries were left out
+/// (a tree's in depth-first path order, its totals still counting them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Truncation {
+    #[serde(default)]
+    pub truncated: bool,
+    #[serde(default)]
+    pub omitted: u64,
 }
 
 /// How current the rates are: the sampler's last sample and its failures. Rates (and
@@ -235,6 +248,8 @@ pub struct Stages {
     pub stages: Vec<Stage>,
     #[serde(flatten)]
     pub sampler: SamplerStatus,
+    #[serde(flatten, default)]
+    pub truncation: Truncation,
 }
 
 /// A node of the stage graph.
@@ -263,6 +278,8 @@ pub struct Graph {
     pub interval_s: Option<f64>,
     pub nodes: Vec<GraphNode>,
     pub edges: Vec<GraphEdge>,
+    #[serde(flatten, default)]
+    pub truncation: Truncation,
 }
 
 /// One sample of the share history.

@@ -19,6 +19,52 @@ const DASHBOARD_JS: &str = include_str!("../assets/dashboard.js");
 /// Where activity paths start in the URL.
 pub(crate) const ACTIVITIES: &str = "/api/v1/activities";
 
+/// Most entries a listing holds: nodes of `/api/v1/tree`, (stage, activity) rows of
+/// `/api/v1/stages`, edges of `/api/v1/graph`. Past it the rest is left out and the document
+/// says so (`"truncated": true, "omitted": N`); at ~1.5 KB a tree node, 10,000 is ~15 MB.
+pub const LIST_ENTRIES_MAX: usize = 10_000;
+/// Largest document the API answers with (every listing: the tree, stages, graph, history,
+/// upstreams, one activity's sub-tree): past it, 507 with the reason instead of the document
+/// (it is written into a bounded buffer, so the bound holds while it is built).
+pub const DOCUMENT_BYTES_MAX: usize = 32 << 20;
+
+/// The bounds in force ([`LIST_ENTRIES_MAX`], [`DOCUMENT_BYTES_MAX`]; tests lower them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    pub(crate) entries: usize,
+    pub(crate) bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            entries: LIST_ENTRIES_MAX,
+            bytes: DOCUMENT_BYTES_MAX,
+        }
+    }
+}
+
+/// A `Vec` that takes at most `max` bytes; a write past it fails.
+struct Capped {
+    buf: Vec<u8>,
+    max: usize,
+    over: bool,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + b.len() > self.max {
+            self.over = true;
+            return Err(std::io::Error::other("document over its bound"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The request headers the API looks at.
 #[derive(Debug, Default)]
 pub(crate) struct Headers {
@@ -61,6 +107,36 @@ impl Response {
         let mut body = serde_json::to_vec(v).expect("documents serialize");
         body.push(b'\n');
         Response::new(status, "application/json", body)
+    }
+
+    /// A listing as JSON, or 507 when it is larger than `max` bytes.
+    pub(crate) fn listing<T: serde::Serialize>(v: &T, max: usize) -> Self {
+        let mut w = Capped {
+            buf: Vec::new(),
+            max: max.saturating_sub(1),
+            over: false,
+        };
+        match serde_json::to_writer(&mut w, v) {
+            Ok(()) => {
+                let mut body = w.buf;
+                body.push(b'\n');
+                Response::new(200, "application/json", body)
+            }
+            Err(_) if w.over => Response::too_large(max),
+            Err(e) => Response::error(500, &format!("the document does not serialize: {e}")),
+        }
+    }
+
+    /// 507: a document over the bound of `max` bytes.
+    pub(crate) fn too_large(max: usize) -> Self {
+        Response::error(
+            507,
+            &format!(
+                "the document is larger than {max} bytes, the admin API's bound on an answer \
+                 (DOCUMENT_BYTES_MAX); ask for less (one activity's sub-tree: \
+                 /api/v1/activities/{{path}})"
+            ),
+        )
     }
 
     pub(crate) fn error(status: u16, msg: &str) -> Self {
@@ -267,7 +343,8 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 t.fleet = ten.fleet();
             }
             view::fill_shaped(&mut t.root, &shaped_list(shared, rt));
-            Response::json(200, &t)
+            t.truncation = view::bound_tree(&mut t.root, shared.limits.entries);
+            Response::listing(&t, shared.limits.bytes)
         }),
         "/api/v1/stages" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
@@ -276,25 +353,26 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             let (win, status) = sampled(shared, rt);
             let mut st = view::stages(rt, &Sample::take(rt), win.as_ref());
             st.sampler = status;
-            Response::json(200, &st)
+            view::bound_stages(&mut st, shared.limits.entries);
+            Response::listing(&st, shared.limits.bytes)
         }),
         "/api/v1/graph" | "/api/v1/graph.dot" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &["format"]) {
                 return r;
             }
-            let g = view::graph(rt, &Sample::take(rt), sampled(shared, rt).0.as_ref());
+            let mut g = view::graph(rt, &Sample::take(rt), sampled(shared, rt).0.as_ref());
+            view::bound_graph(&mut g, shared.limits.entries);
             let format = query_get(&req.query, "format").unwrap_or(if path.ends_with(".dot") {
                 "dot"
             } else {
                 "json"
             });
             match format {
-                "json" => Response::json(200, &g),
-                "dot" => Response::new(
-                    200,
-                    "text/vnd.graphviz; charset=utf-8",
-                    view::dot(&g).into_bytes(),
-                ),
+                "json" => Response::listing(&g, shared.limits.bytes),
+                "dot" => match view::dot(&g) {
+                    d if d.len() > shared.limits.bytes => Response::too_large(shared.limits.bytes),
+                    d => Response::new(200, "text/vnd.graphviz; charset=utf-8", d.into_bytes()),
+                },
                 other => Response::error(400, &format!("format {other:?}: want json or dot")),
             }
         }),
@@ -302,7 +380,7 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
             if let Err(r) = check_query(&req.query, &[]) {
                 return r;
             }
-            Response::json(200, &upstreams())
+            Response::listing(&upstreams(), shared.limits.bytes)
         }),
         "/api/v1/history" => get_only(&|| {
             if let Err(r) = check_query(&req.query, &[]) {
@@ -314,13 +392,13 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .history();
-            Response::json(
-                200,
+            Response::listing(
                 &model::History {
                     interval_s: win.map(|w| w.dt_s()).unwrap_or(0.0),
                     points,
                     sampler,
                 },
+                shared.limits.bytes,
             )
         }),
         _ => activities::activity(shared, rt, req),

@@ -423,6 +423,7 @@ pub(crate) fn tree(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> model:
         }
     }
     model::Tree {
+        truncation: Default::default(),
         fleet: None,
         sampler: Default::default(),
         version,
@@ -599,10 +600,67 @@ pub(crate) fn stages(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> mode
         });
     }
     model::Stages {
+        truncation: Default::default(),
         sampler: Default::default(),
         interval_s: win.map(|w| w.dt_s()),
         stages: out,
     }
+}
+
+/// Keeps the first `max` nodes of the tree under `root` (the root first, then depth-first in
+/// path order) and leaves the rest out; how many were left out. Totals, shares and targets
+/// were computed on the whole tree, so the nodes kept say the same as without the bound.
+pub(crate) fn bound_tree(root: &mut model::Node, max: usize) -> model::Truncation {
+    fn count(n: &model::Node) -> u64 {
+        1 + n.children.iter().map(count).sum::<u64>()
+    }
+    fn walk(n: &mut model::Node, left: &mut usize) -> u64 {
+        let mut omitted = 0;
+        let children = std::mem::take(&mut n.children);
+        for mut c in children {
+            if *left == 0 {
+                omitted += count(&c);
+                continue;
+            }
+            *left -= 1;
+            omitted += walk(&mut c, left);
+            n.children.push(c);
+        }
+        omitted
+    }
+    let mut left = max.saturating_sub(1);
+    let omitted = walk(root, &mut left);
+    model::Truncation {
+        truncated: omitted > 0,
+        omitted,
+    }
+}
+
+/// Keeps the first `max` (stage, activity) rows of `/stages`, in stage order; the stages
+/// themselves (and their totals) all stay.
+pub(crate) fn bound_stages(st: &mut model::Stages, max: usize) {
+    let mut left = max;
+    let mut omitted = 0u64;
+    for s in &mut st.stages {
+        let keep = s.activities.len().min(left);
+        omitted += (s.activities.len() - keep) as u64;
+        s.activities.truncate(keep);
+        left -= keep;
+    }
+    st.truncation = model::Truncation {
+        truncated: omitted > 0,
+        omitted,
+    };
+}
+
+/// Keeps the first `max` edges of the graph (its nodes, one per stage and source, all stay).
+pub(crate) fn bound_graph(g: &mut model::Graph, max: usize) {
+    let omitted = g.edges.len().saturating_sub(max) as u64;
+    g.edges.truncate(max);
+    g.truncation = model::Truncation {
+        truncated: omitted > 0,
+        omitted,
+    };
 }
 
 fn edge_source(rt: &Runtime, f: EdgeFrom) -> (String, &'static str, Option<u32>) {
@@ -673,6 +731,7 @@ pub(crate) fn graph(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> model
         interval_s: dt,
         nodes,
         edges,
+        truncation: Default::default(),
     }
 }
 
@@ -851,6 +910,7 @@ mod tests {
     #[test]
     fn dot_quotes_names() {
         let g = model::Graph {
+            truncation: Default::default(),
             interval_s: None,
             nodes: vec![model::GraphNode {
                 name: "a\"b".into(),

@@ -179,6 +179,13 @@ pub fn tree(a: TreeArgs) -> Result<(), String> {
         text.push_str(l.trim_end());
         text.push('\n');
     }
+    if t.truncation.truncated {
+        text.push_str(&format!(
+            "({} more activities left out: the admin API lists at most {})\n",
+            t.truncation.omitted,
+            omnistage_admin::LIST_ENTRIES_MAX
+        ));
+    }
     crate::print_stdout(&text);
     Ok(())
 }

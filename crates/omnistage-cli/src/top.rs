@@ -525,6 +525,7 @@ mod tests {
             cpu_ns_per_s: Some(1.5e9),
             fleet: None,
             sampler: Default::default(),
+            truncation: Default::default(),
             root: node(
                 "/",
                 100,
