@@ -88,9 +88,16 @@ fn probe_command(args: &[&str], m: &Membership) -> Command {
 }
 
 fn run(scenario: &str, c: GroupCfg, path: &str) -> Run {
-    let group = format!("test.{scenario}.{}", std::process::id());
+    run_with(scenario, c, path, &[])
+}
+
+/// [`run`] with more arguments for the probe after the path.
+fn run_with(scenario: &str, c: GroupCfg, path: &str, more: &[&str]) -> Run {
+    let group = format!("test.{scenario}{}.{}", more.join("-"), std::process::id());
     let m = Membership::join(&group, Some(c), 1).unwrap();
-    let out = probe_command(&[scenario, path], &m).output().unwrap();
+    let mut args = vec![scenario, path];
+    args.extend_from_slice(more);
+    let out = probe_command(&args, &m).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -420,4 +427,83 @@ fn a_blocking_writev_of_many_iovecs_moves_everything() {
     assert_eq!(r.get("peer-read-ok").0, 1);
     assert_eq!(r.bucket_bytes[WRITE], 6000);
     std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn fortified_preads_are_shaped() {
+    // 100 KB/s with a 1,000-byte burst: each read waits for tokens; all are charged.
+    let f = temp_file("fortified", &pattern(3000));
+    let r = run("fortified", cfg(DISK, 100_000, 1000), f.to_str().unwrap());
+    assert_eq!(r.get("pread-chk"), (1500, 0));
+    assert_eq!(r.get("pread64-chk"), (1500, 0));
+    assert_eq!(r.get("read-chk"), (3000, 0));
+    for ok in ["pread-chk-ok", "pread64-chk-ok", "read-chk-ok"] {
+        assert_eq!(r.get(ok).0, 1, "{ok}");
+    }
+    assert_eq!(r.bucket_bytes[DISK], 1500 + 1500 + 3000);
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn a_fortified_ppoll_is_held_like_ppoll() {
+    // 10 B/s, burst 100: after the first recv the socket is held for seconds.
+    let r = run("fortified-poll", cfg(READ, 10, 100), "");
+    assert_eq!(r.get("recv"), (100, 0));
+    assert_eq!(r.get("ppoll-chk-held"), (0, 0));
+    assert_eq!(r.get("poll-chk-held"), (0, 0));
+}
+
+#[test]
+fn fortified_calls_with_a_length_past_the_buffer_abort_as_glibc_does() {
+    use std::os::unix::process::ExitStatusExt;
+    for call in [
+        "read", "pread", "pread64", "recv", "recvfrom", "poll", "ppoll",
+    ] {
+        let group = format!("test.chk-fail-{call}.{}", std::process::id());
+        let m = Membership::join(&group, Some(cfg(ALL, 100_000_000, 1_000_000)), 1).unwrap();
+        let out = probe_command(&["chk-fail", "", call], &m).output().unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGABRT),
+            "{call}: {} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("buffer overflow detected"),
+            "{call}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn preadv2_and_pwritev2_are_shaped() {
+    let f = temp_file("v2", b"");
+    let r = run("v2", cfg(DISK, 100_000, 1000), f.to_str().unwrap());
+    assert_eq!(r.get("pwritev2"), (3000, 0));
+    assert_eq!(r.get("preadv2"), (3000, 0));
+    assert_eq!(r.get("preadv2-ok").0, 1);
+    // Offset -1: the file position, which the read advances.
+    assert_eq!(r.get("preadv2-position"), (3000, 0));
+    assert_eq!(r.get("preadv2-position-ok").0, 1);
+    assert_eq!(r.get("position").0, 3000);
+    assert_eq!(r.bucket_bytes[DISK], 9000);
+    std::fs::remove_file(f).ok();
+}
+
+#[test]
+fn sendmmsg_and_recvmmsg_move_whole_messages_and_leave_a_debt() {
+    // 1,000 B/s with a 100-byte burst: two messages (1,500 bytes) go whole and leave a debt
+    // that holds the next call back.
+    let r = run_with("mmsg", cfg(WRITE, 1000, 100), "", &["send"]);
+    assert_eq!(r.get("sendmmsg"), (2, 0));
+    assert_eq!(r.get("sendmmsg-lens").0, 1500);
+    assert_eq!(r.get("sendmmsg-debt"), (-1, libc::EAGAIN));
+    assert_eq!(r.bucket_bytes[WRITE], 1500);
+    let r = run_with("mmsg", cfg(READ, 1000, 100), "", &["recv"]);
+    assert_eq!(r.get("recvmmsg"), (2, 0));
+    assert_eq!(r.get("recvmmsg-lens").0, 1500);
+    assert_eq!(r.get("recvmmsg-debt"), (-1, libc::EAGAIN));
+    assert_eq!(r.bucket_bytes[READ], 1500);
 }

@@ -86,6 +86,9 @@ pub struct Flags {
     pub dontwait: bool,
     /// `MSG_WAITALL`.
     pub waitall: bool,
+    /// The call moves whole messages whatever its socket (`sendmmsg`/`recvmmsg`): one real
+    /// call, [`Mode::Whole`].
+    pub whole: bool,
 }
 
 /// Runs one transfer of at most `want` bytes. `op(done, len)` makes the real call for `len`
@@ -141,7 +144,7 @@ pub fn transfer(
     // A write to a file, and nothing else (a `copy_file_range` or `sendfile` to a file is not
     // atomic in the kernel either), goes whole (see the module's doc).
     let atomic = file_write && legs.len() == 1;
-    let mode = if message {
+    let mode = if message || flags.whole {
         Mode::Whole
     } else if atomic {
         Mode::Atomic
@@ -152,8 +155,12 @@ pub fn transfer(
         Mode::Stream
     };
     // One real call, or as many as it takes to move everything (see the module's doc).
-    let once =
-        nonblocking || message || atomic || pipe_leg || (stream_socket_read && !flags.waitall);
+    let once = nonblocking
+        || message
+        || flags.whole
+        || atomic
+        || pipe_leg
+        || (stream_socket_read && !flags.waitall);
     let mut done = 0usize;
     loop {
         let remaining = (want - done) as u64;

@@ -63,6 +63,16 @@ pub fn sleep_until(until_ns: u64) {
     };
 }
 
+/// Of a fortified entry point (`__read_chk`, …): the caller's buffer holds what it gave as the
+/// length, or the process ends as glibc's own would end it (`__chk_fail`: "buffer overflow
+/// detected", SIGABRT).
+#[inline]
+pub fn fortify_check(fits: bool) {
+    if !fits {
+        real::chk_fail();
+    }
+}
+
 pub fn errno() -> c_int {
     // SAFETY: __errno_location returns this thread's errno, valid for the thread's life.
     unsafe { *libc::__errno_location() }
@@ -174,8 +184,9 @@ macro_rules! export_interposers {
             fd: c_int,
             b: *mut c_void,
             n: size_t,
-            _buflen: size_t,
+            buflen: size_t,
         ) -> ssize_t {
+            s::fortify_check(n <= buflen);
             s::hook_read(fd, b, n)
         }
         #[no_mangle]
@@ -206,6 +217,28 @@ macro_rules! export_interposers {
             n: size_t,
             o: off64_t,
         ) -> ssize_t {
+            s::hook_pread(fd, b, n, o)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn __pread_chk(
+            fd: c_int,
+            b: *mut c_void,
+            n: size_t,
+            o: off64_t,
+            buflen: size_t,
+        ) -> ssize_t {
+            s::fortify_check(n <= buflen);
+            s::hook_pread(fd, b, n, o)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn __pread64_chk(
+            fd: c_int,
+            b: *mut c_void,
+            n: size_t,
+            o: off64_t,
+            buflen: size_t,
+        ) -> ssize_t {
+            s::fortify_check(n <= buflen);
             s::hook_pread(fd, b, n, o)
         }
         #[no_mangle]
@@ -263,6 +296,46 @@ macro_rules! export_interposers {
             s::hook_pwritev(fd, v, c, o)
         }
         #[no_mangle]
+        pub unsafe extern "C" fn preadv2(
+            fd: c_int,
+            v: *const iovec,
+            c: c_int,
+            o: off64_t,
+            f: c_int,
+        ) -> ssize_t {
+            s::hook_preadv2(fd, v, c, o, f)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn preadv64v2(
+            fd: c_int,
+            v: *const iovec,
+            c: c_int,
+            o: off64_t,
+            f: c_int,
+        ) -> ssize_t {
+            s::hook_preadv2(fd, v, c, o, f)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn pwritev2(
+            fd: c_int,
+            v: *const iovec,
+            c: c_int,
+            o: off64_t,
+            f: c_int,
+        ) -> ssize_t {
+            s::hook_pwritev2(fd, v, c, o, f)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn pwritev64v2(
+            fd: c_int,
+            v: *const iovec,
+            c: c_int,
+            o: off64_t,
+            f: c_int,
+        ) -> ssize_t {
+            s::hook_pwritev2(fd, v, c, o, f)
+        }
+        #[no_mangle]
         pub unsafe extern "C" fn send(fd: c_int, b: *const c_void, n: size_t, f: c_int) -> ssize_t {
             s::hook_send(fd, b, n, f)
         }
@@ -275,9 +348,10 @@ macro_rules! export_interposers {
             fd: c_int,
             b: *mut c_void,
             n: size_t,
-            _buflen: size_t,
+            buflen: size_t,
             f: c_int,
         ) -> ssize_t {
+            s::fortify_check(n <= buflen);
             s::hook_recv(fd, b, n, f)
         }
         #[no_mangle]
@@ -307,11 +381,12 @@ macro_rules! export_interposers {
             fd: c_int,
             b: *mut c_void,
             n: size_t,
-            _buflen: size_t,
+            buflen: size_t,
             f: c_int,
             a: *mut sockaddr,
             l: *mut socklen_t,
         ) -> ssize_t {
+            s::fortify_check(n <= buflen);
             s::hook_recvfrom(fd, b, n, f, a, l)
         }
         #[no_mangle]
@@ -321,6 +396,25 @@ macro_rules! export_interposers {
         #[no_mangle]
         pub unsafe extern "C" fn recvmsg(fd: c_int, m: *mut msghdr, f: c_int) -> ssize_t {
             s::hook_recvmsg(fd, m, f)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn sendmmsg(
+            fd: c_int,
+            v: *mut $crate::sys::libc::mmsghdr,
+            n: c_uint,
+            f: c_int,
+        ) -> c_int {
+            s::hook_sendmmsg(fd, v, n, f)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn recvmmsg(
+            fd: c_int,
+            v: *mut $crate::sys::libc::mmsghdr,
+            n: c_uint,
+            f: c_int,
+            t: *mut timespec,
+        ) -> c_int {
+            s::hook_recvmmsg(fd, v, n, f, t)
         }
         #[no_mangle]
         pub unsafe extern "C" fn sendfile(
@@ -371,9 +465,21 @@ macro_rules! export_interposers {
             p: *mut pollfd,
             n: nfds_t,
             t: c_int,
-            _len: size_t,
+            len: size_t,
         ) -> c_int {
+            s::fortify_check(len / ::std::mem::size_of::<pollfd>() >= n as usize);
             s::hook_poll(p, n, t)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn __ppoll_chk(
+            p: *mut pollfd,
+            n: nfds_t,
+            t: *const timespec,
+            m: *const sigset_t,
+            len: size_t,
+        ) -> c_int {
+            s::fortify_check(len / ::std::mem::size_of::<pollfd>() >= n as usize);
+            s::hook_ppoll(p, n, t, m)
         }
         #[no_mangle]
         pub unsafe extern "C" fn ppoll(

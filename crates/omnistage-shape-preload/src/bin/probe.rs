@@ -123,6 +123,60 @@ unsafe fn set_bit(set: *mut libc::fd_set, fd: c_int) {
     p.write_unaligned(p.read_unaligned() | 1 << (fd % 64));
 }
 
+extern "C" {
+    // glibc's fortified entry points, as a program built with `_FORTIFY_SOURCE` calls them.
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize) -> isize;
+    fn __pread_chk(fd: c_int, buf: *mut c_void, n: usize, off: i64, buflen: usize) -> isize;
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, n: usize, off: i64, buflen: usize) -> isize;
+    fn __recv_chk(fd: c_int, buf: *mut c_void, n: usize, buflen: usize, flags: c_int) -> isize;
+    fn __recvfrom_chk(
+        fd: c_int,
+        buf: *mut c_void,
+        n: usize,
+        buflen: usize,
+        flags: c_int,
+        addr: *mut libc::sockaddr,
+        alen: *mut libc::socklen_t,
+    ) -> isize;
+    fn __poll_chk(fds: *mut libc::pollfd, n: libc::nfds_t, timeout: c_int, len: usize) -> c_int;
+    fn __ppoll_chk(
+        fds: *mut libc::pollfd,
+        n: libc::nfds_t,
+        ts: *const libc::timespec,
+        mask: *const libc::sigset_t,
+        len: usize,
+    ) -> c_int;
+}
+
+/// A UDP pair, `a` connected to `b`.
+fn udp_pair() -> (c_int, c_int) {
+    use std::os::fd::IntoRawFd;
+    let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    a.connect(b.local_addr().unwrap()).unwrap();
+    (a.into_raw_fd(), b.into_raw_fd())
+}
+
+/// `vlen` mmsghdrs, message `i` one iovec over `bufs[i]`.
+fn mmsgs(bufs: &mut [Vec<u8>], iovs: &mut Vec<libc::iovec>) -> Vec<libc::mmsghdr> {
+    *iovs = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    iovs.iter_mut()
+        .map(|v| {
+            // SAFETY: an all-zero mmsghdr is a valid empty header.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_iov = v;
+            h.msg_hdr.msg_iovlen = 1;
+            h
+        })
+        .collect()
+}
+
 fn pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| (i * 7 % 251) as u8).collect()
 }
@@ -688,6 +742,175 @@ fn main() {
                     ),
                 );
                 later.join().unwrap();
+            }
+            "fortified" => {
+                // glibc's fortified reads, as a `_FORTIFY_SOURCE` build calls them.
+                let p = CString::new(path.clone()).unwrap();
+                let fd = libc::open(p.as_ptr(), libc::O_RDONLY);
+                let want = pattern(3000);
+                let mut b = vec![0u8; 3000];
+                out(
+                    "pread-chk",
+                    __pread_chk(fd, b.as_mut_ptr().cast(), 1500, 1000, 3000),
+                );
+                println!("pread-chk-ok {}", (b[..1500] == want[1000..2500]) as u8);
+                out(
+                    "pread64-chk",
+                    __pread64_chk(fd, b.as_mut_ptr().cast(), 1500, 0, 3000),
+                );
+                println!("pread64-chk-ok {}", (b[..1500] == want[..1500]) as u8);
+                out(
+                    "read-chk",
+                    __read_chk(fd, b.as_mut_ptr().cast(), 3000, 3000),
+                );
+                println!("read-chk-ok {}", (b == want) as u8);
+            }
+            "fortified-poll" => {
+                // A fortified ppoll on a socket the bucket holds back: held like ppoll's.
+                let (c, s) = tcp_pair();
+                let data = pattern(5000);
+                out("peer-write", libc::write(s, data.as_ptr().cast(), 5000));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                nonblock(c);
+                let mut b = vec![0u8; 4096];
+                out("recv", __recv_chk(c, b.as_mut_ptr().cast(), 4096, 4096, 0));
+                let mut p = libc::pollfd {
+                    fd: c,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ts = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 30_000_000,
+                };
+                let len = std::mem::size_of::<libc::pollfd>();
+                out(
+                    "ppoll-chk-held",
+                    __ppoll_chk(&mut p, 1, &ts, std::ptr::null(), len) as isize,
+                );
+                out("poll-chk-held", __poll_chk(&mut p, 1, 30, len) as isize);
+            }
+            "chk-fail" => {
+                // A fortified call whose length is larger than the caller's buffer (as the
+                // compiler knows it): glibc's own ends the process (SIGABRT); so must ours.
+                // The real buffer is large enough: nothing is overrun either way.
+                let (c, s) = tcp_pair();
+                let data = pattern(100);
+                libc::write(s, data.as_ptr().cast(), 100);
+                let p = CString::new("/dev/zero").unwrap();
+                let zero = libc::open(p.as_ptr(), libc::O_RDONLY);
+                let mut b = vec![0u8; 4096];
+                let bp = b.as_mut_ptr().cast();
+                let mut pf = [libc::pollfd {
+                    fd: c,
+                    events: libc::POLLIN,
+                    revents: 0,
+                }; 2];
+                let one = std::mem::size_of::<libc::pollfd>();
+                let r = match args[3].as_str() {
+                    "read" => __read_chk(zero, bp, 200, 100),
+                    "pread" => __pread_chk(zero, bp, 200, 0, 100),
+                    "pread64" => __pread64_chk(zero, bp, 200, 0, 100),
+                    "recv" => __recv_chk(c, bp, 200, 100, 0),
+                    "recvfrom" => __recvfrom_chk(
+                        c,
+                        bp,
+                        200,
+                        100,
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    ),
+                    "poll" => __poll_chk(pf.as_mut_ptr(), 2, 0, one) as isize,
+                    "ppoll" => {
+                        let ts = libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 0,
+                        };
+                        __ppoll_chk(pf.as_mut_ptr(), 2, &ts, std::ptr::null(), one) as isize
+                    }
+                    other => panic!("unknown call {other}"),
+                };
+                out("returned", r);
+            }
+            "v2" => {
+                // preadv2/pwritev2 on a file, at an offset and at the file position (-1).
+                let fd = {
+                    let p = CString::new(path.clone()).unwrap();
+                    libc::open(
+                        p.as_ptr(),
+                        libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+                        0o600,
+                    )
+                };
+                let data = pattern(3000);
+                let iov = [
+                    libc::iovec {
+                        iov_base: data.as_ptr() as *mut c_void,
+                        iov_len: 1000,
+                    },
+                    libc::iovec {
+                        iov_base: data[1000..].as_ptr() as *mut c_void,
+                        iov_len: 2000,
+                    },
+                ];
+                out("pwritev2", libc::pwritev2(fd, iov.as_ptr(), 2, 0, 0));
+                let mut got = vec![0u8; 3000];
+                let riov = [libc::iovec {
+                    iov_base: got.as_mut_ptr().cast(),
+                    iov_len: 3000,
+                }];
+                out("preadv2", libc::preadv2(fd, riov.as_ptr(), 1, 0, 0));
+                println!("preadv2-ok {}", (got == data) as u8);
+                got.fill(0);
+                libc::lseek(fd, 0, libc::SEEK_SET);
+                out(
+                    "preadv2-position",
+                    libc::preadv2(fd, riov.as_ptr(), 1, -1, 0),
+                );
+                println!("preadv2-position-ok {}", (got == data) as u8);
+                println!("position {}", libc::lseek(fd, 0, libc::SEEK_CUR));
+            }
+            "mmsg" => {
+                // sendmmsg moves whole messages and leaves a debt, as sendmsg on UDP does;
+                // recvmmsg likewise (a read bucket).
+                let (a, b) = udp_pair();
+                let mut bufs = vec![pattern(700), pattern(800)];
+                let mut iovs = Vec::new();
+                let mut v = mmsgs(&mut bufs, &mut iovs);
+                let which = args[3].as_str();
+                if which == "send" {
+                    out("sendmmsg", libc::sendmmsg(a, v.as_mut_ptr(), 2, 0) as isize);
+                    println!("sendmmsg-lens {}", v[0].msg_len + v[1].msg_len);
+                    out(
+                        "sendmmsg-debt",
+                        libc::sendmmsg(a, v.as_mut_ptr(), 2, libc::MSG_DONTWAIT) as isize,
+                    );
+                } else {
+                    for m in &bufs {
+                        libc::send(a, m.as_ptr().cast(), m.len(), 0);
+                    }
+                    let mut rbufs = vec![vec![0u8; 2000], vec![0u8; 2000]];
+                    let mut riovs = Vec::new();
+                    let mut rv = mmsgs(&mut rbufs, &mut riovs);
+                    out(
+                        "recvmmsg",
+                        libc::recvmmsg(b, rv.as_mut_ptr(), 2, 0, std::ptr::null_mut()) as isize,
+                    );
+                    println!("recvmmsg-lens {}", rv[0].msg_len + rv[1].msg_len);
+                    libc::send(a, bufs[0].as_ptr().cast(), 700, 0);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    out(
+                        "recvmmsg-debt",
+                        libc::recvmmsg(
+                            b,
+                            rv.as_mut_ptr(),
+                            2,
+                            libc::MSG_DONTWAIT,
+                            std::ptr::null_mut(),
+                        ) as isize,
+                    );
+                }
             }
             "fork-exec" => {
                 // The child (fork) and a program it execs read the file under the same group.

@@ -219,3 +219,45 @@ real_fn!(
         mask: *const libc::sigset_t,
     ) -> c_int
 );
+real_fn!(
+    preadv2,
+    c"preadv64v2",
+    fn(fd: c_int, iov: *const iovec, cnt: c_int, off: libc::off64_t, flags: c_int) -> ssize_t
+);
+real_fn!(
+    pwritev2,
+    c"pwritev64v2",
+    fn(fd: c_int, iov: *const iovec, cnt: c_int, off: libc::off64_t, flags: c_int) -> ssize_t
+);
+real_fn!(
+    sendmmsg,
+    c"sendmmsg",
+    fn(fd: c_int, vec: *mut libc::mmsghdr, vlen: libc::c_uint, flags: c_int) -> c_int
+);
+real_fn!(
+    recvmmsg,
+    c"recvmmsg",
+    fn(
+        fd: c_int,
+        vec: *mut libc::mmsghdr,
+        vlen: libc::c_uint,
+        flags: c_int,
+        timeout: *mut libc::timespec,
+    ) -> c_int
+);
+
+/// glibc's `__chk_fail`: reports "buffer overflow detected" and aborts, as a fortified entry
+/// point of glibc's own does when the caller's buffer is shorter than the length it gave.
+pub fn chk_fail() -> ! {
+    static CACHE: AtomicUsize = AtomicUsize::new(0);
+    let p = lookup(&CACHE, c"__chk_fail");
+    if p != 0 {
+        // SAFETY: `p` is glibc's `void __chk_fail(void)`, which takes nothing and never
+        // returns.
+        let f: unsafe extern "C" fn() -> ! = unsafe { std::mem::transmute(p) };
+        // SAFETY: no preconditions.
+        unsafe { f() }
+    }
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}

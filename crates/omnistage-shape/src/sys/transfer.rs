@@ -66,6 +66,7 @@ fn flags_of(flags: c_int) -> Flags {
     Flags {
         dontwait: flags & libc::MSG_DONTWAIT != 0,
         waitall: flags & libc::MSG_WAITALL != 0,
+        whole: false,
     }
 }
 
@@ -164,13 +165,14 @@ unsafe fn vectored(
     iov: *const iovec,
     cnt: c_int,
     dir: Dir,
+    flags: Flags,
     call: impl Fn(*const iovec, c_int, usize) -> ssize_t,
 ) -> ssize_t {
     // SAFETY: the caller's contract.
     let Some(total) = (unsafe { iov_total(iov, cnt) }) else {
         return call(iov, cnt, 0);
     };
-    hooks::transfer(&leg(fd, dir), total, Flags::default(), |done, len| {
+    hooks::transfer(&leg(fd, dir), total, flags, |done, len| {
         if done == 0 && len == total {
             return call(iov, cnt, 0);
         }
@@ -204,14 +206,22 @@ unsafe fn vectored(
 /// readv(2)'s contract.
 pub unsafe fn hook_readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: the caller's contract; `vectored` passes valid windows of `iov`.
-    unsafe { vectored(fd, iov, cnt, Dir::Read, |v, k, _| real::readv(fd, v, k)) }
+    unsafe {
+        vectored(fd, iov, cnt, Dir::Read, Flags::default(), |v, k, _| {
+            real::readv(fd, v, k)
+        })
+    }
 }
 
 /// # Safety
 /// writev(2)'s contract.
 pub unsafe fn hook_writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     // SAFETY: as in `hook_readv`.
-    unsafe { vectored(fd, iov, cnt, Dir::Write, |v, k, _| real::writev(fd, v, k)) }
+    unsafe {
+        vectored(fd, iov, cnt, Dir::Write, Flags::default(), |v, k, _| {
+            real::writev(fd, v, k)
+        })
+    }
 }
 
 /// # Safety
@@ -219,7 +229,7 @@ pub unsafe fn hook_writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
 pub unsafe fn hook_preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: libc::off64_t) -> ssize_t {
     // SAFETY: as in `hook_readv`.
     unsafe {
-        vectored(fd, iov, cnt, Dir::Read, |v, k, d| {
+        vectored(fd, iov, cnt, Dir::Read, Flags::default(), |v, k, d| {
             real::preadv(fd, v, k, off + d as libc::off64_t)
         })
     }
@@ -235,8 +245,150 @@ pub unsafe fn hook_pwritev(
 ) -> ssize_t {
     // SAFETY: as in `hook_readv`.
     unsafe {
-        vectored(fd, iov, cnt, Dir::Write, |v, k, d| {
+        vectored(fd, iov, cnt, Dir::Write, Flags::default(), |v, k, d| {
             real::pwritev(fd, v, k, off + d as libc::off64_t)
+        })
+    }
+}
+
+/// preadv2/pwritev2's offset for the part `done` bytes in: -1 (the file position, which the
+/// kernel advances) stays -1.
+fn offset_at(off: libc::off64_t, done: usize) -> libc::off64_t {
+    if off == -1 {
+        -1
+    } else {
+        off + done as libc::off64_t
+    }
+}
+
+fn rwf_flags(flags: c_int) -> Flags {
+    Flags {
+        dontwait: flags & libc::RWF_NOWAIT != 0,
+        ..Flags::default()
+    }
+}
+
+/// # Safety
+/// preadv2(2)'s contract.
+pub unsafe fn hook_preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off64_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as in `hook_readv`.
+    unsafe {
+        vectored(fd, iov, cnt, Dir::Read, rwf_flags(flags), |v, k, d| {
+            real::preadv2(fd, v, k, offset_at(off, d), flags)
+        })
+    }
+}
+
+/// # Safety
+/// pwritev2(2)'s contract.
+pub unsafe fn hook_pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    off: libc::off64_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: as in `hook_readv`.
+    unsafe {
+        vectored(fd, iov, cnt, Dir::Write, rwf_flags(flags), |v, k, d| {
+            real::pwritev2(fd, v, k, offset_at(off, d), flags)
+        })
+    }
+}
+
+/// sendmmsg/recvmmsg: whole messages, as a datagram socket's `sendmsg`/`recvmsg` moves them,
+/// whatever the socket ([`Flags::whole`]): the call waits until the buckets are out of debt, is
+/// one real call, and is charged the bytes of the messages it moved (their `msg_len`). A bad
+/// array, or more messages than the kernel takes, goes to the real call unshaped.
+///
+/// # Safety
+/// sendmmsg/recvmmsg's contract: `vec` points to `vlen` valid mmsghdrs; `call()` makes the real
+/// call on them.
+unsafe fn messages(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    dir: Dir,
+    call: impl Fn() -> c_int,
+) -> c_int {
+    let n = (vlen as usize).min(libc::UIO_MAXIOV as usize);
+    if vec.is_null() || n == 0 || flags & libc::MSG_PEEK != 0 || passes_through() {
+        return call();
+    }
+    // SAFETY: the caller's contract (the array was readable just now): `n <= vlen` headers.
+    let hdrs = unsafe { std::slice::from_raw_parts(vec, n) };
+    let mut total = 0usize;
+    for h in hdrs {
+        let (iov, cnt) = (h.msg_hdr.msg_iov, h.msg_hdr.msg_iovlen as c_int);
+        if cnt == 0 {
+            continue;
+        }
+        // SAFETY: the header's iovecs, readable just now.
+        match unsafe { iov_total(iov, cnt) } {
+            Some(t) => total = total.saturating_add(t).min(MAX_IO),
+            None => return call(),
+        }
+    }
+    let count = std::cell::Cell::new(0 as c_int);
+    let f = Flags {
+        whole: true,
+        ..flags_of(flags)
+    };
+    let r = hooks::transfer(&leg(fd, dir), total, f, |_, _| {
+        let r = call();
+        if r < 0 {
+            return r as ssize_t;
+        }
+        count.set(r);
+        // SAFETY: the kernel wrote `msg_len` of the first `r <= n` headers.
+        let moved = unsafe { std::slice::from_raw_parts(vec, r as usize) }
+            .iter()
+            .fold(0usize, |a, h| a.saturating_add(h.msg_len as usize));
+        moved as ssize_t
+    });
+    if r < 0 {
+        -1
+    } else {
+        count.get()
+    }
+}
+
+/// # Safety
+/// sendmmsg(2)'s contract.
+pub unsafe fn hook_sendmmsg(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged.
+    unsafe {
+        messages(fd, vec, vlen, flags, Dir::Write, || {
+            real::sendmmsg(fd, vec, vlen, flags)
+        })
+    }
+}
+
+/// # Safety
+/// recvmmsg(2)'s contract.
+pub unsafe fn hook_recvmmsg(
+    fd: c_int,
+    vec: *mut libc::mmsghdr,
+    vlen: libc::c_uint,
+    flags: c_int,
+    timeout: *mut libc::timespec,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on unchanged.
+    unsafe {
+        messages(fd, vec, vlen, flags, Dir::Read, || {
+            real::recvmmsg(fd, vec, vlen, flags, timeout)
         })
     }
 }
@@ -446,7 +598,7 @@ pub unsafe fn hook_splice(
     let legs = in_out(fd_in, fd_out);
     let f = Flags {
         dontwait: flags & libc::SPLICE_F_NONBLOCK != 0,
-        waitall: false,
+        ..Flags::default()
     };
     // SAFETY: the caller's contract; the kernel advances the offsets between pieces.
     hooks::transfer(&legs, n.min(MAX_IO), f, |_, len| unsafe {
