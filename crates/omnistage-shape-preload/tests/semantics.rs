@@ -507,3 +507,20 @@ fn sendmmsg_and_recvmmsg_move_whole_messages_and_leave_a_debt() {
     assert_eq!(r.get("recvmmsg-debt"), (-1, libc::EAGAIN));
     assert_eq!(r.bucket_bytes[READ], 1500);
 }
+
+#[test]
+fn closing_a_registered_descriptor_frees_its_epoll_registrations() {
+    // 10 B/s, burst 100: the socket is held for seconds after the first recv. 1,056
+    // registrations of closed sockets (no EPOLL_CTL_DEL) must not fill the 1,024-entry table
+    // and leave the throttled socket's registration untracked (then reported readable).
+    let r = run("epoll-closed", cfg(READ, 10, 100), "");
+    assert_eq!(r.get("recv"), (100, 0));
+    assert_eq!(r.get("epoll-after-closes"), (0, 0));
+    assert_eq!(r.get("epoll-new-set"), (0, 0));
+}
+
+#[test]
+fn a_signal_handler_waiting_on_epoll_inside_epoll_ctl_does_not_deadlock() {
+    let r = run("signal-in-epoll", cfg(READ, 1_000_000, 100_000), "");
+    assert_eq!(r.get("handler-returned").0, 1);
+}

@@ -37,10 +37,16 @@ thread_local! {
 }
 
 /// Marks this thread as inside a hook; `None` if it already is.
-struct Guard;
+pub(crate) struct Guard;
+
+/// Whether this thread is inside a hook now (a call made now is a re-entry: from a signal
+/// handler that interrupted a hook, or from the library's own code).
+pub(crate) fn in_hook() -> bool {
+    IN_HOOK.try_with(|f| f.get()).unwrap_or(true)
+}
 
 impl Guard {
-    fn enter() -> Option<Guard> {
+    pub(crate) fn enter() -> Option<Guard> {
         IN_HOOK
             .try_with(|f| {
                 if f.get() {

@@ -18,7 +18,9 @@ mod transfer;
 mod wait;
 
 pub use context::*;
-pub use epoll::{epoll_common, hook_epoll_ctl, note_starved, TRACKED_MAX as EPOLL_TRACKED_MAX};
+pub use epoll::{
+    epoll_common, hook_close, hook_epoll_ctl, note_starved, TRACKED_MAX as EPOLL_TRACKED_MAX,
+};
 pub use segment::*;
 pub use transfer::*;
 pub use wait::*;
@@ -415,6 +417,10 @@ macro_rules! export_interposers {
             t: *mut timespec,
         ) -> c_int {
             s::hook_recvmmsg(fd, v, n, f, t)
+        }
+        #[no_mangle]
+        pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+            s::hook_close(fd)
         }
         #[no_mangle]
         pub unsafe extern "C" fn sendfile(

@@ -148,6 +148,61 @@ extern "C" {
     ) -> c_int;
 }
 
+/// Installs `handler` for `sig`, with `SA_RESTART` or without.
+///
+/// # Safety
+/// `handler` is async-signal-safe.
+unsafe fn on_signal(sig: c_int, handler: extern "C" fn(c_int), restart: bool) {
+    let mut sa: libc::sigaction = std::mem::zeroed();
+    sa.sa_sigaction = handler as usize;
+    sa.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+    libc::sigemptyset(&mut sa.sa_mask);
+    assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+}
+
+static HANDLER_EP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+static HANDLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A handler that waits on an epoll set (zero timeout), as an event loop's signal handler may.
+extern "C" fn epoll_in_handler(_: c_int) {
+    let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    // SAFETY: a valid array of 4 events; the set is the probe's.
+    unsafe {
+        libc::epoll_wait(
+            HANDLER_EP.load(std::sync::atomic::Ordering::SeqCst),
+            evs.as_mut_ptr(),
+            4,
+            0,
+        )
+    };
+    HANDLED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The system call thread `tid` of this process is blocked in (`/proc/self/task/TID/syscall`).
+/// Made with raw system calls: the caller holds the group's mutex, which a hooked `read`
+/// would wait for.
+fn blocked_in(tid: libc::pid_t) -> Option<i64> {
+    let path = CString::new(format!("/proc/self/task/{tid}/syscall")).unwrap();
+    let mut b = [0u8; 64];
+    // SAFETY: a valid C string and a buffer of 64 bytes; the descriptor is closed here.
+    let n = unsafe {
+        let fd = libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::O_RDONLY,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::syscall(libc::SYS_read, fd, b.as_mut_ptr(), b.len());
+        libc::syscall(libc::SYS_close, fd);
+        n
+    };
+    let s = std::str::from_utf8(&b[..n.max(0) as usize]).ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
 /// A UDP pair, `a` connected to `b`.
 fn udp_pair() -> (c_int, c_int) {
     use std::os::fd::IntoRawFd;
@@ -911,6 +966,86 @@ fn main() {
                         ) as isize,
                     );
                 }
+            }
+            "epoll-closed" => {
+                // 1,056 registrations of sockets closed without EPOLL_CTL_DEL (32 sockets in
+                // 33 sets), then one of a throttled socket: it must still be held.
+                let (c, s) = tcp_pair();
+                let data = pattern(5000);
+                out("peer-write", libc::write(s, data.as_ptr().cast(), 5000));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                nonblock(c);
+                let mut b = vec![0u8; 4096];
+                out("recv", libc::recv(c, b.as_mut_ptr().cast(), 4096, 0));
+                let sets: Vec<c_int> = (0..33).map(|_| libc::epoll_create1(0)).collect();
+                let socks: Vec<c_int> = (0..32)
+                    .map(|_| libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0))
+                    .collect();
+                for &ep in &sets {
+                    for &fd in &socks {
+                        add(ep, fd, libc::EPOLLIN);
+                    }
+                }
+                for &fd in &socks {
+                    libc::close(fd);
+                }
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN);
+                wait("epoll-after-closes", ep, 30, Wait::Plain);
+                // Closing the set itself lets its registrations go too.
+                libc::close(ep);
+                let ep2 = libc::epoll_create1(0);
+                add(ep2, c, libc::EPOLLIN);
+                wait("epoll-new-set", ep2, 30, Wait::Plain);
+            }
+            "signal-in-epoll" => {
+                // A signal handler calls epoll_wait while its thread is inside epoll_ctl's
+                // bookkeeping (held there: the group's mutex, which that bookkeeping takes after
+                // a change of the group's rates, is held by a helper thread of ours).
+                use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+                static LOCKED: AtomicBool = AtomicBool::new(false);
+                let (c, s) = tcp_pair();
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN);
+                HANDLER_EP.store(ep, SeqCst);
+                on_signal(libc::SIGUSR1, epoll_in_handler, false);
+                let group = std::env::var("OMNISTAGE_SHAPE_GROUP").unwrap();
+                let (map, _) = omnistage_shape::sys::SegmentMap::open(&group, None).unwrap();
+                let main_tid = libc::gettid();
+                let main = libc::pthread_self() as usize;
+                let helper = std::thread::spawn(move || {
+                    // A change of the group's configuration, which the library's next look at
+                    // its mask reads under the group's mutex.
+                    map.with(|g| g.cfg_changed = 1);
+                    map.with(|_| {
+                        LOCKED.store(true, SeqCst);
+                        let t0 = std::time::Instant::now();
+                        while blocked_in(main_tid) != Some(libc::SYS_futex)
+                            && t0.elapsed().as_secs() < 5
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        libc::pthread_kill(main as libc::pthread_t, libc::SIGUSR1);
+                        let t0 = std::time::Instant::now();
+                        while !HANDLED.load(SeqCst) && t0.elapsed().as_secs() < 3 {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        if !HANDLED.load(SeqCst) {
+                            // Deadlocked: the handler waits for a lock its own thread holds.
+                            // (A raw write: a hooked one would wait for the mutex held here.)
+                            let line = b"handler-returned 0\n";
+                            libc::syscall(libc::SYS_write, 1, line.as_ptr(), line.len());
+                            libc::_exit(0);
+                        }
+                    });
+                });
+                let t0 = std::time::Instant::now();
+                while !LOCKED.load(SeqCst) && t0.elapsed().as_secs() < 5 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                add(ep, s, libc::EPOLLIN);
+                helper.join().unwrap();
+                println!("handler-returned {}", HANDLED.load(SeqCst) as u8);
             }
             "fork-exec" => {
                 // The child (fork) and a program it execs read the file under the same group.

@@ -18,7 +18,7 @@ use super::{context, errno, now_ns, real, set_errno};
 use crate::hooks::{self, FdKind, PollAsk};
 use libc::{c_int, epoll_event, sigset_t};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Most registrations tracked per process.
 pub const TRACKED_MAX: usize = 1024;
@@ -60,10 +60,71 @@ static TABLE: Mutex<[Reg; TRACKED_MAX]> = Mutex::new([FREE; TRACKED_MAX]);
 /// Registrations in `TABLE`: 0 lets every wait go straight to the real call.
 static TRACKED: AtomicUsize = AtomicUsize::new(0);
 static STARVED: [AtomicU64; STARVED_FDS / 64] = [const { AtomicU64::new(0) }; STARVED_FDS / 64];
+/// Descriptors below [`STARVED_FDS`] that may be in the table (as the registered descriptor or
+/// as the set): set under the table's lock when a registration goes in, cleared when `close`
+/// takes the descriptor's out. `close` of any other descriptor below it leaves the table
+/// alone; above it, `close` looks whenever anything is tracked.
+static LISTED: [AtomicU64; STARVED_FDS / 64] = [const { AtomicU64::new(0) }; STARVED_FDS / 64];
 
-fn table() -> MutexGuard<'static, [Reg; TRACKED_MAX]> {
+fn set_listed(fd: c_int, on: bool) {
+    if (0..STARVED_FDS as c_int).contains(&fd) {
+        let bit = 1u64 << (fd % 64);
+        if on {
+            LISTED[fd as usize / 64].fetch_or(bit, Ordering::Relaxed);
+        } else {
+            LISTED[fd as usize / 64].fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `fd` may be in the table (see [`LISTED`]).
+fn maybe_listed(fd: c_int) -> bool {
+    !(0..STARVED_FDS as c_int).contains(&fd)
+        || LISTED[fd as usize / 64].load(Ordering::Relaxed) & (1 << (fd % 64)) != 0
+}
+
+/// The table, locked, with this thread marked as inside a hook while it holds the lock: a
+/// signal handler that interrupts it and calls `epoll_wait`, `epoll_ctl` or `close` goes
+/// straight to the real call instead of waiting for a mutex its own thread holds.
+struct Table {
+    // Declared first, so dropped first: the lock goes before the re-entry mark.
+    lock: MutexGuard<'static, [Reg; TRACKED_MAX]>,
+    _guard: Option<hooks::Guard>,
+}
+
+impl std::ops::Deref for Table {
+    type Target = [Reg; TRACKED_MAX];
+    fn deref(&self) -> &Self::Target {
+        &self.lock
+    }
+}
+
+impl std::ops::DerefMut for Table {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.lock
+    }
+}
+
+/// The locked table; `None` for a call made from inside a hook (a signal handler, the library's
+/// own code) while the table is locked: this thread may be the one holding it, so it is never
+/// waited for there (the call then leaves the table alone, unshaped). Outside a hook the lock is
+/// waited for as usual.
+fn table() -> Option<Table> {
     // Nothing in the table can be left half-written by a panic (plain copies).
-    TABLE.lock().unwrap_or_else(|e| e.into_inner())
+    match hooks::Guard::enter() {
+        Some(g) => Some(Table {
+            lock: TABLE.lock().unwrap_or_else(|e| e.into_inner()),
+            _guard: Some(g),
+        }),
+        None => match TABLE.try_lock() {
+            Ok(lock) => Some(Table { lock, _guard: None }),
+            Err(TryLockError::Poisoned(e)) => Some(Table {
+                lock: e.into_inner(),
+                _guard: None,
+            }),
+            Err(TryLockError::WouldBlock) => None,
+        },
+    }
 }
 
 /// Notes that the shaper failed a call on `fd` with `EAGAIN` (see the module's doc).
@@ -84,7 +145,9 @@ fn take_starved(fd: c_int) -> bool {
 
 /// Records a successful `epoll_ctl` of the caller's.
 fn track(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)>) {
-    let mut t = table();
+    let Some(mut t) = table() else {
+        return;
+    };
     let at = t.iter().position(|r| r.epfd == epfd && r.fd == fd);
     match (op, ev) {
         (libc::EPOLL_CTL_ADD | libc::EPOLL_CTL_MOD, Some((events, data))) => {
@@ -105,6 +168,8 @@ fn track(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)>) {
                 if t[i].epfd < 0 {
                     TRACKED.fetch_add(1, Ordering::Relaxed);
                 }
+                set_listed(epfd, true);
+                set_listed(fd, true);
                 t[i] = Reg {
                     epfd,
                     fd,
@@ -121,6 +186,55 @@ fn track(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)>) {
                 TRACKED.fetch_sub(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// `close(fd)`: the registrations of `fd`, in any set, and those of the set `fd` if it is an
+/// epoll descriptor, leave the table before the descriptor goes (after, its number could be
+/// reused and registered by another thread, and that registration dropped). A registration
+/// whose interest a wait holds back now gets it back first: if the descriptor was duplicated,
+/// the kernel keeps the registration after this close and must not keep it reduced. Cost: with
+/// nothing tracked, or `fd` not [`LISTED`], one or two atomic loads; else a look at the table
+/// under its lock. A close from inside a hook (a signal handler; the library's own descriptors,
+/// such as its segment's while it opens it) never waits for the table.
+///
+/// # Safety
+/// close(2)'s contract.
+pub unsafe fn hook_close(fd: c_int) -> c_int {
+    if TRACKED.load(Ordering::Relaxed) > 0 && fd >= 0 && maybe_listed(fd) {
+        let e = errno();
+        forget(fd);
+        set_errno(e);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { real::close(fd) }
+}
+
+fn forget(fd: c_int) {
+    let mut restore = [(0 as c_int, 0 as c_int, 0u32, 0u64); 8];
+    let mut nr = 0;
+    {
+        let Some(mut t) = table() else {
+            return;
+        };
+        for r in t.iter_mut() {
+            if r.epfd < 0 || (r.fd != fd && r.epfd != fd) {
+                continue;
+            }
+            if r.fd == fd && r.out != 0 && !r.disarmed && nr < restore.len() {
+                restore[nr] = (r.epfd, r.fd, r.events, r.data);
+                nr += 1;
+            }
+            *r = FREE;
+            TRACKED.fetch_sub(1, Ordering::Relaxed);
+        }
+        set_listed(fd, false);
+    }
+    for &(epfd, fd, events, data) in &restore[..nr] {
+        let mut ev = epoll_event { events, u64: data };
+        // SAFETY: `ev` is a valid epoll_event on our stack; a failure (the set is gone) is
+        // nothing to undo.
+        unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) };
     }
 }
 
@@ -152,7 +266,9 @@ fn apply(epfd: c_int, changes: &[(usize, u32)], force: bool) {
     let mut ops = [(0 as c_int, 0u32, 0u64, 0usize); PER_SET_MAX];
     let mut n = 0;
     {
-        let mut t = table();
+        let Some(mut t) = table() else {
+            return;
+        };
         for &(i, out) in changes {
             let r = &mut t[i];
             if r.epfd != epfd || r.disarmed || (!force && r.out == out & r.events) {
@@ -167,7 +283,9 @@ fn apply(epfd: c_int, changes: &[(usize, u32)], force: bool) {
         let mut ev = epoll_event { events, u64: data };
         // SAFETY: `ev` is a valid epoll_event on our stack.
         if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) } != 0 {
-            let mut t = table();
+            let Some(mut t) = table() else {
+                continue;
+            };
             if t[i].epfd == epfd && t[i].fd == fd {
                 t[i] = FREE;
                 TRACKED.fetch_sub(1, Ordering::Relaxed);
@@ -178,7 +296,9 @@ fn apply(epfd: c_int, changes: &[(usize, u32)], force: bool) {
 
 /// Marks the `EPOLLONESHOT` registrations among `got` as fired.
 fn mark_fired(epfd: c_int, got: &[epoll_event]) {
-    let mut t = table();
+    let Some(mut t) = table() else {
+        return;
+    };
     for ev in got {
         let data = ev.u64;
         for r in t.iter_mut() {
@@ -203,7 +323,9 @@ pub unsafe fn epoll_common(
     sigmask: *const sigset_t,
     first: &dyn Fn() -> c_int,
 ) -> c_int {
-    if TRACKED.load(Ordering::Relaxed) == 0 || events.is_null() || max <= 0 {
+    if TRACKED.load(Ordering::Relaxed) == 0 || events.is_null() || max <= 0 || hooks::in_hook() {
+        // Nothing tracked, a call the kernel refuses, or a re-entry (a signal handler that
+        // interrupted a hook of this thread, which may hold the table): the real call.
         return first();
     }
     let finish = |n: c_int| {
@@ -225,7 +347,10 @@ pub unsafe fn epoll_common(
     }; PER_SET_MAX];
     let mut rearm = [(0usize, 0u32); PER_SET_MAX];
     let (mut k, mut nr) = (0, 0);
-    for (i, r) in table().iter().enumerate() {
+    let Some(t) = table() else {
+        return first();
+    };
+    for (i, r) in t.iter().enumerate() {
         if r.epfd != epfd || r.disarmed || k == PER_SET_MAX {
             continue;
         }
@@ -241,6 +366,7 @@ pub unsafe fn epoll_common(
         }
         k += 1;
     }
+    drop(t);
     if k == 0 {
         return first();
     }

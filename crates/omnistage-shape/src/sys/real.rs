@@ -245,6 +245,7 @@ real_fn!(
         timeout: *mut libc::timespec,
     ) -> c_int
 );
+real_fn!(close, c"close", fn(fd: c_int) -> c_int);
 
 /// glibc's `__chk_fail`: reports "buffer overflow detected" and aborts, as a fortified entry
 /// point of glibc's own does when the caller's buffer is shorter than the length it gave.
