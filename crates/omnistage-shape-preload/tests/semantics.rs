@@ -524,3 +524,23 @@ fn a_signal_handler_waiting_on_epoll_inside_epoll_ctl_does_not_deadlock() {
     let r = run("signal-in-epoll", cfg(READ, 1_000_000, 100_000), "");
     assert_eq!(r.get("handler-returned").0, 1);
 }
+
+#[test]
+fn a_blocking_socket_call_waiting_for_tokens_ends_for_a_signal_as_the_real_call_would() {
+    // 300 B/s each way, bursts of 100: after the first 100 bytes a call waits for a third of a
+    // second or more; SIGUSR1 comes every 10 ms.
+    let mut c = cfg(WRITE, 300, 100);
+    c.buckets[READ] = c.buckets[WRITE];
+    let r = run("eintr", c, "");
+    // Without SA_RESTART: the partial count, or EINTR with nothing moved.
+    assert_eq!(r.get("send-partial"), (100, 0));
+    assert_eq!(r.get("send-eintr"), (-1, libc::EINTR));
+    assert_eq!(r.get("recv-first"), (100, 0));
+    assert_eq!(r.get("recv-eintr"), (-1, libc::EINTR));
+    // With SA_RESTART a call that moved nothing waits on: it moves bytes, never EINTR.
+    let (n, e) = r.get("recv-restarted");
+    assert!(n > 0 && e == 0, "recv-restarted {n} {e}");
+    let (n, e) = r.get("send-restarted");
+    assert!(n > 0 && n <= 200 && e == 0, "send-restarted {n} {e}");
+    assert_eq!(r.get("signals").0, 1);
+}

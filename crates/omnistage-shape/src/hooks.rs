@@ -126,6 +126,7 @@ pub fn transfer(
     // `splice` has: the real call moves what the pipe holds or has room for and returns, and
     // a second one would block for bytes or room the caller did not wait for.
     let mut pipe_leg = false;
+    let mut socket_leg = false;
     for leg in legs {
         match sys::classify(leg.fd) {
             FdKind::Other => pipe_leg = true,
@@ -138,6 +139,7 @@ pub fn transfer(
                 nonblocking: nb,
             } => {
                 need.add(Class::Net, leg.dir);
+                socket_leg = true;
                 nonblocking |= nb;
                 message |= m;
                 stream_socket_read |= !m && leg.dir == Dir::Read;
@@ -167,6 +169,10 @@ pub fn transfer(
         || atomic
         || pipe_leg
         || (stream_socket_read && !flags.waitall);
+    // Waiting for a socket or a pipe is interruptible in the kernel (a handler without
+    // `SA_RESTART` ends the call with its partial count or `EINTR`); on a regular file it is
+    // not, and neither is the wait for its tokens.
+    let interruptible = pipe_leg || socket_leg;
     let mut done = 0usize;
     loop {
         let remaining = (want - done) as u64;
@@ -184,7 +190,25 @@ pub fn transfer(
                     sys::set_errno(libc::EAGAIN);
                     return -1;
                 }
-                sys::sleep_until(until);
+                if !interruptible {
+                    let _ = sys::sleep_until(until);
+                    continue;
+                }
+                // With bytes moved, the real call returns their count for any handler that
+                // ran (as a stream socket's send or MSG_WAITALL recv does, with SA_RESTART or
+                // not); with none, it fails with EINTR unless the handler has SA_RESTART.
+                let slept = if done > 0 {
+                    sys::sleep_until(until)
+                } else {
+                    sys::sleep_until_interruptible(until)
+                };
+                if !slept {
+                    if done > 0 {
+                        return done as isize;
+                    }
+                    sys::set_errno(libc::EINTR);
+                    return -1;
+                }
                 continue;
             }
         };

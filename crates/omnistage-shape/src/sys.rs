@@ -47,15 +47,17 @@ pub fn now_ns() -> u64 {
     (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
-/// Sleeps until `until_ns` on CLOCK_MONOTONIC, or until a signal (the caller asks again).
-pub fn sleep_until(until_ns: u64) {
+/// Sleeps until `until_ns` on CLOCK_MONOTONIC, or until a signal handler runs (whatever its
+/// `SA_RESTART`: `clock_nanosleep` is never restarted); `false` then, and the caller decides
+/// whether to ask again. Stop and ignored signals do not end it. Never changes errno.
+pub fn sleep_until(until_ns: u64) -> bool {
     let ts = libc::timespec {
         tv_sec: (until_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (until_ns % 1_000_000_000) as libc::c_long,
     };
     // SAFETY: `ts` is a valid timespec and the remaining-time pointer may be null with
     // TIMER_ABSTIME.
-    unsafe {
+    let r = unsafe {
         libc::clock_nanosleep(
             libc::CLOCK_MONOTONIC,
             libc::TIMER_ABSTIME,
@@ -63,6 +65,57 @@ pub fn sleep_until(until_ns: u64) {
             std::ptr::null_mut(),
         )
     };
+    // clock_nanosleep returns its error (EINTR) instead of setting errno.
+    r != libc::EINTR
+}
+
+/// Sleeps until `until_ns` on CLOCK_MONOTONIC the way a blocking socket call waits: a signal
+/// whose handler has `SA_RESTART` (or no handler) does not end the wait; a handler without it
+/// does, and then this returns `false`. The sleep is a blocking `read` of a timerfd armed for
+/// `until_ns`, which the kernel restarts, or fails with `EINTR`, by the same rule as a socket's
+/// `recv` or `send` (`clock_nanosleep` always fails with `EINTR`, whatever the handler's
+/// flags). The timerfd is made for this wait and closed after it: one kept across waits could
+/// be closed behind our back by the program (`close_range`) and its number given to another
+/// file. Without a timerfd, falls back to [`sleep_until`]. Never changes errno.
+pub fn sleep_until_interruptible(until_ns: u64) -> bool {
+    let e = errno();
+    // SAFETY: timerfd_create has no memory effects; the descriptor is ours until closed below.
+    let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
+    if fd < 0 {
+        let _ = sleep_until(until_ns);
+        set_errno(e);
+        return true;
+    }
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (until_ns / 1_000_000_000) as libc::time_t,
+            // At least 1 ns: an all-zero it_value would disarm the timer instead.
+            tv_nsec: (until_ns % 1_000_000_000).max(u64::from(until_ns < 1_000_000_000))
+                as libc::c_long,
+        },
+    };
+    // SAFETY: `fd` is our timerfd, `spec` a valid itimerspec, the old value may be null.
+    let armed =
+        unsafe { libc::timerfd_settime(fd, libc::TFD_TIMER_ABSTIME, &spec, std::ptr::null_mut()) }
+            == 0;
+    let mut interrupted = false;
+    if armed {
+        let mut ticks = 0u64;
+        // SAFETY: `ticks` is 8 writable bytes, what a timerfd read needs; `fd` is ours.
+        let r = unsafe { real::read(fd, (&mut ticks as *mut u64).cast(), 8) };
+        interrupted = r < 0 && errno() == libc::EINTR;
+    } else {
+        let _ = sleep_until(until_ns);
+    }
+    // SAFETY: `fd` is ours and closed once; the real close (not the hook: it is no
+    // registration of the program's).
+    unsafe { real::close(fd) };
+    set_errno(e);
+    !interrupted
 }
 
 /// Of a fortified entry point (`__read_chk`, …): the caller's buffer holds what it gave as the

@@ -160,6 +160,12 @@ unsafe fn on_signal(sig: c_int, handler: extern "C" fn(c_int), restart: bool) {
     assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
 }
 
+static SIGNALS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+extern "C" fn count_signal(_: c_int) {
+    SIGNALS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
 static HANDLER_EP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 static HANDLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -1046,6 +1052,43 @@ fn main() {
                 add(ep, s, libc::EPOLLIN);
                 helper.join().unwrap();
                 println!("handler-returned {}", HANDLED.load(SeqCst) as u8);
+            }
+            "eintr" => {
+                // Blocking calls waiting for tokens, with SIGUSR1 coming every 10 ms: a handler
+                // without SA_RESTART ends them (the partial count, or EINTR); with it, a call
+                // that moved nothing yet goes on waiting (and one that moved bytes returns
+                // their count, as a TCP send does).
+                use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+                static DONE: AtomicBool = AtomicBool::new(false);
+                let (c, s) = tcp_pair();
+                // The peer's bytes go around the library (a raw system call): they are not
+                // the test's.
+                let data = pattern(1000);
+                libc::syscall(libc::SYS_write, s, data.as_ptr(), 1000);
+                on_signal(libc::SIGUSR1, count_signal, false);
+                let main = libc::pthread_self() as usize;
+                let kicker = std::thread::spawn(move || {
+                    let t0 = std::time::Instant::now();
+                    while !DONE.load(SeqCst) && t0.elapsed().as_secs() < 20 {
+                        libc::pthread_kill(main as libc::pthread_t, libc::SIGUSR1);
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                });
+                let big = pattern(1000);
+                out("send-partial", libc::send(c, big.as_ptr().cast(), 1000, 0));
+                out("send-eintr", libc::send(c, big.as_ptr().cast(), 1000, 0));
+                let mut b = vec![0u8; 1000];
+                out("recv-first", libc::recv(c, b.as_mut_ptr().cast(), 1000, 0));
+                out("recv-eintr", libc::recv(c, b.as_mut_ptr().cast(), 1000, 0));
+                on_signal(libc::SIGUSR1, count_signal, true);
+                out(
+                    "recv-restarted",
+                    libc::recv(c, b.as_mut_ptr().cast(), 1000, 0),
+                );
+                out("send-restarted", libc::send(c, big.as_ptr().cast(), 200, 0));
+                DONE.store(true, SeqCst);
+                kicker.join().unwrap();
+                println!("signals {}", (SIGNALS.load(SeqCst) > 0) as u8);
             }
             "fork-exec" => {
                 // The child (fork) and a program it execs read the file under the same group.

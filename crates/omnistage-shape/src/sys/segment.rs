@@ -63,7 +63,9 @@ impl SegmentMap {
             match Self::try_open(&name, cfg)? {
                 Some(r) => return Ok(r),
                 // The segment was being removed by its last member: try again.
-                None => sleep_until(now_ns() + 2_000_000),
+                None => {
+                    let _ = sleep_until(now_ns() + 2_000_000);
+                }
             }
         }
         Err(format!("group {group}: its segment keeps closing under us"))
@@ -150,7 +152,7 @@ impl SegmentMap {
                     st.st_size
                 ));
             }
-            sleep_until(now_ns() + 1_000_000);
+            let _ = sleep_until(now_ns() + 1_000_000);
         }
         let map = Self::map(fd)?;
         // SAFETY: the mapping is SEGMENT_BYTES long; `magic` is an atomic read by all.
@@ -159,7 +161,7 @@ impl SegmentMap {
             if now_ns() > deadline {
                 return Err(format!("{} was never initialised", name.to_string_lossy()));
             }
-            sleep_until(now_ns() + 1_000_000);
+            let _ = sleep_until(now_ns() + 1_000_000);
         }
         if seg.version != VERSION || seg.size != SEGMENT_BYTES as u64 {
             return Err(format!(
