@@ -544,3 +544,21 @@ fn a_blocking_socket_call_waiting_for_tokens_ends_for_a_signal_as_the_real_call_
     assert!(n > 0 && n <= 200 && e == 0, "send-restarted {n} {e}");
     assert_eq!(r.get("signals").0, 1);
 }
+
+#[test]
+fn bad_pointers_get_efault_not_a_crash() {
+    // Shaped (a rate on everything), so each call takes the library's path.
+    let r = run("efault", cfg(ALL, 100_000_000, 1_000_000), "");
+    for label in [
+        "poll",
+        "epoll-pwait2-timeout",
+        "readv",
+        "writev",
+        "sendmsg",
+        "recvmsg",
+        "sendmsg-iov",
+        "sendmmsg",
+    ] {
+        assert_eq!(r.get(label), (-1, libc::EFAULT), "{label}");
+    }
+}

@@ -118,6 +118,65 @@ pub fn sleep_until_interruptible(until_ns: u64) -> bool {
     !interrupted
 }
 
+/// Whether `len` bytes at `p` can be read now, tested by the kernel (`process_vm_readv` on this
+/// process into a scratch buffer: a bad address fails with `EFAULT` instead of faulting).
+/// Lets a hook hand a bad pointer to the real call, which answers `EFAULT` as it would have
+/// unshaped, instead of dereferencing it. `true` where the kernel refuses the check (no
+/// `process_vm_readv`, a seccomp filter): the hook then goes on as before. Never changes errno.
+pub fn readable(p: *const u8, len: usize) -> bool {
+    if len == 0 {
+        return true;
+    }
+    if p.is_null() {
+        return false;
+    }
+    const SCRATCH: usize = 1024;
+    const PIECES: usize = 32;
+    let mut scratch = [0u8; SCRATCH];
+    // Up to PIECES KiB per check, each local piece the same scratch buffer; the caller's
+    // structures (at most 1,024 iovecs or mmsghdrs, 256 pollfds, a timespec) fit in two checks.
+    let mut at = 0usize;
+    let e = errno();
+    let mut ok = true;
+    while at < len {
+        let n = (len - at).min(SCRATCH * PIECES);
+        let local = [libc::iovec {
+            iov_base: scratch.as_mut_ptr().cast(),
+            iov_len: SCRATCH,
+        }; PIECES];
+        let remote = libc::iovec {
+            // Only read by the kernel (through `process_vm_readv`), never by us.
+            iov_base: p.wrapping_add(at).cast_mut().cast(),
+            iov_len: n,
+        };
+        // SAFETY: the local iovecs all point at our scratch buffer, valid for SCRATCH bytes
+        // each; the remote range is read by the kernel, which checks it.
+        let r = unsafe {
+            libc::process_vm_readv(
+                getpid(),
+                local.as_ptr(),
+                n.div_ceil(SCRATCH) as libc::c_ulong,
+                &remote,
+                1,
+                0,
+            )
+        };
+        if r < 0 {
+            // EFAULT says the range is bad; anything else (ENOSYS, EPERM from a filter) says
+            // nothing: trust the caller as before.
+            ok = errno() != libc::EFAULT;
+            break;
+        }
+        if (r as usize) < n {
+            ok = false;
+            break;
+        }
+        at += n;
+    }
+    set_errno(e);
+    ok
+}
+
 /// Of a fortified entry point (`__read_chk`, …): the caller's buffer holds what it gave as the
 /// length, or the process ends as glibc's own would end it (`__chk_fail`: "buffer overflow
 /// detected", SIGABRT).

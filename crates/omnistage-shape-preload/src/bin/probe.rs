@@ -148,6 +148,23 @@ extern "C" {
     ) -> c_int;
 }
 
+/// A page that cannot be read or written: a pointer the kernel answers with EFAULT.
+///
+/// # Safety
+/// Plain libc use.
+unsafe fn bad_page() -> *mut c_void {
+    let m = libc::mmap(
+        std::ptr::null_mut(),
+        4096,
+        libc::PROT_NONE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        0,
+    );
+    assert_ne!(m, libc::MAP_FAILED);
+    m
+}
+
 /// Installs `handler` for `sig`, with `SA_RESTART` or without.
 ///
 /// # Safety
@@ -1089,6 +1106,31 @@ fn main() {
                 DONE.store(true, SeqCst);
                 kicker.join().unwrap();
                 println!("signals {}", (SIGNALS.load(SeqCst) > 0) as u8);
+            }
+            "efault" => {
+                // Bad pointers: the kernel answers EFAULT, and so must the shaped calls.
+                let (c, _s) = tcp_pair();
+                let bad = bad_page();
+                out("poll", libc::poll(bad.cast(), 1, 0) as isize);
+                // (A bad timeout to ppoll, select or pselect is not here: glibc copies it
+                // before the system call, so the unshaped call faults too.)
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN);
+                let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+                out(
+                    "epoll-pwait2-timeout",
+                    libc::epoll_pwait2(ep, evs.as_mut_ptr(), 4, bad.cast(), std::ptr::null())
+                        as isize,
+                );
+                out("readv", libc::readv(c, bad.cast(), 2));
+                out("writev", libc::writev(c, bad.cast(), 2));
+                out("sendmsg", libc::sendmsg(c, bad.cast(), 0));
+                out("recvmsg", libc::recvmsg(c, bad.cast(), 0));
+                let mut msg: libc::msghdr = std::mem::zeroed();
+                msg.msg_iov = bad.cast();
+                msg.msg_iovlen = 2;
+                out("sendmsg-iov", libc::sendmsg(c, &msg, 0));
+                out("sendmmsg", libc::sendmmsg(c, bad.cast(), 2, 0) as isize);
             }
             "fork-exec" => {
                 // The child (fork) and a program it execs read the file under the same group.

@@ -127,6 +127,11 @@ fn table() -> Option<Table> {
     }
 }
 
+/// Whether any registration is tracked (else every wait is the real call).
+pub(super) fn tracks_any() -> bool {
+    TRACKED.load(Ordering::Relaxed) > 0
+}
+
 /// Notes that the shaper failed a call on `fd` with `EAGAIN` (see the module's doc).
 pub fn note_starved(fd: c_int) {
     if (0..STARVED_FDS as c_int).contains(&fd) {

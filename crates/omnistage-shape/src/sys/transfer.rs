@@ -45,6 +45,13 @@ unsafe fn iov_window(
     n as c_int
 }
 
+/// Whether an iovec array of `cnt` entries (a count the kernel takes) can be read; a bad count
+/// is left to the real call.
+fn iovecs_readable(iov: *const iovec, cnt: c_int) -> bool {
+    !(1..=libc::UIO_MAXIOV).contains(&cnt)
+        || readable(iov.cast(), cnt as usize * std::mem::size_of::<iovec>())
+}
+
 /// Total bytes of an iovec array (saturating), or `None` for a bad count (left to the kernel).
 ///
 /// # Safety
@@ -168,7 +175,12 @@ unsafe fn vectored(
     flags: Flags,
     call: impl Fn(*const iovec, c_int, usize) -> ssize_t,
 ) -> ssize_t {
-    // SAFETY: the caller's contract.
+    if passes_through() || !iovecs_readable(iov, cnt) {
+        // Not shaped, or an iovec array the kernel would refuse with EFAULT: the real call
+        // sees it first.
+        return call(iov, cnt, 0);
+    }
+    // SAFETY: the caller's contract (and the array was readable just now).
     let Some(total) = (unsafe { iov_total(iov, cnt) }) else {
         return call(iov, cnt, 0);
     };
@@ -319,7 +331,12 @@ unsafe fn messages(
     call: impl Fn() -> c_int,
 ) -> c_int {
     let n = (vlen as usize).min(libc::UIO_MAXIOV as usize);
-    if vec.is_null() || n == 0 || flags & libc::MSG_PEEK != 0 || passes_through() {
+    if vec.is_null()
+        || n == 0
+        || flags & libc::MSG_PEEK != 0
+        || passes_through()
+        || !readable(vec.cast(), n * std::mem::size_of::<libc::mmsghdr>())
+    {
         return call();
     }
     // SAFETY: the caller's contract (the array was readable just now): `n <= vlen` headers.
@@ -329,6 +346,9 @@ unsafe fn messages(
         let (iov, cnt) = (h.msg_hdr.msg_iov, h.msg_hdr.msg_iovlen as c_int);
         if cnt == 0 {
             continue;
+        }
+        if !iovecs_readable(iov, cnt) {
+            return call();
         }
         // SAFETY: the header's iovecs, readable just now.
         match unsafe { iov_total(iov, cnt) } {
@@ -500,11 +520,19 @@ unsafe fn message(
     dir: Dir,
     call: impl Fn(*mut msghdr) -> ssize_t,
 ) -> ssize_t {
-    if msg.is_null() || flags & libc::MSG_PEEK != 0 {
+    if msg.is_null()
+        || flags & libc::MSG_PEEK != 0
+        || passes_through()
+        || !readable(msg.cast(), std::mem::size_of::<msghdr>())
+    {
+        // Not shaped, a peek, or a header the kernel would refuse with EFAULT.
         return call(msg);
     }
-    // SAFETY: the caller's contract: `msg` is a valid msghdr.
+    // SAFETY: the caller's contract: `msg` is a valid msghdr (readable just now).
     let (iov, cnt) = unsafe { ((*msg).msg_iov, (*msg).msg_iovlen as c_int) };
+    if !iovecs_readable(iov, cnt) {
+        return call(msg);
+    }
     // SAFETY: the header's iovecs are valid.
     let Some(total) = (unsafe { iov_total(iov, cnt) }) else {
         return call(msg);

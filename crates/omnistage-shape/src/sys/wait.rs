@@ -27,10 +27,15 @@ unsafe fn poll_common(
         unsafe { real::ppoll(fds, n, tp, sigmask) }
     };
     let user_timeout = || deadline_ns.map(|d| d.saturating_sub(now_ns()));
-    if fds.is_null() || n == 0 {
+    let k = (n as usize).min(POLL_HELD_MAX);
+    if fds.is_null()
+        || n == 0
+        || passes_through()
+        || !readable(fds.cast(), k * std::mem::size_of::<pollfd>())
+    {
+        // Nothing to hold, not shaped, or pollfds the kernel would refuse with EFAULT.
         return call(user_timeout());
     }
-    let k = (n as usize).min(POLL_HELD_MAX);
     // SAFETY: the caller's contract: `n >= k` pollfds at `fds`, ours to change during the call.
     let pfds = unsafe { std::slice::from_raw_parts_mut(fds, k) };
     let mut asks = [PollAsk {
@@ -88,7 +93,8 @@ pub unsafe fn hook_ppoll(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    // SAFETY: a non-null `ts` is the caller's valid timespec.
+    // SAFETY: a non-null `ts` is the caller's valid timespec (glibc's own ppoll reads it
+    // before the system call: a bad one faults unshaped too).
     let deadline = (!ts.is_null()).then(|| unsafe { deadline_in((*ts).tv_sec, (*ts).tv_nsec) });
     // SAFETY: the caller's contract.
     unsafe { poll_common(fds, n, deadline, mask) }
@@ -260,6 +266,11 @@ unsafe fn store_set(set: *mut libc::fd_set, ours: &libc::fd_set, words: usize) {
     };
 }
 
+/// Whether a caller's timeout (null: none) can be read.
+fn timeout_readable(t: *const libc::timespec) -> bool {
+    t.is_null() || readable(t.cast(), std::mem::size_of::<libc::timespec>())
+}
+
 /// Now plus a caller's timeout (negative parts count as 0), on our clock.
 pub(super) fn deadline_in(sec: libc::time_t, ns: i64) -> u64 {
     now_ns()
@@ -283,11 +294,12 @@ pub unsafe fn hook_select(
     e: *mut libc::fd_set,
     tv: *mut libc::timeval,
 ) -> c_int {
-    // SAFETY: a non-null `tv` is the caller's valid timeval.
-    let deadline =
-        (!tv.is_null()).then(|| unsafe { deadline_in((*tv).tv_sec, (*tv).tv_usec * 1_000) });
     // SAFETY: the caller's contract, passed on unchanged to the real call.
     let first = || unsafe { real::select(nfds, r, w, e, tv) };
+    // SAFETY: a non-null `tv` is the caller's valid timeval (glibc's own select reads it
+    // before the system call: a bad one faults unshaped too).
+    let deadline =
+        (!tv.is_null()).then(|| unsafe { deadline_in((*tv).tv_sec, (*tv).tv_usec * 1_000) });
     // SAFETY: the caller's contract.
     let (res, held) = unsafe { select_common(nfds, r, w, e, deadline, std::ptr::null(), &first) };
     if let (true, Some(d)) = (held, deadline) {
@@ -312,10 +324,11 @@ pub unsafe fn hook_pselect(
     ts: *const libc::timespec,
     mask: *const libc::sigset_t,
 ) -> c_int {
-    // SAFETY: a non-null `ts` is the caller's valid timespec.
-    let deadline = (!ts.is_null()).then(|| unsafe { deadline_in((*ts).tv_sec, (*ts).tv_nsec) });
     // SAFETY: the caller's contract, passed on unchanged to the real call.
     let first = || unsafe { real::pselect(nfds, r, w, e, ts, mask) };
+    // SAFETY: a non-null `ts` is the caller's valid timespec (glibc's own pselect reads it
+    // before the system call: a bad one faults unshaped too).
+    let deadline = (!ts.is_null()).then(|| unsafe { deadline_in((*ts).tv_sec, (*ts).tv_nsec) });
     // SAFETY: the caller's contract.
     unsafe { select_common(nfds, r, w, e, deadline, mask, &first).0 }
 }
@@ -375,7 +388,12 @@ pub unsafe fn hook_epoll_pwait2(
 ) -> c_int {
     // SAFETY: the caller's contract, passed on unchanged to the real call.
     let first = || unsafe { real::epoll_pwait2(epfd, ev, max, timeout, mask) };
-    // SAFETY: a non-null `timeout` is the caller's valid timespec.
+    if !super::epoll::tracks_any() || !timeout_readable(timeout) {
+        // Nothing tracked (`epoll_common` would make the real call), or a timeout the kernel
+        // would refuse with EFAULT (glibc's epoll_pwait2 hands it on unread).
+        return first();
+    }
+    // SAFETY: a non-null `timeout` is the caller's timespec, readable just now.
     let deadline =
         (!timeout.is_null()).then(|| unsafe { deadline_in((*timeout).tv_sec, (*timeout).tv_nsec) });
     // SAFETY: the caller's contract.
