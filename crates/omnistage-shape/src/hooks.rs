@@ -4,7 +4,10 @@
 //! module sees lengths, descriptors and results.
 //!
 //! Semantics kept:
-//! - A blocking call waits for tokens (sleeping on the monotonic clock, never spinning). A
+//! - A blocking call waits for tokens (sleeping on the monotonic clock, never spinning); on a
+//!   socket or a pipe, a signal handler ends that wait as it would end the kernel's wait in the
+//!   real call (`EINTR` unless `SA_RESTART` with nothing moved, the partial count with bytes
+//!   moved; `sys::sleep_until_interruptible`); on a file it does not. A
 //!   blocking transfer on a file, or any blocking write or send, moves all its bytes in granted
 //!   pieces and returns short only when the real call does (end of file, a full disk, an error
 //!   after some bytes). A blocking read from a stream socket returns after one real call, as

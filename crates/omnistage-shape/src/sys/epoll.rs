@@ -8,6 +8,10 @@
 //! one when the tokens are there; a descriptor that got a shaper's `EAGAIN` and is no longer
 //! throttled when the program next waits is re-armed the same way.
 //!
+//! `close` takes a descriptor's registrations (and a closed set's) out of the table. The table's
+//! mutex is never waited for from inside a hook (a signal handler interrupting one): see
+//! `table`.
+//!
 //! Limits: at most [`TRACKED_MAX`] registrations are tracked (beyond: waited on as asked, the
 //! program may spin on them); `EPOLLEXCLUSIVE` registrations are never tracked (the kernel
 //! refuses `EPOLL_CTL_MOD` on them); a thread changing a registration with `epoll_ctl` while
