@@ -16,6 +16,11 @@
 //! per (source stage, destination stage) edge per core (SEDA's profiler): the stage graph as
 //! measured.
 //!
+//! A removed activity's cells are folded into its core's aggregate of retired activities
+//! ([`Ledger::retire`]): one cell per (stage, core) under the reserved id [`RETIRED`], so every
+//! total stays what it was and a server that adds and removes tenants for months keeps at most
+//! one retired cell per stage per core instead of every removed tenant's.
+//!
 //! This layer is pure: it never reads a clock; costs arrive as numbers.
 
 use std::collections::BTreeMap;
@@ -26,6 +31,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub type ActivityId = u32;
 /// Dense id of a stage (index in the stage table).
 pub type StageId = u32;
+
+/// The reserved activity id under which the ledger keeps what removed activities were charged
+/// ([`Ledger::retire`]): snapshots and latencies show it as one row per (stage, core), and
+/// `by_activity` as one more activity. The activity table never gives out this id.
+pub const RETIRED: ActivityId = ActivityId::MAX;
 
 /// A counter written by one thread and read by any.
 #[derive(Debug, Default)]
@@ -77,6 +87,24 @@ pub struct Cell {
     pub wait_hist: Histogram,
     /// Per message: time from enqueue to the end of its dispatch (its batch's), ns.
     pub response_hist: Histogram,
+}
+
+impl Cell {
+    /// Adds everything `other` counted to this cell. Only this cell's writer may call it
+    /// (single writer), and `other` must have no writer left (it is being retired).
+    fn absorb(&self, other: &Cell) {
+        self.cpu_ns.add(other.cpu_ns.get());
+        self.dispatches.add(other.dispatches.get());
+        self.messages.add(other.messages.get());
+        self.queue_wait_ns.add(other.queue_wait_ns.get());
+        self.panics.add(other.panics.get());
+        self.bytes_in.add(other.bytes_in.get());
+        self.bytes_out.add(other.bytes_out.get());
+        self.disk_bytes.add(other.disk_bytes.get());
+        self.disk_write_bytes.add(other.disk_write_bytes.get());
+        self.wait_hist.absorb(&other.wait_hist.snapshot());
+        self.response_hist.absorb(&other.response_hist.snapshot());
+    }
 }
 
 /// Buckets of a latency [`Histogram`].
@@ -141,6 +169,17 @@ impl Histogram {
     pub fn record(&self, v: u64) {
         self.buckets[Self::bucket_of(v)].add(1);
         self.sum.add(v);
+    }
+
+    /// Adds a snapshot's counts and sum (wrapping, as recording does). Single writer, as
+    /// [`Histogram::record`].
+    pub fn absorb(&self, s: &HistSnapshot) {
+        for (b, &c) in self.buckets.iter().zip(s.counts.iter()) {
+            if c != 0 {
+                b.add(c);
+            }
+        }
+        self.sum.add(s.sum);
     }
 
     /// A copy of the counts (each bucket exact to within the record in progress).
@@ -418,6 +457,52 @@ impl Ledger {
         Some(cell)
     }
 
+    /// Folds every cell of `activity` on `core` into that core's cell of (`RETIRED`, stage),
+    /// stage by stage, and frees them: every total the ledger reports (snapshot rows summed
+    /// over activities, latencies, per-stage sums) stays exactly what it was. Returns how many
+    /// cells were freed. Only `core`'s worker may call this (it writes the retired cells as
+    /// their single writer), once nothing writes the activity's cells any more (a debug
+    /// assertion checks that no one else holds them). The retired cells are outside
+    /// [`CELLS_PER_CORE_MAX`]'s check: there is at most one per stage.
+    pub fn retire(&self, core: usize, activity: ActivityId) -> usize {
+        assert_ne!(activity, RETIRED, "the retired aggregate cannot be retired");
+        let mut cells = self.cores[core].cells.lock().expect("ledger lock");
+        let keys: Vec<(ActivityId, StageId)> = cells
+            .range((activity, 0)..=(activity, StageId::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for &(a, stage) in &keys {
+            let cell = cells.remove(&(a, stage)).expect("listed just above");
+            debug_assert_eq!(
+                Arc::strong_count(&cell),
+                1,
+                "a retired cell of activity {a} (stage {stage}) is still held by a writer"
+            );
+            cells
+                .entry((RETIRED, stage))
+                .or_insert_with(|| Arc::new(Cell::default()))
+                .absorb(&cell);
+        }
+        keys.len()
+    }
+
+    /// The cell of (`RETIRED`, stage) on `core`, created on first use: where a record for an
+    /// activity that is gone is charged (only `core`'s worker writes it).
+    pub fn retired_cell(&self, core: usize, stage: StageId) -> Arc<Cell> {
+        self.cores[core]
+            .cells
+            .lock()
+            .expect("ledger lock")
+            .entry((RETIRED, stage))
+            .or_insert_with(|| Arc::new(Cell::default()))
+            .clone()
+    }
+
+    /// Cells on `core` now (the retired aggregate's included).
+    pub fn cell_count(&self, core: usize) -> usize {
+        self.cores[core].cells.lock().expect("ledger lock").len()
+    }
+
     /// Loop counters of `core` (written by that core's worker only).
     pub fn core(&self, core: usize) -> &CoreCounters {
         &self.cores[core].counters
@@ -598,7 +683,9 @@ impl CoreRow {
     }
 }
 
-/// A copy of the ledger at one moment.
+/// A copy of the ledger at one moment. What removed activities were charged shows in rows of
+/// the reserved activity [`RETIRED`] (one per stage and core that had any), so sums over
+/// `rows` keep every record ever charged.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Snapshot {
     pub rows: Vec<Row>,
@@ -879,6 +966,99 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// Retiring an activity frees its cells and moves every count into the retired aggregate
+    /// of its core, stage by stage: totals, per-stage sums and latency histograms are unchanged.
+    #[test]
+    fn retiring_folds_cells_into_the_aggregate_and_keeps_totals() {
+        let l = Ledger::new(2);
+        let fill = |c: &Cell, k: u64| {
+            c.cpu_ns.add(100 * k);
+            c.dispatches.add(k);
+            c.messages.add(2 * k);
+            c.queue_wait_ns.add(7 * k);
+            c.panics.add(k);
+            c.bytes_in.add(3 * k);
+            c.bytes_out.add(5 * k);
+            c.disk_bytes.add(11 * k);
+            c.disk_write_bytes.add(13 * k);
+            c.wait_hist.record(1_000 * k);
+            c.response_hist.record(9_000 * k);
+        };
+        for (a, k) in [(5u32, 1u64), (6, 2), (7, 3)] {
+            fill(&l.cell(0, a, 0).unwrap(), k);
+            fill(&l.cell(0, a, 1).unwrap(), k);
+            fill(&l.cell(1, a, 0).unwrap(), k);
+        }
+        let before = l.snapshot();
+        let lat_before = l.latencies();
+        let sum = |s: &Snapshot| {
+            let mut t = Row::default();
+            for r in &s.rows {
+                t.add(r);
+            }
+            (
+                t.cpu_ns,
+                t.dispatches,
+                t.messages,
+                t.queue_wait_ns,
+                t.panics,
+            )
+        };
+        let sum_bytes = |s: &Snapshot| {
+            let mut t = Row::default();
+            for r in &s.rows {
+                t.add(r);
+            }
+            (t.bytes_in, t.bytes_out, t.disk_bytes, t.disk_write_bytes)
+        };
+        let hist_total = |rows: &[LatencyRow]| {
+            let (mut w, mut r) = (HistSnapshot::default(), HistSnapshot::default());
+            for x in rows {
+                w.add(&x.wait);
+                r.add(&x.response);
+            }
+            (w, r)
+        };
+        assert_eq!(l.cell_count(0), 6);
+        assert_eq!(l.retire(0, 5), 2);
+        assert_eq!(l.retire(0, 6), 2);
+        assert_eq!(l.retire(1, 5), 1);
+        assert_eq!(l.retire(1, 9), 0);
+        // Activity 7's two cells stay; 5's and 6's became one retired cell per stage.
+        assert_eq!(l.cell_count(0), 4);
+        assert_eq!(l.cell_count(1), 3);
+        let after = l.snapshot();
+        assert_eq!(sum(&after), sum(&before));
+        assert_eq!(sum_bytes(&after), sum_bytes(&before));
+        assert_eq!(after.cpu_ns_total(), before.cpu_ns_total());
+        assert_eq!(hist_total(&l.latencies()), hist_total(&lat_before));
+        // Per stage too.
+        let stage_cpu = |s: &Snapshot, st: StageId| -> u64 {
+            s.rows
+                .iter()
+                .filter(|r| r.stage == st)
+                .map(|r| r.cpu_ns)
+                .sum()
+        };
+        for st in [0, 1] {
+            assert_eq!(stage_cpu(&after, st), stage_cpu(&before, st));
+        }
+        let r0 = after
+            .rows
+            .iter()
+            .find(|r| (r.activity, r.stage, r.core) == (RETIRED, 0, 0))
+            .unwrap();
+        assert_eq!((r0.cpu_ns, r0.messages, r0.disk_write_bytes), (300, 6, 39));
+        let by: BTreeMap<ActivityId, Row> = after.by_activity().into_iter().collect();
+        // 5 is gone everywhere; 6 keeps its cell on core 1, which was not retired.
+        assert!(!by.contains_key(&5));
+        assert_eq!(by[&6].cpu_ns, 200);
+        assert_eq!(by[&RETIRED].cpu_ns, 100 + 100 + 100 + 200 + 200);
+        // Retiring the same id again finds nothing; a new cell for it would start fresh.
+        assert_eq!(l.retire(0, 5), 0);
+        assert_eq!(l.cell(0, 5, 0).unwrap().cpu_ns.get(), 0);
     }
 
     #[test]
