@@ -10,9 +10,9 @@
 //!
 //! Pure: no clock, no threads. `exec` wraps the table in a lock and tells workers what changed.
 
-use crate::account::ActivityId;
+use crate::account::{ActivityId, RETIRED};
 use crate::sched::{PolicyKind, ShaperSpec, SharedTag, WEIGHT_DEFAULT, WEIGHT_MAX, WEIGHT_MIN};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Id of the root activity `/`.
@@ -155,9 +155,16 @@ fn parent_path(path: &str) -> &str {
 }
 
 /// The activity tree.
+///
+/// Ids are never reused (a message tagged with a removed activity can never be charged to a
+/// new one that took its place), so the live activities are kept in a map by id: a removed
+/// activity leaves nothing behind here, and the table's memory follows the live count
+/// ([`ACTIVITIES_MAX`] at most), not the number of ids ever given out.
 #[derive(Debug)]
 pub struct ActivityTable {
-    entries: Vec<Option<Activity>>,
+    entries: BTreeMap<ActivityId, Activity>,
+    /// The next id to give out; ids run up to [`RETIRED`] (excluded), then creation is refused.
+    next_id: ActivityId,
     by_path: HashMap<String, ActivityId>,
     /// Bumped on every accepted change.
     version: u64,
@@ -173,18 +180,22 @@ impl ActivityTable {
     /// A table holding `/` and `/infra`.
     pub fn new() -> Self {
         let mut t = ActivityTable {
-            entries: Vec::new(),
+            entries: BTreeMap::new(),
+            next_id: ROOT + 1,
             by_path: HashMap::new(),
             version: 0,
         };
-        t.entries.push(Some(Activity {
-            id: ROOT,
-            path: "/".into(),
-            parent: None,
-            spec: ActivitySpec::default(),
-            children: Vec::new(),
-            tag: Arc::new(SharedTag::default()),
-        }));
+        t.entries.insert(
+            ROOT,
+            Activity {
+                id: ROOT,
+                path: "/".into(),
+                parent: None,
+                spec: ActivitySpec::default(),
+                children: Vec::new(),
+                tag: Arc::new(SharedTag::default()),
+            },
+        );
         t.by_path.insert("/".into(), ROOT);
         let infra = t
             .create("/infra", ActivitySpec::default())
@@ -194,12 +205,16 @@ impl ActivityTable {
         t
     }
 
+    fn live_mut(&mut self, id: ActivityId) -> &mut Activity {
+        self.entries.get_mut(&id).expect("live activity")
+    }
+
     pub fn version(&self) -> u64 {
         self.version
     }
 
     pub fn get(&self, id: ActivityId) -> Option<&Activity> {
-        self.entries.get(id as usize).and_then(|e| e.as_ref())
+        self.entries.get(&id)
     }
 
     pub fn lookup(&self, path: &str) -> Option<ActivityId> {
@@ -212,7 +227,7 @@ impl ActivityTable {
 
     /// Live activities in id order.
     pub fn iter(&self) -> impl Iterator<Item = &Activity> {
-        self.entries.iter().flatten()
+        self.entries.values()
     }
 
     pub fn len(&self) -> usize {
@@ -249,26 +264,26 @@ impl ActivityTable {
         let parent = self
             .lookup(parent_path(path))
             .ok_or_else(|| ActivityError::NoParent(path.into()))?;
-        if self.by_path.len() >= ACTIVITIES_MAX {
+        if self.by_path.len() >= ACTIVITIES_MAX || self.next_id == RETIRED {
             return Err(ActivityError::TooMany);
         }
         // Ids are never reused: a message tagged with a removed activity can never be charged
         // to a new one that took its place.
-        let id = self.entries.len() as ActivityId;
-        self.entries.push(Some(Activity {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.entries.insert(
             id,
-            path: path.into(),
-            parent: Some(parent),
-            spec,
-            children: Vec::new(),
-            tag: Arc::new(SharedTag::default()),
-        }));
+            Activity {
+                id,
+                path: path.into(),
+                parent: Some(parent),
+                spec,
+                children: Vec::new(),
+                tag: Arc::new(SharedTag::default()),
+            },
+        );
         self.by_path.insert(path.into(), id);
-        self.entries[parent as usize]
-            .as_mut()
-            .expect("parent live")
-            .children
-            .push(id);
+        self.live_mut(parent).children.push(id);
         self.version += 1;
         Ok(id)
     }
@@ -297,7 +312,7 @@ impl ActivityTable {
     /// Changes an activity's spec.
     pub fn set(&mut self, id: ActivityId, spec: ActivitySpec) -> Result<(), ActivityError> {
         spec.validate()?;
-        let a = self.entries.get_mut(id as usize).and_then(|e| e.as_mut());
+        let a = self.entries.get_mut(&id);
         let a = a.ok_or_else(|| ActivityError::NotFound(format!("#{id}")))?;
         if id == ROOT && spec.cap.is_some() {
             return Err(ActivityError::Protected("/".into()));
@@ -318,14 +333,10 @@ impl ActivityTable {
         if !a.children.is_empty() {
             return Err(ActivityError::HasChildren(a.path.clone()));
         }
-        let a = self.entries[id as usize].take().expect("checked");
+        let a = self.entries.remove(&id).expect("checked");
         self.by_path.remove(&a.path);
         let parent = a.parent.expect("non-root has parent");
-        self.entries[parent as usize]
-            .as_mut()
-            .expect("parent live")
-            .children
-            .retain(|&c| c != id);
+        self.live_mut(parent).children.retain(|&c| c != id);
         self.version += 1;
         Ok(a)
     }
@@ -372,22 +383,14 @@ impl ActivityTable {
             renames.push((x, p.clone(), np));
         }
         let old_parent = self.get(id).expect("live").parent.expect("non-root");
-        self.entries[old_parent as usize]
-            .as_mut()
-            .expect("live")
-            .children
-            .retain(|&c| c != id);
-        self.entries[new_parent as usize]
-            .as_mut()
-            .expect("live")
-            .children
-            .push(id);
+        self.live_mut(old_parent).children.retain(|&c| c != id);
+        self.live_mut(new_parent).children.push(id);
         for (x, old, new) in renames {
             self.by_path.remove(&old);
             self.by_path.insert(new.clone(), x);
-            self.entries[x as usize].as_mut().expect("live").path = new;
+            self.live_mut(x).path = new;
         }
-        let a = self.entries[id as usize].as_mut().expect("live");
+        let a = self.live_mut(id);
         a.parent = Some(new_parent);
         a.tag = Arc::new(SharedTag::default());
         self.version += 1;
