@@ -219,6 +219,9 @@ impl Builder {
             mailboxes,
             core_pending: (0..self.workers).map(|_| CachePadded::default()).collect(),
             core_timers: (0..self.workers).map(|_| CachePadded::default()).collect(),
+            footprints: (0..self.workers)
+                .map(|_| FootprintCounters::default())
+                .collect(),
             timers_max: self.timers_max,
             affinity: AffinityTable::new(AFFINITY_SHARDS, self.affinity_ttl_ns),
             stopping: AtomicBool::new(false),

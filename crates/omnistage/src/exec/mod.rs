@@ -403,6 +403,8 @@ pub(crate) struct Shared {
     pub(crate) core_timers: Vec<CachePadded>,
     /// Most timers per core ([`Builder::timers_max`], at most [`TIMERS_MAX`]).
     pub(crate) timers_max: usize,
+    /// What each worker holds per activity, as it last published it ([`Runtime::footprint`]).
+    pub(crate) footprints: Vec<FootprintCounters>,
     affinity: AffinityTable,
     pub(crate) stopping: AtomicBool,
     pub(crate) bypass: bool,
@@ -413,6 +415,30 @@ pub(crate) struct Shared {
     pub(crate) tasks: Option<task::TaskShared>,
     /// The CPUs the workers are pinned to, in core order (empty when they are not pinned).
     worker_cpus: Vec<usize>,
+}
+
+/// What one worker holds for activities, as [`Runtime::footprint`] reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CoreFootprint {
+    pub core: usize,
+    /// Activities the worker keeps an entry for (live ones it has seen, and removed ones whose
+    /// queues there are still draining).
+    pub activities: usize,
+    /// Nodes in its scheduling tree (root, activity nodes and (stage, activity) leaves).
+    pub tree_nodes: usize,
+    /// Its (stage, activity) queues.
+    pub queues: usize,
+    /// Its ledger cells.
+    pub cells: usize,
+}
+
+/// A worker's counts behind [`CoreFootprint`], published by the worker whenever they change
+/// (on activity changes and new queues, never per message).
+#[derive(Default)]
+pub(crate) struct FootprintCounters {
+    pub(crate) activities: AtomicUsize,
+    pub(crate) tree_nodes: AtomicUsize,
+    pub(crate) queues: AtomicUsize,
 }
 
 /// An `AtomicUsize` on its own cache line, so cores do not share lines of each other's counts.
@@ -767,6 +793,25 @@ impl Runtime {
     /// A copy of the ledger.
     pub fn snapshot(&self) -> Snapshot {
         self.shared.ledger.snapshot()
+    }
+
+    /// What each worker holds for activities now: its activity entries, tree nodes,
+    /// (stage, activity) queues and ledger cells. The worker counts are as it last published
+    /// them (each worker does so whenever one changes, between dispatches), so they lag a
+    /// control message or a first send by at most the worker's current dispatch.
+    pub fn footprint(&self) -> Vec<CoreFootprint> {
+        let s = &self.shared;
+        s.footprints
+            .iter()
+            .enumerate()
+            .map(|(core, f)| CoreFootprint {
+                core,
+                activities: f.activities.load(Ordering::Acquire),
+                tree_nodes: f.tree_nodes.load(Ordering::Acquire),
+                queues: f.queues.load(Ordering::Acquire),
+                cells: s.ledger.cell_count(core),
+            })
+            .collect()
     }
 
     /// Runs `f` over the activity table (read-only).

@@ -507,6 +507,8 @@ pub(crate) struct CoreState {
     bypass_fifo: VecDeque<NodeId>,
     leaves: Vec<Option<LeafInfo>>,
     queues: Vec<Box<dyn Any>>,
+    /// (stage, activity) queues on this core.
+    queue_count: usize,
     activities: IdMap<ActivityId, LocalActivity>,
     gate_cache: IdMap<(StageId, ActivityId), Arc<Gate>>,
     timers: BinaryHeap<Timer>,
@@ -555,7 +557,8 @@ impl CoreState {
                 },
             );
         }
-        CoreState {
+        drop(table);
+        let st = CoreState {
             core,
             tree,
             bypass: shared.bypass,
@@ -565,6 +568,7 @@ impl CoreState {
                 .iter()
                 .map(|h| h.as_ref().expect("handler present at start").new_queues())
                 .collect(),
+            queue_count: 0,
             activities,
             gate_cache: IdMap::default(),
             timers: BinaryHeap::new(),
@@ -582,7 +586,9 @@ impl CoreState {
             io_free: Vec::new(),
             io_live: 0,
             record_cells: IdMap::default(),
-        }
+        };
+        st.publish_footprint(shared);
+        st
     }
 
     fn record_cell(&mut self, shared: &Shared, activity: ActivityId) -> Option<&Cell> {

@@ -277,6 +277,16 @@ impl Tree {
         }
     }
 
+    /// Live nodes (the root included): what the tree holds now, not its high-water mark.
+    pub fn len(&self) -> usize {
+        self.nodes.len() - self.free.len()
+    }
+
+    /// Never: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
     /// Whether `id` names a live node.
     pub fn contains(&self, id: NodeId) -> bool {
         self.node(id).is_ok()

@@ -103,6 +103,7 @@ impl CoreState {
             ActivityInfo::of(&t, id)
         };
         self.upsert(info);
+        self.publish_footprint(shared);
         true
     }
 
@@ -197,6 +198,8 @@ impl CoreState {
             in_bypass: false,
             cell,
         });
+        self.queue_count += 1;
+        self.publish_footprint(shared);
         Ok(q)
     }
 
@@ -248,5 +251,13 @@ impl CoreState {
             .0
             .fetch_sub(1, Ordering::AcqRel);
         self.dropped += 1;
+    }
+
+    /// Publishes this core's counts for [`Runtime::footprint`](crate::exec::Runtime::footprint).
+    pub(super) fn publish_footprint(&self, shared: &Shared) {
+        let f = &shared.footprints[self.core];
+        f.activities.store(self.activities.len(), Ordering::Release);
+        f.tree_nodes.store(self.tree.len(), Ordering::Release);
+        f.queues.store(self.queue_count, Ordering::Release);
     }
 }

@@ -218,6 +218,7 @@ fn run_loop<const ACCOUNTED: bool>(
                     Control::Stop => stop = true,
                 }
             }
+            st.publish_footprint(shared);
         }
         let mut drained = 0;
         while drained < MAILBOX_DRAIN_MAX {
