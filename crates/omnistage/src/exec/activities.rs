@@ -108,7 +108,11 @@ impl Runtime {
         activity: ActivityId,
         bytes: ExternalBytes,
     ) -> Result<(), RuntimeError> {
-        if !self.with_activities(|t| t.get(activity).is_some()) {
+        // The table stays read-locked until the bytes are in: a removal waits for this, so
+        // the cell (and these bytes) are there when core 0 retires the activity, and no cell
+        // is made for it after that. Declared first, dropped last (after `cell`).
+        let table = self.shared.activities.read().expect("activities lock");
+        if table.get(activity).is_none() {
             return Err(ActivityError::NotFound(format!("#{activity}")).into());
         }
         let cell = self

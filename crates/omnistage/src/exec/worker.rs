@@ -7,7 +7,7 @@ use super::lost_time::LostTime;
 use super::wake_queue::WakeQueue;
 use super::{sys, Destination, HandlerFactory, SendError, SendOpts, Shared, StageRef, LOOP_STAGE};
 use super::{DELAY_MAX_NS, MAILBOX_DRAIN_MAX};
-use crate::account::{ActivityId, Cell, EdgeFrom, StageId};
+use crate::account::{ActivityId, Cell, EdgeFrom, StageId, RETIRED};
 use crate::activity::{ActivitySpec, ActivityTable, INFRA, ROOT};
 use crate::admit::Verdict;
 use crate::sched::{ClientParams, NodeId, SharedTag, Tree};
@@ -24,7 +24,7 @@ mod ctx;
 mod run_loop;
 
 pub(crate) use activities::ActivityInfo;
-use activities::LocalActivity;
+use activities::{LocalActivity, QueueOps};
 
 pub use ctx::{Ctx, DeferredResponse};
 pub(crate) use run_loop::run;
@@ -203,7 +203,9 @@ impl<M: Send + 'static> Deliver for Remote<M> {
         } else {
             enq_ns
         };
-        match st.queue_index::<M>(shared, stage, activity) {
+        // Admitted before any removal of its activity: a removed activity still draining here
+        // takes it.
+        match st.queue_index_in::<M>(shared, stage, activity, Some(&gate)) {
             Ok(q) => {
                 if delayed {
                     // Its queue place, taken now that it is due (not held over its delay):
@@ -291,6 +293,11 @@ struct LeafInfo {
     in_bypass: bool,
     /// The queue's ledger cell (the same `Arc` the typed queue holds).
     cell: Arc<Cell>,
+    /// Its activity was removed and still had messages here: the dispatch that leaves this
+    /// queue empty checks whether the activity's queues on this core are all drained, and if
+    /// so retires them (`CoreState::retire_if_drained`). Read with the leaf's stage and queue
+    /// before the dispatch: the only cost to a live activity is a branch on it.
+    retiring: bool,
 }
 
 /// What one dispatch did.
@@ -309,6 +316,8 @@ pub(crate) struct Batch {
 /// A stage's handler with its message type erased.
 pub(crate) trait ErasedStage {
     fn new_queues(&self) -> Box<dyn Any>;
+    /// The typed operations a retirement needs on this stage's queues.
+    fn queue_ops(&self) -> QueueOps;
     /// Handles up to `batch_max` messages of queue `q` with accounting: the messages' queue
     /// waits are summed and their enqueue times kept for the histograms and the gate's
     /// controller.
@@ -357,6 +366,10 @@ where
             qs: Vec::new(),
             by_activity: IdMap::default(),
         })
+    }
+
+    fn queue_ops(&self) -> QueueOps {
+        QueueOps::of::<M>()
     }
 
     fn backlogged(&self, st: &mut CoreState, q: u32) -> bool {
@@ -507,9 +520,15 @@ pub(crate) struct CoreState {
     bypass_fifo: VecDeque<NodeId>,
     leaves: Vec<Option<LeafInfo>>,
     queues: Vec<Box<dyn Any>>,
+    /// Per stage: what retiring one of its queues needs (typed code behind a fn pointer).
+    queue_ops: Vec<QueueOps>,
     /// (stage, activity) queues on this core.
     queue_count: usize,
     activities: IdMap<ActivityId, LocalActivity>,
+    /// Activities removed since the mailbox was last emptied: once it has been, the messages
+    /// sent to them before their removal are in their queues, and each is retired at once
+    /// (nothing queued) or when its last queue here drains.
+    retiring: Vec<ActivityId>,
     gate_cache: IdMap<(StageId, ActivityId), Arc<Gate>>,
     timers: BinaryHeap<Timer>,
     timer_seq: u64,
@@ -550,11 +569,10 @@ impl CoreState {
         for a in table.iter() {
             activities.insert(
                 a.id,
-                LocalActivity {
-                    info: ActivityInfo::of(&table, a.id),
-                    node: (a.id == ROOT).then_some(tree.root()),
-                    removed: false,
-                },
+                LocalActivity::new(
+                    ActivityInfo::of(&table, a.id),
+                    (a.id == ROOT).then_some(tree.root()),
+                ),
             );
         }
         drop(table);
@@ -568,8 +586,13 @@ impl CoreState {
                 .iter()
                 .map(|h| h.as_ref().expect("handler present at start").new_queues())
                 .collect(),
+            queue_ops: handlers
+                .iter()
+                .map(|h| h.as_ref().expect("handler present at start").queue_ops())
+                .collect(),
             queue_count: 0,
             activities,
+            retiring: Vec::new(),
             gate_cache: IdMap::default(),
             timers: BinaryHeap::new(),
             timer_seq: 0,
@@ -591,13 +614,29 @@ impl CoreState {
         st
     }
 
+    /// The cell a handler's explicit record for `activity` goes to. A record for an activity
+    /// that is gone (removed, and retired here or never seen here) goes to the retired
+    /// aggregate of its stage, so it is neither lost nor the start of a cell that nothing
+    /// would free.
     fn record_cell(&mut self, shared: &Shared, activity: ActivityId) -> Option<&Cell> {
-        let key = (activity, self.current_stage);
+        let mut key = (activity, self.current_stage);
         if !self.record_cells.contains_key(&key) {
-            let cell = shared
-                .ledger
-                .cell(self.core, activity, self.current_stage)?;
-            self.record_cells.insert(key, cell);
+            let known = self.activities.contains_key(&activity)
+                || shared
+                    .activities
+                    .read()
+                    .expect("activities lock")
+                    .get(activity)
+                    .is_some();
+            let cell = if known {
+                shared
+                    .ledger
+                    .cell(self.core, activity, self.current_stage)?
+            } else {
+                key = (RETIRED, self.current_stage);
+                shared.ledger.retired_cell(self.core, self.current_stage)
+            };
+            self.record_cells.entry(key).or_insert(cell);
         }
         self.record_cells.get(&key).map(|c| &**c)
     }

@@ -522,6 +522,25 @@ pub(super) fn check_poll_length(shared: &Shared, activity: ActivityId, took_ns: 
     e.worst_ns = e.worst_ns.max(took_ns);
 }
 
+impl TaskShared {
+    /// Folds a removed activity's long polls into those of [`RETIRED`](crate::account::RETIRED)
+    /// (counts added, the worst kept), so the map holds no entry per removed activity. Each
+    /// core that retires the activity calls this; a long poll of its last queued task on
+    /// another core comes after and is folded by that core.
+    pub(crate) fn retire_long_polls(&self, activity: ActivityId) {
+        let mut m = self.long_polls.lock().expect("long polls lock");
+        if let Some(old) = m.remove(&activity) {
+            let retired = crate::account::RETIRED;
+            let e = m.entry(retired).or_insert(LongPolls {
+                activity: retired,
+                ..Default::default()
+            });
+            e.count += old.count;
+            e.worst_ns = e.worst_ns.max(old.worst_ns);
+        }
+    }
+}
+
 /// Wakes the tasks whose sleeps are due; says whether any were.
 fn fire_timers(now_ns: u64) -> bool {
     let Some(fired) = with_core(|c| {

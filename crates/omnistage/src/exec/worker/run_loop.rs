@@ -228,6 +228,11 @@ fn run_loop<const ACCOUNTED: bool>(
             }
             drained += 1;
         }
+        if !st.retiring.is_empty() && drained < MAILBOX_DRAIN_MAX {
+            // The mailbox is empty: what was sent to the removed activities before their
+            // removal is in their queues now.
+            st.retire_removed(shared);
+        }
         let mut now_raw = seg_start;
         let fresh = ACCOUNTED || stale_idle || since_clock >= IO_POLL_EVERY_DISPATCHES;
         if fresh {
@@ -273,11 +278,11 @@ fn run_loop<const ACCOUNTED: bool>(
             dispatches_since_poll += 1;
             if !ACCOUNTED {
                 since_clock += 1;
-                let (stage, q) = {
+                let (stage, q, retiring) = {
                     let li = st.leaves[leaf as usize]
                         .as_ref()
                         .expect("picked leaf has info");
-                    (li.stage as usize, li.q)
+                    (li.stage as usize, li.q, li.retiring)
                 };
                 let batch_max =
                     shared.stages[stage].batch_now[core].load(Ordering::Relaxed) as usize;
@@ -286,6 +291,8 @@ fn run_loop<const ACCOUNTED: bool>(
                 handlers[stage] = Some(h);
                 if b.still_backlogged {
                     st.bypass_ready(leaf);
+                } else if retiring {
+                    st.retire_if_drained(shared, b.activity);
                 }
                 if b.panics > 0 {
                     counters.panics.add(u64::from(b.panics));
@@ -302,11 +309,12 @@ fn run_loop<const ACCOUNTED: bool>(
                 continue;
             }
             time.infra_ns += clock.delta_as_nanos(seg_start, now_raw);
-            let (stage, q) = {
+            // `retiring`: its activity was removed; the dispatch that drains it may retire it.
+            let (stage, q, retiring) = {
                 let li = st.leaves[leaf as usize]
                     .as_ref()
                     .expect("picked leaf has info");
-                (li.stage as usize, li.q)
+                (li.stage as usize, li.q, li.retiring)
             };
             let batch_max = shared.stages[stage].batch_now[core].load(Ordering::Relaxed) as usize;
             let mut h = handlers[stage].take().expect("handler not re-entered");
@@ -389,6 +397,11 @@ fn run_loop<const ACCOUNTED: bool>(
                 }
             }
             seg_start = end_raw;
+            if retiring && !still_backlogged {
+                // Its last queued message here was handled: free what the core holds for it
+                // (the loop's time, in the next segment).
+                st.retire_if_drained(shared, b.activity);
+            }
         } else {
             if !fresh {
                 // The bypass found nothing on a reading up to a round old: read the clock
