@@ -13,7 +13,7 @@
 use crate::model::Fleet;
 use crate::sampler::Sample;
 use crate::view::{self, Agg};
-use omnistage::account::{HistSnapshot, Histogram, HIST_BUCKETS};
+use omnistage::account::{HistSnapshot, Histogram, HIST_BUCKETS, RETIRED};
 use omnistage::exec::Runtime;
 use omnistage_http::server::UpstreamTenantStats;
 use prometheus_client::collector::Collector;
@@ -140,6 +140,10 @@ fn secs(ns: u64) -> Value {
     Value::Counter(ns as f64 / 1e9)
 }
 
+/// The `activity` label of the ledger's aggregate of removed activities
+/// ([`RETIRED`](omnistage::account::RETIRED)); never a path (paths start with `/`).
+pub(crate) const RETIRED_LABEL: &str = "(retired)";
+
 /// One counter of the HTTP server itself (not of the ledger): name, help, value.
 pub(crate) type ServerCounter = (&'static str, &'static str, u64);
 
@@ -154,7 +158,15 @@ pub(crate) fn render(
     fleet: Option<&Fleet>,
 ) -> String {
     let (_, acts) = view::activities(rt);
-    let path = |a: u32| acts.get(&a).map(|i| i.path.clone());
+    // What removed activities were charged is kept by the ledger under `RETIRED` (their cells
+    // are folded there when they drain): it shows as the activity `(retired)`, so a sum over
+    // activities keeps counting it and does not drop when a tenant is removed.
+    let path = |a: u32| {
+        if a == RETIRED {
+            return Some(RETIRED_LABEL.to_string());
+        }
+        acts.get(&a).map(|i| i.path.clone())
+    };
     let mut sc = Scrape::default();
     let per_act = view::by_activity(s);
     let alive: Vec<(String, &Agg)> = per_act

@@ -210,3 +210,34 @@ fn no_family_is_declared_twice() {
     assert!(seen.contains("omnistage_worker_dispatch_seconds"));
     assert!(seen.contains("omnistage_worker_dispatch_stretch_seconds"));
 }
+
+/// A removed activity's counters are not lost from `/metrics` once the runtime folds them into
+/// its aggregate of retired activities: they show under `activity="(retired)"`, so a sum over
+/// activities does not drop when a tenant goes.
+#[test]
+fn a_removed_activitys_counters_show_as_retired() {
+    use omnistage::activity::ActivitySpec;
+    use omnistage::exec::Affinity;
+    let r = rig(2);
+    let (_h, c) = admin(&r.rt, None);
+    let gone =
+        r.rt.create_activity("/t/gone", ActivitySpec::default())
+            .unwrap();
+    for i in 0..20 {
+        r.rt.send(&r.front, gone, Affinity::Any, i).unwrap();
+    }
+    r.drain();
+    let text = req(&c, "GET", "/metrics", None).text();
+    let msgs = family(&text, "omnistage_activity_messages_total");
+    // front, then two sends to back each.
+    assert_eq!(msgs["activity=\"/t/gone\""], 60.0);
+    assert!(!msgs.contains_key("activity=\"(retired)\""));
+    r.rt.remove_activity("/t/gone").unwrap();
+    wait_for("/t/gone's rows folded", || {
+        r.rt.snapshot().rows.iter().all(|row| row.activity != gone)
+    });
+    let text = req(&c, "GET", "/metrics", None).text();
+    let msgs = family(&text, "omnistage_activity_messages_total");
+    assert_eq!(msgs["activity=\"(retired)\""], 60.0);
+    assert!(!msgs.contains_key("activity=\"/t/gone\""));
+}
