@@ -526,17 +526,38 @@ fn a_signal_handler_waiting_on_epoll_inside_epoll_ctl_does_not_deadlock() {
 }
 
 #[test]
+fn a_child_forked_while_the_epoll_table_is_locked_can_close_its_descriptors() {
+    let r = run("fork-in-epoll", cfg(READ, 1_000_000, 100_000), "");
+    assert_eq!(r.get("child-closed").0, 1);
+}
+
+#[test]
 fn a_blocking_socket_call_waiting_for_tokens_ends_for_a_signal_as_the_real_call_would() {
     // 300 B/s each way, bursts of 100: after the first 100 bytes a call waits for a third of a
     // second or more; SIGUSR1 comes every 10 ms.
     let mut c = cfg(WRITE, 300, 100);
     c.buckets[READ] = c.buckets[WRITE];
     let r = run("eintr", c, "");
-    // Without SA_RESTART: the partial count, or EINTR with nothing moved.
-    assert_eq!(r.get("send-partial"), (100, 0));
-    assert_eq!(r.get("send-eintr"), (-1, libc::EINTR));
-    assert_eq!(r.get("recv-first"), (100, 0));
-    assert_eq!(r.get("recv-eintr"), (-1, libc::EINTR));
+    // Without SA_RESTART: the partial count, or EINTR with nothing moved. On a quiet machine
+    // the counts are the burst (100) and the calls after it fail with EINTR; a thread stalled
+    // past a third of a second before its signal sees tokens refilled meanwhile, so a count
+    // can be larger, or a piece can move before the signal: never the whole 1,000, which is
+    // what a call that ignores signals moves.
+    let partial = |label: &str| {
+        let (n, e) = r.get(label);
+        assert!((100..1000).contains(&n) && e == 0, "{label} {n} {e}");
+    };
+    let eintr_or_partial = |label: &str| {
+        let (n, e) = r.get(label);
+        assert!(
+            (n, e) == (-1, libc::EINTR) || ((1..1000).contains(&n) && e == 0),
+            "{label} {n} {e}"
+        );
+    };
+    partial("send-partial");
+    eintr_or_partial("send-eintr");
+    partial("recv-first");
+    eintr_or_partial("recv-eintr");
     // With SA_RESTART a call that moved nothing waits on: it moves bytes, never EINTR.
     let (n, e) = r.get("recv-restarted");
     assert!(n > 0 && e == 0, "recv-restarted {n} {e}");

@@ -1070,6 +1070,61 @@ fn main() {
                 helper.join().unwrap();
                 println!("handler-returned {}", HANDLED.load(SeqCst) as u8);
             }
+            "fork-in-epoll" => {
+                // A thread forks while another is inside epoll_ctl's bookkeeping, holding the
+                // epoll table's lock (held there as in "signal-in-epoll": a helper thread holds
+                // the group's mutex that the bookkeeping waits for). The child closes a
+                // registered descriptor, as a child closing every descriptor before `exec` does:
+                // the lock's holder does not exist in the child, so the close must not wait.
+                use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+                static LOCKED: AtomicBool = AtomicBool::new(false);
+                let (c, s) = tcp_pair();
+                let ep = libc::epoll_create1(0);
+                add(ep, c, libc::EPOLLIN);
+                let group = std::env::var("OMNISTAGE_SHAPE_GROUP").unwrap();
+                let (map, _) = omnistage_shape::sys::SegmentMap::open(&group, None).unwrap();
+                let main_tid = libc::gettid();
+                let helper = std::thread::spawn(move || {
+                    map.with(|g| g.cfg_changed = 1);
+                    map.with(|_| {
+                        LOCKED.store(true, SeqCst);
+                        let t0 = std::time::Instant::now();
+                        while blocked_in(main_tid) != Some(libc::SYS_futex)
+                            && t0.elapsed().as_secs() < 5
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        let pid = libc::fork();
+                        if pid == 0 {
+                            // The child: only async-signal-safe calls.
+                            libc::close(c);
+                            libc::_exit(0);
+                        }
+                        let mut closed = 0;
+                        let t0 = std::time::Instant::now();
+                        while t0.elapsed().as_secs() < 3 {
+                            let mut status = 0;
+                            if libc::waitpid(pid, &mut status, libc::WNOHANG) == pid {
+                                closed = 1;
+                                break;
+                            }
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        if closed == 0 {
+                            libc::kill(pid, libc::SIGKILL);
+                            libc::waitpid(pid, std::ptr::null_mut(), 0);
+                        }
+                        closed
+                    })
+                });
+                let t0 = std::time::Instant::now();
+                while !LOCKED.load(SeqCst) && t0.elapsed().as_secs() < 5 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                add(ep, s, libc::EPOLLIN);
+                let closed = helper.join().unwrap();
+                println!("child-closed {closed}");
+            }
             "eintr" => {
                 // Blocking calls waiting for tokens, with SIGUSR1 coming every 10 ms: a handler
                 // without SA_RESTART ends them (the partial count, or EINTR); with it, a call

@@ -21,8 +21,8 @@ use super::wait::{ns_timespec, POLL_HELD_MAX};
 use super::{context, errno, now_ns, real, set_errno};
 use crate::hooks::{self, FdKind, PollAsk};
 use libc::{c_int, epoll_event, sigset_t};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, Once, TryLockError};
 
 /// Most registrations tracked per process.
 pub const TRACKED_MAX: usize = 1024;
@@ -63,6 +63,28 @@ const FREE: Reg = Reg {
 static TABLE: Mutex<[Reg; TRACKED_MAX]> = Mutex::new([FREE; TRACKED_MAX]);
 /// Registrations in `TABLE`: 0 lets every wait go straight to the real call.
 static TRACKED: AtomicUsize = AtomicUsize::new(0);
+/// This process is the child of a `fork` made while the table was in use: another thread of the
+/// parent may have held the table's lock at the fork, and that thread does not exist here, so
+/// the lock is never waited for (a `close` in a child that closes every descriptor before
+/// `exec` would otherwise hang). Set by the `pthread_atfork` child handler registered when the
+/// first registration is tracked.
+static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
+static FORK_HANDLER: Once = Once::new();
+
+extern "C" fn after_fork_in_child() {
+    // Async-signal-safe: one atomic store.
+    FORKED_CHILD.store(true, Ordering::Relaxed);
+}
+
+/// Registers [`after_fork_in_child`] once, before the table's lock can be held across a fork.
+fn register_fork_handler() {
+    FORK_HANDLER.call_once(|| {
+        // SAFETY: pthread_atfork stores the three function pointers (two null); the child
+        // handler only stores an atomic. A failure (ENOMEM) leaves forks as they were before
+        // this handler existed.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
 static STARVED: [AtomicU64; STARVED_FDS / 64] = [const { AtomicU64::new(0) }; STARVED_FDS / 64];
 /// Descriptors below [`STARVED_FDS`] that may be in the table (as the registered descriptor or
 /// as the set): set under the table's lock when a registration goes in, cleared when `close`
@@ -115,7 +137,15 @@ impl std::ops::DerefMut for Table {
 /// waited for as usual.
 fn table() -> Option<Table> {
     // Nothing in the table can be left half-written by a panic (plain copies).
-    match hooks::Guard::enter() {
+    let guard = hooks::Guard::enter();
+    // In a forked child the lock may be held by a thread that did not survive the fork: never
+    // wait for it there (as inside a hook).
+    let guard = if FORKED_CHILD.load(Ordering::Relaxed) {
+        None
+    } else {
+        guard
+    };
+    match guard {
         Some(g) => Some(Table {
             lock: TABLE.lock().unwrap_or_else(|e| e.into_inner()),
             _guard: Some(g),
@@ -175,6 +205,7 @@ fn track(epfd: c_int, op: c_int, fd: c_int, ev: Option<(u32, u64)>) {
             };
             if let Some(i) = slot {
                 if t[i].epfd < 0 {
+                    register_fork_handler();
                     TRACKED.fetch_add(1, Ordering::Relaxed);
                 }
                 set_listed(epfd, true);
