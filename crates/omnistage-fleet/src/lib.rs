@@ -17,7 +17,7 @@
 //! with Redis down, slow or restarted a node goes back to its configured weights and to
 //! `fleet cap / nodes last seen` (credited for the time since each pool's last refill), logs
 //! once per episode, counts episodes, and resynchronises when Redis answers again (reconnects
-//! after repeated failures back off, jittered, up to 5 s: [`store::Backoff`]); when only a
+//! after repeated failures back off, jittered, up to two sync intervals: [`store::Backoff`]); when only a
 //! lease renewal fails, the fill's weights stay and only that cap is refilled locally. Every
 //! Redis call has a deadline for its whole exchange ([`conn`]: a server that trickles its
 //! reply cannot hold the thread), and stopping waits for the thread only a bounded time. What

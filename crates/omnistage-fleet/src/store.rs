@@ -16,9 +16,10 @@
 //! meets a slow, dead or hostile Redis gives up within a few timeouts and the node falls back.
 //! Any error drops the connection; the next sync connects afresh (a restarted Redis is found
 //! again, and the Lua scripts are loaded again on `NOSCRIPT`), but after two or more failures
-//! in a row only once a bounded, jittered exponential [`Backoff`] allows (at most
-//! [`BACKOFF_MAX`]): a Redis that is down costs one connect attempt per backoff period, not
-//! one (and, for an unreachable host, one connect deadline) per sync.
+//! in a row only once a bounded, jittered exponential [`Backoff`] allows (at most two sync
+//! intervals, [`BACKOFF_MAX_INTERVALS`], and [`BACKOFF_MAX`]): a Redis that is down costs one
+//! connect attempt per backoff period, not one (and, for an unreachable host, one connect
+//! deadline) per sync, and one that comes back is used again within three intervals.
 //!
 //! One sync is one script ([`SYNC_LUA`]) that publishes this node's entry and reads the others',
 //! and that bounds what it sends back: at most [`NODES_MAX`] entries, each at most
@@ -171,12 +172,19 @@ return {granted, garbage}
 /// The longest a node waits between two attempts to reach Redis ([`Backoff`]).
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// The longest delay as a multiple of the node's sync interval: a Redis that comes back is
+/// used again within three intervals (the fleet's resync goal: at most two of backoff, then the
+/// sync's own period). A 5 s ceiling alone kept a node on its local weights for up to 5 s after
+/// a 5 s outage (`exp fleet`, session 27: resync 2.4 s against the goal's 0.3 s).
+pub const BACKOFF_MAX_INTERVALS: u32 = 2;
+
 /// When the next attempt to reach Redis may be made, after failed ones: a bounded exponential
 /// backoff with jitter. After the first failure the next call tries again at once (a single
 /// dropped connection, a restarted Redis or one failed lease costs nothing more); after the
 /// `n`-th consecutive failure (`n >= 2`) no connection is tried for a delay drawn uniformly
-/// from `[d / 2, d]`, `d = min(BACKOFF_MAX, base × 2^(n-2))`, where `base` is the node's sync
-/// interval. A call that succeeds resets it. Pure: the caller gives the time.
+/// from `[d / 2, d]`, `d = min(BACKOFF_MAX, BACKOFF_MAX_INTERVALS × base, base × 2^(n-2))`,
+/// where `base` is the node's sync interval. A call that succeeds resets it. Pure: the caller
+/// gives the time.
 #[derive(Clone, Debug)]
 pub struct Backoff {
     base: Duration,
@@ -203,7 +211,10 @@ impl Backoff {
             return Duration::ZERO;
         }
         let doublings = (failures - 2).min(30);
-        self.base.saturating_mul(1u32 << doublings).min(BACKOFF_MAX)
+        self.base
+            .saturating_mul(1u32 << doublings)
+            .min(self.base.saturating_mul(BACKOFF_MAX_INTERVALS))
+            .min(BACKOFF_MAX)
     }
 
     /// Whether an attempt may be made at `now`.
@@ -580,11 +591,17 @@ mod tests {
         // The first failure is retried at once.
         assert_eq!(b.failed(t0), Duration::ZERO);
         assert!(b.allows(t0));
-        // Then base × 2^(n-2), jittered into [d/2, d], capped at BACKOFF_MAX.
+        // Then base × 2^(n-2), jittered into [d/2, d], capped at two intervals (and 5 s).
         let mut now = 0;
         for n in 2..=12u32 {
             let d = b.ceiling(n);
-            assert_eq!(d, (base * (1 << (n - 2))).min(BACKOFF_MAX), "{n}");
+            assert_eq!(
+                d,
+                (base * (1 << (n - 2)))
+                    .min(base * BACKOFF_MAX_INTERVALS)
+                    .min(BACKOFF_MAX),
+                "{n}"
+            );
             let delay = b.failed(at(now));
             assert!(delay >= d / 2 && delay <= d, "{n}: {delay:?} against {d:?}");
             assert!(!b.allows(at(now)));
@@ -595,8 +612,11 @@ mod tests {
             assert!(b.allows(at(now + wait + 1)), "{n}");
             now += wait + 1;
         }
-        assert_eq!(b.ceiling(12), BACKOFF_MAX);
-        assert_eq!(b.ceiling(u32::MAX), BACKOFF_MAX);
+        assert_eq!(b.ceiling(12), base * BACKOFF_MAX_INTERVALS);
+        assert_eq!(b.ceiling(u32::MAX), base * BACKOFF_MAX_INTERVALS);
+        // A long interval is held to 5 s.
+        let slow = Backoff::new(Duration::from_secs(4), 1);
+        assert_eq!(slow.ceiling(u32::MAX), BACKOFF_MAX);
         // A success resets it: the next failure is retried at once again.
         b.succeeded();
         assert!(b.allows(at(now)));
