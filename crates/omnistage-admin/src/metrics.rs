@@ -147,6 +147,25 @@ pub(crate) const RETIRED_LABEL: &str = "(retired)";
 /// One counter of the HTTP server itself (not of the ledger): name, help, value.
 pub(crate) type ServerCounter = (&'static str, &'static str, u64);
 
+/// Sums the aggregates that share a key (the rows of removed activities under `(retired)`),
+/// keeping the keys in the order they first appear.
+fn merge_by_label<'a, K: std::hash::Hash + Eq + Clone>(
+    rows: impl Iterator<Item = (K, &'a Agg)>,
+) -> Vec<(K, Agg)> {
+    let mut at: std::collections::HashMap<K, usize> = std::collections::HashMap::new();
+    let mut out: Vec<(K, Agg)> = Vec::new();
+    for (k, agg) in rows {
+        match at.get(&k) {
+            Some(&i) => out[i].1.add(agg),
+            None => {
+                at.insert(k.clone(), out.len());
+                out.push((k, agg.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// Encodes one fresh sample of `rt`, the server's upstreams and own counters (`upstreams` and
 /// `server` are empty for a bare runtime), and, for a node of a fleet, what its fleet thread
 /// last computed.
@@ -159,20 +178,21 @@ pub(crate) fn render(
 ) -> String {
     let (_, acts) = view::activities(rt);
     // What removed activities were charged is kept by the ledger under `RETIRED` (their cells
-    // are folded there when they drain): it shows as the activity `(retired)`, so a sum over
-    // activities keeps counting it and does not drop when a tenant is removed.
+    // are folded there once they drain): it shows as the activity `(retired)`, and so do the
+    // rows of an activity removed but not yet drained, so the sum of a counter over activities
+    // never drops. An activity's series ends when it is removed and its counts move into
+    // `(retired)` at that scrape: `sum(rate(...))` over activities shows that move once as a
+    // rise of `(retired)`'s rate; `rate(sum(...))` does not.
     let path = |a: u32| {
         if a == RETIRED {
             return Some(RETIRED_LABEL.to_string());
         }
         acts.get(&a).map(|i| i.path.clone())
     };
+    let label = |a: u32| path(a).unwrap_or_else(|| RETIRED_LABEL.to_string());
     let mut sc = Scrape::default();
     let per_act = view::by_activity(s);
-    let alive: Vec<(String, &Agg)> = per_act
-        .iter()
-        .filter_map(|(a, agg)| Some((path(*a)?, agg)))
-        .collect();
+    let alive: Vec<(String, Agg)> = merge_by_label(per_act.iter().map(|(a, agg)| (label(*a), agg)));
     type Pick = fn(&Agg) -> Value;
     let activity_families: [(&'static str, &'static str, MetricType, Pick); 11] = [
         (
@@ -268,15 +288,18 @@ pub(crate) fn render(
             .map(str::to_string)
             .unwrap_or_else(|| format!("#{id}"))
     };
-    let sa: Vec<(Labels, &Agg, u32, u32)> = per_sa
+    // Rows of activities removed but not yet drained go with the stage's `(retired)` row.
+    let per_sa_merged: Vec<((u32, String), Agg)> =
+        merge_by_label(per_sa.iter().map(|(&(st, a), agg)| ((st, label(a)), agg)));
+    let sa: Vec<(Labels, &Agg, u32, String)> = per_sa_merged
         .iter()
-        .filter_map(|(&(st, a), agg)| {
-            Some((
-                vec![("stage", stage_name(st)), ("activity", path(a)?)],
+        .map(|((st, l), agg)| {
+            (
+                vec![("stage", stage_name(*st)), ("activity", l.clone())],
                 agg,
-                st,
-                a,
-            ))
+                *st,
+                l.clone(),
+            )
         })
         .collect();
     let stage_families: [(&'static str, &'static str, MetricType, Pick); 6] = [
@@ -670,6 +693,27 @@ fn fleet_families(sc: &mut Scrape, fl: &Fleet) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_under_one_label_are_summed_once_in_first_seen_order() {
+        let agg = |messages: u64| {
+            let mut a = Agg::default();
+            a.c.messages = messages;
+            a
+        };
+        let rows = [
+            ("/a".to_string(), agg(1)),
+            (RETIRED_LABEL.to_string(), agg(10)),
+            ("/b".to_string(), agg(2)),
+            (RETIRED_LABEL.to_string(), agg(20)),
+        ];
+        let merged = merge_by_label(rows.iter().map(|(l, a)| (l.clone(), a)));
+        let got: Vec<(&str, u64)> = merged
+            .iter()
+            .map(|(l, a)| (l.as_str(), a.c.messages))
+            .collect();
+        assert_eq!(got, [("/a", 1), (RETIRED_LABEL, 30), ("/b", 2)]);
+    }
 
     #[test]
     fn octave_buckets_keep_every_count() {

@@ -522,7 +522,10 @@ pub(crate) fn put_activity(
         },
     };
     if let Some((stage, p)) = admission {
-        let before = rt.admission(stage, id);
+        // The override itself, not the predicate in force: with none set, the undo removes the
+        // one set here instead of pinning the stage's predicate as one. (Putting it back still
+        // restarts the gate's controller from its predicate's start.)
+        let before = rt.admission_override(stage, id);
         if let Err(e) = rt.set_admission(stage, id, p) {
             return undo.failed(runtime_error(&e, path));
         }
@@ -559,7 +562,7 @@ struct Undo<'a> {
     )>,
     /// The activity was changed (`Some(spec before)`) or created (`None`).
     activity: Option<Option<ActivitySpec>>,
-    /// The admission was set: stage, activity, the predicate in force before.
+    /// The admission was set: stage, activity, the override before (`None`: none).
     admission: Option<(u32, u32, Option<Predicate>)>,
 }
 

@@ -27,7 +27,7 @@ pub(crate) struct Agg {
 impl Agg {
     /// Sums wrap, as the ledger's cells do (a counter fed by `:report` can reach 2^64), so no
     /// sum panics; an interval in which one wrapped reads as 0 ([`Agg::since`] saturates).
-    fn add(&mut self, o: &Agg) {
+    pub(crate) fn add(&mut self, o: &Agg) {
         let (a, b) = (&mut self.c, &o.c);
         a.cpu_ns = a.cpu_ns.wrapping_add(b.cpu_ns);
         a.dispatches = a.dispatches.wrapping_add(b.dispatches);
@@ -538,7 +538,26 @@ pub(crate) fn stages(rt: &Runtime, fresh: &Sample, win: Option<&Window>) -> mode
         (d, w.dt_s())
     });
     let now_by_stage = by_stage(&now);
-    let int_by_stage = interval.as_ref().map(|(d, dt)| (by_stage(d), *dt));
+    // A stage's interval figures are the difference of its totals, not the sum of its rows'
+    // differences: a removed activity's rows are folded into the retired aggregate between two
+    // samples (every total kept), which row by row would count its whole life as new work.
+    let int_by_stage = win.map(|w| {
+        let (last, prev) = (
+            by_stage(&by_stage_activity(&w.last)),
+            by_stage(&by_stage_activity(&w.prev)),
+        );
+        let d: BTreeMap<StageId, Agg> = last
+            .iter()
+            .map(|(s, agg)| {
+                let i = match prev.get(s) {
+                    Some(p) => agg.since(p),
+                    None => agg.clone(),
+                };
+                (*s, i)
+            })
+            .collect();
+        (d, w.dt_s())
+    });
     let mut ids: BTreeSet<StageId> = (0..rt.stage_count() as StageId).collect();
     ids.extend(now.keys().map(|(s, _)| *s));
     let mut out = Vec::with_capacity(ids.len());

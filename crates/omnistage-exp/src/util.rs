@@ -119,7 +119,6 @@ pub fn threads_cpu_ns(prefix: &str) -> u64 {
         .sum()
 }
 
-/// One line naming the machine: CPU model, CPUs, memory, kernel.
 /// The length of one clock tick (`sysconf(_SC_CLK_TCK)`), in which /proc/stat counts steal.
 pub fn steal_tick_ns() -> u64 {
     // SAFETY: sysconf reads a constant of the C library; no memory is passed.
@@ -140,6 +139,7 @@ fn steal_ticks_of_all(stat: &str) -> Option<u64> {
     line.split_ascii_whitespace().nth(8)?.parse().ok()
 }
 
+/// One line naming the machine: CPU model, CPUs, memory, kernel.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

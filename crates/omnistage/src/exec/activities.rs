@@ -88,12 +88,15 @@ impl Runtime {
         &self,
         f: impl FnOnce(&mut ActivityTable) -> Result<Control, ActivityError>,
     ) -> Result<(), RuntimeError> {
-        let control = {
-            let mut t = self.shared.activities.write().expect("activities lock");
-            f(&mut t)?
-        };
-        // Every worker applies the change before its next scheduling decision.
+        let mut t = self.shared.activities.write().expect("activities lock");
+        let control = f(&mut t)?;
+        // Every worker applies the change before its next scheduling decision. Sent while the
+        // table is still locked, so every worker gets the changes in the order the table made
+        // them (sent after, a change to an activity could reach a worker after its removal
+        // and bring it back there). Lock order: activities, then a mailbox's control lock
+        // (which a worker holds only to take its queue).
         self.shared.broadcast(|| control.clone());
+        drop(t);
         Ok(())
     }
 
@@ -176,7 +179,11 @@ impl Runtime {
         })
     }
 
-    /// Removes an activity without children. Messages already queued for it are still handled.
+    /// Removes an activity without children. Messages already queued for it are still handled;
+    /// each worker then frees what it held for the activity (queues, tree node, ledger cells,
+    /// folded into the `RETIRED` aggregate). A message that reaches a worker after that (a
+    /// delayed send coming due later, a send from a core that had not yet heard of the removal)
+    /// is dropped and counted in the worker's `dropped`, though its send said `Ok`.
     pub fn remove_activity(&self, path: &str) -> Result<(), RuntimeError> {
         let mut removed = None;
         self.change(|t| {

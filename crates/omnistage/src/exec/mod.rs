@@ -927,6 +927,18 @@ impl Runtime {
         )
     }
 
+    /// The predicate set for (stage, activity) with [`Runtime::set_admission`], if any (`None`:
+    /// the stage's own applies). What to put back to undo a change: [`Runtime::admission`]
+    /// gives the predicate in force, which is the stage's when nothing was set.
+    pub fn admission_override(&self, stage: StageId, activity: ActivityId) -> Option<Predicate> {
+        self.shared
+            .predicates
+            .read()
+            .expect("predicates lock")
+            .get(&(stage, activity))
+            .cloned()
+    }
+
     /// Messages counted per edge of the stage graph since start (sends that were admitted,
     /// from handlers, from I/O readiness and from outside), summed over cores.
     pub fn edges(&self) -> Vec<EdgeRow> {
