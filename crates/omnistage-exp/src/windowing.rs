@@ -238,12 +238,9 @@ mod tests {
         assert_eq!(settle(&ws, 1.0, 0.0, 3.0, 10.0), None);
     }
 
-    #[test]
-    fn the_clients_windows_run_to_the_end_of_the_measured_window() {
-        // The generator keeps no window in which nothing arrived at all: the last two of five
-        // (a stall) are absent from its report, and come back here as empty windows.
-        let mut t = crate::harness::tenant_for_test("a");
-        t.windows = (0..3)
+    /// Three windows of 10 successes each, p90 5 ms.
+    fn three_windows() -> Vec<omnistage_load::WindowReport> {
+        (0..3)
             .map(|index| omnistage_load::WindowReport {
                 index,
                 requests: 10,
@@ -253,7 +250,15 @@ mod tests {
                 p90_ms: Some(5.0),
                 p99_ms: Some(9.0),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn the_clients_windows_run_to_the_end_of_the_measured_window() {
+        // The generator keeps no window in which nothing arrived at all: the last two of five
+        // (a stall) are absent from its report, and come back here as empty windows.
+        let mut t = crate::harness::tenant_for_test("a");
+        t.windows = three_windows();
         let mut r = crate::harness::report_for_test(vec![t.clone()], t, 5.0);
         r.window_s = Some(1.0);
         let ws = client_windows(&r, 10.0);
@@ -269,17 +274,7 @@ mod tests {
     fn a_window_the_end_of_the_run_cut_short_is_left_out() {
         // 2.5 s in 1 s windows: the generator kept a third window of 0.5 s.
         let mut t = crate::harness::tenant_for_test("a");
-        t.windows = (0..3)
-            .map(|index| omnistage_load::WindowReport {
-                index,
-                requests: 10,
-                rejected_503: 0,
-                received_bytes: 100,
-                p50_ms: Some(1.0),
-                p90_ms: Some(5.0),
-                p99_ms: Some(9.0),
-            })
-            .collect();
+        t.windows = three_windows();
         let mut r = crate::harness::report_for_test(vec![t.clone()], t, 2.5);
         r.window_s = Some(1.0);
         let ws = client_windows(&r, 0.0);
