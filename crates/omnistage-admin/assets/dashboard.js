@@ -135,8 +135,10 @@
       if (n) w.value = n.node.weight;
     }
     const cpu = tree.cpu_ns_per_s === null ? "–" : (tree.cpu_ns_per_s / 1e7).toFixed(0) + "% CPU";
+    // Past the API's bound on listed nodes the tree is cut (its totals still count the rest).
+    const cut = tree.truncated ? " · " + tree.omitted + " activities not listed (the API's bound)" : "";
     document.getElementById("summary").textContent =
-      "up " + tree.uptime_s.toFixed(0) + " s · " + tree.workers + " workers · " + cpu + " charged · tree v" + tree.version;
+      "up " + tree.uptime_s.toFixed(0) + " s · " + tree.workers + " workers · " + cpu + " charged · tree v" + tree.version + cut;
   }
 
   function leavesOf(tree) {
