@@ -291,14 +291,12 @@ pub(crate) fn render(
     // Rows of activities removed but not yet drained go with the stage's `(retired)` row.
     let per_sa_merged: Vec<((u32, String), Agg)> =
         merge_by_label(per_sa.iter().map(|(&(st, a), agg)| ((st, label(a)), agg)));
-    let sa: Vec<(Labels, &Agg, u32, String)> = per_sa_merged
+    let sa: Vec<(Labels, &Agg)> = per_sa_merged
         .iter()
         .map(|((st, l), agg)| {
             (
                 vec![("stage", stage_name(*st)), ("activity", l.clone())],
                 agg,
-                *st,
-                l.clone(),
             )
         })
         .collect();
@@ -342,7 +340,7 @@ pub(crate) fn render(
     ];
     for (name, help, kind, pick) in &stage_families {
         let f = sc.family(name, help, *kind);
-        for (labels, agg, _, _) in &sa {
+        for (labels, agg) in &sa {
             if matches!(kind, MetricType::Histogram) && agg.wait.count() == 0 {
                 continue;
             }
@@ -355,7 +353,7 @@ pub(crate) fn render(
             "Response time per message: enqueue to the end of its dispatch.",
             MetricType::Histogram,
         );
-        for (labels, agg, _, _) in &sa {
+        for (labels, agg) in &sa {
             if agg.resp.count() > 0 {
                 f.series.push((labels.clone(), octaves(&agg.resp)));
             }
